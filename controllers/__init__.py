@@ -1,0 +1,1 @@
+"""OpenFlow switching policies (pure cores) and the thin os-ken app that applies them."""

@@ -1,0 +1,50 @@
+"""Start the os-ken controller with one policy: ``python -m controllers.launcher ...``.
+
+os-ken 4 has no manager CLI, so this is ours: parse our arguments, hand os-ken its
+configuration (listening on 127.0.0.1 only), then ``AppManager.run_apps``. The process
+asks the kernel to kill it when its parent (the runner) dies, so it cannot outlive a run.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from testbed.procutil import die_with_parent
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m controllers.launcher")
+    p.add_argument("--port", type=int, required=True, help="OpenFlow TCP port on 127.0.0.1")
+    p.add_argument("--policy", required=True)
+    p.add_argument("--fabric", required=True, help="fabric plan JSON file")
+    p.add_argument("--state", required=True, help="file the app appends its events to")
+    p.add_argument("--verbose", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    die_with_parent()
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from os_ken.lib import hub
+    hub.patch(thread=False)
+    from os_ken import cfg
+    from os_ken.base.app_manager import AppManager
+    import os_ken.controller.controller  # noqa: F401  (registers the ofp-* options)
+
+    cfg.CONF.register_cli_opts([cfg.StrOpt("testbed-fabric"), cfg.StrOpt("testbed-policy"),
+                                cfg.StrOpt("testbed-state")])
+    cfg.CONF(args=["--ofp-listen-host", "127.0.0.1", "--ofp-tcp-listen-port", str(args.port),
+                   "--testbed-fabric", args.fabric, "--testbed-policy", args.policy,
+                   "--testbed-state", args.state],
+             project="os_ken", default_config_files=[])
+    logging.getLogger(__name__).info("OpenFlow controller on 127.0.0.1:%d, policy %s",
+                                     args.port, args.policy)
+    AppManager.run_apps(["controllers.app"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

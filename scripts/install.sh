@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# One-command, idempotent set-up of the testbed on Debian 12 or Ubuntu 22.04/24.04, as root.
+#
+#   scripts/install.sh          apt packages, the project venv (.venv), Open vSwitch started
+#   scripts/install.sh --vm     the same, for the Vagrant VM: venv outside the synced folder and
+#                               /usr/local/bin/python pointing at it, so that
+#                               `sudo python -m testbed run` works from any directory
+#   scripts/install.sh --no-start   do not start Open vSwitch (image builds, chroots)
+#
+# Quick when nothing is missing: apt runs only for absent packages, pip only when setup.py
+# changed since the last install.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+vm=0
+start_ovs=1
+for arg in "$@"; do
+  case "$arg" in
+    --vm) vm=1 ;;
+    --no-start) start_ovs=0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+say() { echo "install: $*"; }
+die() { echo "install: error: $*" >&2; exit 1; }
+
+[ "$(id -u)" -eq 0 ] || die "run as root (sudo $0)"
+command -v apt-get >/dev/null || die "needs a Debian or Ubuntu system with apt-get"
+if [ -r /etc/os-release ]; then
+  . /etc/os-release
+  case "${ID:-}:${VERSION_ID:-}" in
+    debian:12|ubuntu:22.04|ubuntu:24.04) ;;
+    *) say "warning: tested on Debian 12 and Ubuntu 22.04/24.04, this is ${PRETTY_NAME:-unknown}" ;;
+  esac
+fi
+
+# --- distribution packages -------------------------------------------------------------------
+packages=(mininet openvswitch-switch tshark iperf3 ethtool tcpdump iproute2 iputils-ping python3-venv
+          python-is-python3 python3-pip)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  say "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  # tshark asks whether non-root users may capture; answer no, without a prompt.
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  say "distribution packages present"
+fi
+
+# --- the project's venv ----------------------------------------------------------------------
+# Made from the distribution's python with its site-packages visible: Debian's Mininet lives
+# in /usr/lib/python3/dist-packages (the PyPI mininet has no mnexec).
+if [ "$vm" -eq 1 ]; then
+  venv=${TESTBED_VENV:-/opt/ai-fabric-testbed/venv}   # not on the (slow) synced folder
+else
+  venv=${TESTBED_VENV:-$here/.venv}
+fi
+if [ ! -x "$venv/bin/python" ]; then
+  say "creating venv $venv"
+  mkdir -p "$(dirname "$venv")"
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+fi
+stamp="$venv/.testbed-installed"
+want=$(cat "$here/setup.py" | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want:$here" ]; then
+  say "installing the project into $venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$here[test]"
+  echo "$want:$here" > "$stamp"
+else
+  say "venv up to date ($venv)"
+fi
+
+if [ "$vm" -eq 1 ]; then
+  # A wrapper rather than a symlink: the venv must be found from its own path.
+  cat > /usr/local/bin/python <<EOF
+#!/bin/sh
+# Installed by $here/scripts/install.sh --vm: the testbed's venv python.
+exec "$venv/bin/python" "\$@"
+EOF
+  chmod 755 /usr/local/bin/python
+  say "/usr/local/bin/python runs $venv/bin/python"
+fi
+
+# --- Open vSwitch ----------------------------------------------------------------------------
+ovs_up() { ovs-vsctl --timeout=3 show >/dev/null 2>&1; }
+if [ "$start_ovs" -eq 1 ]; then
+  if ovs_up; then
+    say "Open vSwitch running"
+  else
+    say "starting Open vSwitch"
+    if [ -d /run/systemd/system ] && systemctl start openvswitch-switch 2>/dev/null && ovs_up; then
+      :
+    else
+      # No systemd (containers, CI sandboxes): ovs-ctl skips modprobe where the kernel has no
+      # module support; ovs-vswitchd then serves the userspace (netdev) datapath only.
+      /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >/dev/null 2>&1 || true
+    fi
+    ovs_up || die "Open vSwitch did not start; see /var/log/openvswitch/*.log"
+    say "Open vSwitch running"
+  fi
+fi
+say "done"

@@ -1,0 +1,134 @@
+"""What this kernel and machine can do, detected at run time (never assumed).
+
+Queueing disciplines are probed by really creating them on a veth pair inside a throw-away
+network namespace (``unshare --net``): the namespace and the veth vanish with the probe process,
+so detection leaves nothing behind and never touches the machine's own interfaces.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from typing import Dict, Optional
+
+from .errors import CapabilityError
+
+# qdisc name -> tc arguments that create it on a veth
+QDISC_PROBES = {
+    "htb": "root handle 1: htb default 1",
+    "bfifo": "root bfifo limit 30000",
+    "netem": "root netem delay 1ms",
+    "red": "root red limit 400000 min 30000 max 90000 avpkt 1000 burst 55 probability 0.1 ecn",
+    "tbf": "root tbf rate 10mbit burst 10kb latency 10ms",
+}
+REQUIRED_QDISCS = ("htb", "bfifo")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    root: bool
+    qdiscs: Dict[str, Optional[bool]]  # None: could not probe (not root)
+    ovs_running: bool
+    ovs_version: Optional[str]
+    openvswitch_module: bool
+    os_ken: bool
+    mininet: bool
+    tshark: bool
+
+    @property
+    def datapath(self) -> str:
+        """OVS datapath to use: the kernel one when its module is loaded, else userspace."""
+        return "kernel" if self.openvswitch_module else "user"
+
+    @property
+    def netem(self) -> bool:
+        return bool(self.qdiscs.get("netem"))
+
+    @property
+    def red(self) -> bool:
+        return bool(self.qdiscs.get("red"))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["datapath"] = self.datapath
+        return d
+
+    def problems_for_run(self):
+        """Reasons a run cannot start on this machine (empty if it can)."""
+        problems = []
+        if not self.root:
+            problems.append("must run as root (sudo)")
+        if not self.mininet:
+            problems.append("Mininet is not importable: run scripts/install.sh")
+        if not self.os_ken:
+            problems.append("os-ken is not importable: run scripts/install.sh")
+        if not self.ovs_running:
+            problems.append("Open vSwitch is not running: run scripts/install.sh "
+                            "(it starts ovsdb-server and ovs-vswitchd)")
+        for q in REQUIRED_QDISCS:
+            if self.qdiscs.get(q) is False:
+                problems.append(f"the kernel lacks the {q} qdisc (needed to shape links)")
+        return problems
+
+    def require_run(self) -> None:
+        problems = self.problems_for_run()
+        if problems:
+            raise CapabilityError("; ".join(problems))
+
+
+def probe_qdiscs() -> Dict[str, Optional[bool]]:
+    """Try each qdisc on a veth in a private namespace; None for all when not root."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("tc"):
+        return {q: None for q in QDISC_PROBES}
+    script = ["ip link add tbprobe0 type veth peer name tbprobe1 || exit 3"]
+    for name, args in QDISC_PROBES.items():
+        script.append(f"if tc qdisc add dev tbprobe0 {args} 2>/dev/null; then echo {name}=1;"
+                      f" tc qdisc del dev tbprobe0 root; else echo {name}=0; fi")
+    try:
+        out = subprocess.run(["unshare", "--net", "sh", "-c", "\n".join(script)],
+                             capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {q: None for q in QDISC_PROBES}
+    found = dict(line.split("=") for line in out.split() if "=" in line)
+    return {q: (found[q] == "1") if q in found else None for q in QDISC_PROBES}
+
+
+def ovs_status():
+    """(running, version) of Open vSwitch, asked through ovs-vsctl."""
+    if not shutil.which("ovs-vsctl"):
+        return False, None
+    try:
+        show = subprocess.run(["ovs-vsctl", "--timeout=3", "show"], capture_output=True,
+                              text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False, None
+    if show.returncode != 0:
+        return False, None
+    version = None
+    for line in show.stdout.splitlines():
+        if "ovs_version" in line:
+            version = line.split(":", 1)[1].strip().strip('"')
+    return True, version
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def detect() -> Capabilities:
+    running, version = ovs_status()
+    return Capabilities(
+        root=os.geteuid() == 0,
+        qdiscs=probe_qdiscs(),
+        ovs_running=running,
+        ovs_version=version,
+        openvswitch_module=os.path.exists("/sys/module/openvswitch"),
+        os_ken=_importable("os_ken"),
+        mininet=_importable("mininet") and bool(shutil.which("mnexec")),
+        tshark=bool(shutil.which("tshark")),
+    )

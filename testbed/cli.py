@@ -1,0 +1,139 @@
+"""Command line: ``python -m testbed run | check | clean``.
+
+This is the one place where errors meet the user: a ``TestbedError`` becomes one line on stderr
+and its exit code (2 for bad input, 1 for a failed run); Ctrl-C exits with 130 after teardown.
+``--debug`` shows tracebacks.
+
+Exit codes: 0 success, 1 run failure or missing capability, 2 bad input, 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+
+from .errors import ConfigError, TestbedError
+
+
+def _progress(quiet: bool):
+    if quiet:
+        return lambda msg: None
+    return lambda msg: print(msg, file=sys.stderr, flush=True)
+
+
+def cmd_run(args) -> int:
+    from . import runner
+    from .config import DEFAULT
+    from .results import summary_table
+
+    scenario = DEFAULT
+    if args.policy:
+        scenario = scenario.with_policies(p.strip() for p in args.policy.split(",") if p.strip())
+        if not scenario.policies:
+            raise ConfigError("--policy: give at least one policy name")
+    results, run_dir = runner.run(scenario, out_root=args.out,
+                                  progress=_progress(args.quiet or args.json))
+    if args.json:
+        json.dump(results, sys.stdout, indent=2)
+        print()
+    else:
+        print(summary_table(results))
+        print(f"\nresults: {os.path.join(run_dir, 'results.json')}")
+    return 0
+
+
+def cmd_check(args) -> int:
+    from .capabilities import detect
+
+    caps = detect()
+    if args.json:
+        json.dump(caps.to_dict(), sys.stdout, indent=2)
+        print()
+        return 0 if not caps.problems_for_run() else 1
+
+    def mark(ok):
+        return {True: "yes", False: "no", None: "unknown (needs root)"}[ok]
+
+    rows = [("running as root", caps.root),
+            ("Open vSwitch running", caps.ovs_running),
+            ("openvswitch kernel module", caps.openvswitch_module),
+            ("os-ken importable", caps.os_ken),
+            ("Mininet (with mnexec)", caps.mininet),
+            ("tshark", caps.tshark)]
+    rows += [(f"qdisc {q}", ok) for q, ok in caps.qdiscs.items()]
+    for label, ok in rows:
+        print(f"{label:28} {mark(ok)}")
+    print(f"{'OVS datapath to use':28} {caps.datapath}"
+          + (f" (OVS {caps.ovs_version})" if caps.ovs_version else ""))
+    delay = "available" if caps.netem else "not available: links get no added delay"
+    print(f"{'link delay (netem)':28} {delay}")
+    problems = caps.problems_for_run()
+    if problems:
+        print("\ncannot run: " + "; ".join(problems))
+        return 1
+    print("\nready to run")
+    return 0
+
+
+def cmd_clean(args) -> int:
+    from .ledger import clean
+
+    if os.geteuid() != 0:
+        raise TestbedError("clean must run as root (sudo)")
+    removed = clean()
+    if removed:
+        for item in removed:
+            print(f"removed {item}")
+    else:
+        print("nothing to clean")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m testbed",
+                                description="AI-training fabric testbed: Mininet leaf-spine, "
+                                            "os-ken policies, RoCEv2 all-reduce.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    r = sub.add_parser("run", help="run the scenario and print the comparison")
+    r.add_argument("--policy", help="comma-separated policies (default: hyperscale)")
+    r.add_argument("--out", default="results",
+                   help="directory that receives the run directory (default: ./results)")
+    r.add_argument("--json", action="store_true", help="print results.json to stdout")
+    r.add_argument("--quiet", action="store_true", help="no progress lines")
+    r.set_defaults(func=cmd_run)
+    c = sub.add_parser("check", help="what this kernel and machine support")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_check)
+    k = sub.add_parser("clean", help="remove what a crashed run left behind (only that)")
+    k.set_defaults(func=cmd_clean)
+    return p
+
+
+def _sigterm(_sig, _frame):
+    raise KeyboardInterrupt
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        return args.func(args)
+    except TestbedError as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted: the fabric was torn down; partial results were kept",
+              file=sys.stderr)
+        return 130

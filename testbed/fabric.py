@@ -1,0 +1,200 @@
+"""The emulated fabric: a Mininet leaf-spine network of Open vSwitch switches.
+
+``LeafSpineTopo`` is a pure Mininet graph built from the ``FabricPlan``; ``Fabric`` is the thin
+I/O edge that builds it, shapes every egress (``testbed.shaping``), and tears it down.
+Switches use the OVS kernel datapath when the openvswitch module is loaded and the userspace
+(netdev) datapath otherwise, speak OpenFlow 1.3 only, and fail secure: without their
+controller they forward nothing.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+from functools import partial
+from typing import Dict, List, Optional
+
+from mininet.link import Link
+from mininet.log import setLogLevel
+from mininet.net import Mininet
+from mininet.node import OVSSwitch, RemoteController
+from mininet.topo import Topo
+
+from .capabilities import Capabilities
+from .config import TopologyConfig
+from .errors import CapabilityError, FabricError
+from .ledger import OVS_TAG, Ledger
+from .shaping import Shape, delay_applied, tc_commands
+from .topology import PREFIX_LEN, FabricPlan
+
+LOG = logging.getLogger(__name__)
+
+
+class LeafSpineTopo(Topo):
+    """Leaf-spine topology: ``spines`` x ``leaves`` full mesh, ``hosts_per_leaf`` GPUs each.
+
+    Names, DPIDs, ports and addresses come from ``FabricPlan`` (see ``testbed.topology``).
+    """
+
+    def build(self, spines: int = 2, leaves: int = 4, hosts_per_leaf: int = 2):
+        self.plan = FabricPlan(spines, leaves, hosts_per_leaf)
+        for sw in self.plan.switches:
+            self.addSwitch(sw.name, dpid=sw.dpid_hex)
+        for h in self.plan.hosts:
+            self.addHost(h.name, ip=f"{h.ip}/{PREFIX_LEN}", mac=h.mac)
+        for link in self.plan.links:
+            self.addLink(link.node1, link.node2, port1=link.port1, port2=link.port2)
+
+
+class TaggedOVSSwitch(OVSSwitch):
+    """OVSSwitch whose bridge carries the run's tag from the transaction that creates it."""
+
+    run_id = "unknown"
+
+    def bridgeOpts(self):
+        return super().bridgeOpts() + f" external_ids:{OVS_TAG}={self.run_id}"
+
+
+def egress_shapes(plan: FabricPlan, topo: TopologyConfig) -> Dict[str, Shape]:
+    """Interface name -> shaping, for every switch port and GPU NIC (pure)."""
+    delay = topo.link_delay_us
+    host = Shape(topo.host_rate_mbit, topo.switch_buffer_bytes, delay)
+    nic = Shape(topo.host_rate_mbit, topo.nic_queue_bytes, delay)
+    fabric = Shape(topo.fabric_rate_mbit, topo.switch_buffer_bytes, delay)
+    shapes = {}
+    for link in plan.links:
+        if link.kind == "host":
+            shapes[link.intf1] = nic
+            shapes[link.intf2] = host
+        else:
+            shapes[link.intf1] = fabric
+            shapes[link.intf2] = fabric
+    return shapes
+
+
+class Fabric:
+    """Build, shape and stop one Mininet fabric for ``plan``."""
+
+    def __init__(self, plan: FabricPlan, topo: TopologyConfig, caps: Capabilities,
+                 controller_port: int, ledger: Ledger, mtu: int = 1500):
+        self.plan, self.topo, self.caps = plan, topo, caps
+        self.mtu = mtu  # Ethernet MTU of every link
+        self.controller_port = controller_port
+        self.ledger = ledger
+        self.net: Optional[Mininet] = None
+        self.shapes = egress_shapes(plan, topo)
+
+    def start(self) -> None:
+        setLogLevel("error")
+        plan = self.plan
+        clash = existing_interfaces(plan.interface_names() + [s.name for s in plan.switches])
+        if clash:
+            raise FabricError(f"interfaces of an earlier fabric still exist ({', '.join(clash[:4])}"
+                              f"{', ...' if len(clash) > 4 else ''}): run "
+                              "'python -m testbed clean'")
+        # Record every name before creating anything, so teardown finds all of it.
+        self.ledger.add(bridges=[s.name for s in plan.switches],
+                        interfaces=[name for name, _ in plan.switch_interfaces()])
+        switch_cls = type("RunOVSSwitch", (TaggedOVSSwitch,), {"run_id": self.ledger.run_id})
+        self.net = Mininet(
+            topo=LeafSpineTopo(plan.n_spines, plan.n_leaves, plan.hosts_per_leaf),
+            switch=partial(switch_cls, datapath=self.caps.datapath, protocols="OpenFlow13",
+                           failMode="secure"),
+            link=Link, controller=None, build=False, autoSetMacs=False, autoStaticArp=False,
+            waitConnected=False)
+        self.net.addController(RemoteController("c0", ip="127.0.0.1",
+                                                port=self.controller_port))
+        try:
+            self.net.build()
+        finally:
+            for node in self.net.hosts + self.net.switches:
+                if getattr(node, "shell", None) is not None:
+                    self.ledger.add_pid(node.pid)
+        self.net.start()
+        self._configure_hosts()
+        self._shape()
+
+    def _configure_hosts(self) -> None:
+        for host in self.net.hosts:
+            # Static ARP for every peer: nothing is flooded, nothing waits for ARP.
+            for peer in self.plan.hosts:
+                if peer.name != host.name:
+                    host.setARP(peer.ip, peer.mac)
+            intf = f"{host.name}-eth0"
+            # No IPv6 chatter; software checksums (userspace OVS does not complete offloaded
+            # ones, so TCP/UDP from the kernel would arrive corrupt).
+            _run(host, "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 "
+                       "net.ipv6.conf.default.disable_ipv6=1")
+            _run(host, f"ethtool -K {intf} tx off rx off", check=False)
+
+    def _shape(self) -> None:
+        netem = self.caps.netem
+        for node in self.net.hosts + self.net.switches:
+            cmds = []
+            for intf in node.intfList():
+                shape = self.shapes.get(intf.name)
+                if shape is not None:
+                    if self.mtu != 1500:
+                        cmds.append(f"ip link set dev {intf.name} mtu {self.mtu}")
+                    cmds += tc_commands(intf.name, shape, netem, self.mtu)
+            if cmds:
+                _run(node, " && ".join(cmds))
+
+    def applied(self) -> dict:
+        """What link emulation is really in place (recorded with the results)."""
+        delay = self.topo.link_delay_us
+        applied = delay_applied(Shape(1, 1, delay), self.caps.netem)
+        return {"datapath": self.caps.datapath, "openflow": "OpenFlow13",
+                "egress_queue": "htb + bfifo (tail drop)",
+                "link_delay_us_requested": delay,
+                "link_delay_us_applied": applied if applied is not None else 0.0,
+                "link_delay_missing": applied is None}
+
+    def check_connectivity(self, timeout_s: float = 3.0) -> None:
+        """Each GPU pings its ring successor once; fails naming the pairs that cannot talk.
+
+        This also makes the switches forward their first packets (see ``ovs_buffers``).
+        """
+        if not shutil.which("ping"):
+            raise CapabilityError("ping is not installed (Debian package iputils-ping): "
+                                  "run scripts/install.sh")
+        hosts = self.plan.hosts
+        probes = []
+        for i, h in enumerate(hosts):
+            peer = hosts[(i + 1) % len(hosts)]
+            proc = self.net.get(h.name).popen(
+                ["ping", "-n", "-q", "-c", "1", "-W", str(int(timeout_s)), peer.ip],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            probes.append((h.name, peer.name, proc))
+        failed = [f"{a}->{b}" for a, b, proc in probes if proc.wait() != 0]
+        if failed:
+            raise FabricError(f"no connectivity between {', '.join(failed)} after the "
+                              "controller programmed the switches")
+
+    def host(self, name: str):
+        return self.net.get(name)
+
+    def stop(self) -> None:
+        if self.net is None:
+            return
+        net, self.net = self.net, None
+        try:
+            net.stop()
+        except Exception as e:  # keep tearing down; the ledger removes the rest
+            LOG.warning("mininet stop failed: %s", e)
+
+
+def _run(node, cmd: str, check: bool = True) -> str:
+    out, err, code = node.pexec(cmd, shell=True)
+    if code and check:
+        raise FabricError(f"{node.name}: '{cmd[:80]}...' failed: {(err or out).strip()[:200]}")
+    return out
+
+
+def existing_interfaces(names: List[str]) -> List[str]:
+    """Which of ``names`` exist in this (root) network namespace."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        present = {link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+    return [n for n in names if n in present]

@@ -1,0 +1,206 @@
+"""What a run created, written down before it is created, so that exactly that is removed.
+
+A run holds an exclusive lock (one fabric per machine: the plan's names are fixed) and keeps a
+record in ``/run/ai-fabric-testbed/run.json``: the OVS bridges, the interfaces and the processes
+it created. Bridges are also tagged in OVSDB (``external_ids:ai-fabric-testbed=<run id>``) in the
+same transaction that creates them. Teardown - at the end of a run, after an error or Ctrl-C,
+or by ``python -m testbed clean`` after the runner was killed - removes what the record and the
+tags name, and nothing else: never ``mn -c``, never a kill by process name.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from typing import Dict, List, Optional
+
+from .errors import RunBusyError
+from .procutil import cmdline
+
+LOG = logging.getLogger(__name__)
+STATE_DIR = os.environ.get("TESTBED_STATE_DIR", "/run/ai-fabric-testbed")
+OVS_TAG = "ai-fabric-testbed"
+
+
+class Ledger:
+    """The lock and the resource record of one run."""
+
+    def __init__(self, run_id: str, state_dir: str = STATE_DIR):
+        self.run_id = run_id
+        self.state_dir = state_dir
+        self.path = os.path.join(state_dir, "run.json")
+        self._lock_fd: Optional[int] = None
+        self.data = {"run_id": run_id, "pid": os.getpid(), "bridges": [], "interfaces": [],
+                     "pids": {}}
+
+    # --- lock -------------------------------------------------------------------------------
+    def acquire(self, results_dir: str = "") -> None:
+        os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+        fd = os.open(os.path.join(self.state_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            other = read_record(self.state_dir) or {}
+            raise RunBusyError(
+                f"another testbed run is active (pid {other.get('pid', '?')}, run "
+                f"{other.get('run_id', '?')}); wait for it, or stop it with Ctrl-C")
+        self._lock_fd = fd
+        self.data["results_dir"] = results_dir
+        self._write()
+
+    def close(self) -> None:
+        """Forget the record (after teardown) and release the lock."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # --- record -----------------------------------------------------------------------------
+    def add(self, bridges=(), interfaces=()) -> None:
+        for key, names in (("bridges", bridges), ("interfaces", interfaces)):
+            for name in names:
+                if name not in self.data[key]:
+                    self.data[key].append(name)
+        self._write()
+
+    def add_pid(self, pid: int) -> None:
+        self.data["pids"][str(pid)] = cmdline(pid)
+        self._write()
+
+    def _write(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(self.data, f)
+        os.replace(tmp, self.path)
+
+    # --- teardown ---------------------------------------------------------------------------
+    def teardown(self) -> List[str]:
+        """Remove everything recorded that still exists; returns what was removed."""
+        return remove_resources(self.data)
+
+
+def read_record(state_dir: str = STATE_DIR) -> Optional[dict]:
+    try:
+        with open(os.path.join(state_dir, "run.json"), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def remove_resources(record: dict) -> List[str]:
+    removed = []
+    removed += _kill_recorded(record.get("pids", {}))
+    removed += _delete_bridges(record.get("run_id"))
+    removed += _delete_interfaces(record.get("interfaces", []) + record.get("bridges", []))
+    return removed
+
+
+def _kill_recorded(pids: Dict[str, str]) -> List[str]:
+    """SIGTERM, then SIGKILL, each recorded process whose command line is still the same."""
+    alive = {int(p): cmd for p, cmd in pids.items() if cmd and cmdline(int(p)) == cmd}
+    for pid in alive:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and any(cmdline(p) == c for p, c in alive.items()):
+        time.sleep(0.05)
+    for pid, cmd in alive.items():
+        if cmdline(pid) == cmd:
+            _signal(pid, signal.SIGKILL)
+    return [f"process {pid} ({cmd[:60]})" for pid, cmd in alive.items()]
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def tagged_bridges(run_id: Optional[str] = None) -> List[str]:
+    """OVS bridges this project created (for ``run_id``, or for any run)."""
+    cond = f"external_ids:{OVS_TAG}={run_id}" if run_id else f"external_ids:{OVS_TAG}!=_none_"
+    try:
+        out = subprocess.run(["ovs-vsctl", "--timeout=5", "--bare", "--columns=name", "find",
+                              "bridge", cond], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if out.returncode != 0:
+        return []
+    names = out.stdout.split()
+    if run_id is None:
+        # `!=` matches bridges without the key too on some OVS versions: check each one.
+        names = [n for n in names if _bridge_tag(n)]
+    return names
+
+
+def _bridge_tag(name: str) -> Optional[str]:
+    out = subprocess.run(["ovs-vsctl", "--timeout=5", "--if-exists", "get", "bridge", name,
+                          f"external_ids:{OVS_TAG}"], capture_output=True, text=True)
+    value = out.stdout.strip().strip('"')
+    return value or None
+
+
+def _delete_bridges(run_id: Optional[str]) -> List[str]:
+    if not run_id:
+        return []
+    names = tagged_bridges(run_id)
+    if names:
+        cmd = ["ovs-vsctl", "--timeout=10"]
+        for n in names:
+            cmd += ["--", "--if-exists", "del-br", n]
+        subprocess.run(cmd, capture_output=True, timeout=20)
+    return [f"bridge {n}" for n in names]
+
+
+def _delete_interfaces(names: List[str]) -> List[str]:
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    removed = []
+    with IPRoute() as ipr:
+        for name in names:
+            idx = ipr.link_lookup(ifname=name)
+            if not idx:
+                continue
+            try:
+                ipr.link("del", index=idx[0])
+                removed.append(f"interface {name}")
+            except NetlinkError as e:
+                if e.code != 19:  # ENODEV: gone with its peer meanwhile
+                    LOG.warning("could not delete interface %s: %s", name, e)
+    return removed
+
+
+def clean(state_dir: str = STATE_DIR) -> List[str]:
+    """Remove the leftovers of a run that did not tear down (e.g. the runner was killed)."""
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(state_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = read_record(state_dir) or {}
+            raise RunBusyError(f"a testbed run is active (pid {other.get('pid', '?')}); "
+                               "clean only removes what a dead run left behind")
+        removed = []
+        record = read_record(state_dir)
+        if record:
+            removed += remove_resources(record)
+            os.unlink(os.path.join(state_dir, "run.json"))
+        # Bridges tagged by any earlier run whose record is gone.
+        for name in tagged_bridges():
+            tag = _bridge_tag(name)
+            removed += _delete_bridges(tag)
+            removed += _delete_interfaces([name])
+        return removed
+    finally:
+        os.close(fd)

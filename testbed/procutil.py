@@ -1,0 +1,33 @@
+"""Process helpers shared by the runner, the controller launcher and the agents."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent exits (Linux prctl)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    if os.getppid() == 1:  # the parent already died before prctl took effect
+        os.kill(os.getpid(), sig)
+
+
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid`` ('' if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""

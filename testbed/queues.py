@@ -1,0 +1,54 @@
+"""Egress queue counters of the fabric, read once at the end of a run.
+
+Each switch port's and GPU NIC's buffer is a bfifo whose kernel counters say how many packets
+left through it and how many it dropped (tail drop). Switches live in the root namespace (one
+dump covers them all); each GPU NIC is read in its host's namespace.
+"""
+from __future__ import annotations
+
+import json
+from typing import Dict
+
+from .topology import FabricPlan
+
+
+def parse_tc_json(text: str) -> Dict[str, dict]:
+    """``tc -s -j qdisc show`` output -> {interface: counters of its bfifo buffer}."""
+    out = {}
+    for q in json.loads(text or "[]"):
+        if q.get("kind") == "bfifo" and "dev" in q:
+            out[q["dev"]] = {"packets": q.get("packets", 0), "bytes": q.get("bytes", 0),
+                             "drops": q.get("drops", 0), "backlog": q.get("backlog", 0),
+                             "limit": q.get("options", {}).get("limit")}
+    return out
+
+
+def egress_stats(fabric) -> Dict[str, dict]:
+    """{interface: bfifo counters} for every switch port and GPU NIC of a running fabric."""
+    plan: FabricPlan = fabric.plan
+    wanted = set(plan.interface_names())
+    stats: Dict[str, dict] = {}
+    nodes = [fabric.net.switches[0]] + list(fabric.net.hosts)
+    for node in nodes:
+        out, _err, code = node.pexec("tc -s -j qdisc show", shell=True)
+        if code == 0:
+            stats.update({k: v for k, v in parse_tc_json(out).items() if k in wanted})
+    return stats
+
+
+def spine_load(plan: FabricPlan, stats: Dict[str, dict]) -> Dict[str, int]:
+    """Packets each spine forwarded: the sum over its egress ports (down to the leaves)."""
+    load = {}
+    for spine in plan.spines:
+        load[spine.name] = sum(stats.get(f"{spine.name}-eth{plan.spine_port(leaf.index)}", {})
+                               .get("packets", 0) for leaf in plan.leaves)
+    return load
+
+
+def queue_drops(plan: FabricPlan, stats: Dict[str, dict]):
+    """(switch egress drops, GPU NIC drops, {interface: drops} where non-zero)."""
+    nics = {h.intf for h in plan.hosts}
+    switch = sum(v["drops"] for k, v in stats.items() if k not in nics)
+    nic = sum(v["drops"] for k, v in stats.items() if k in nics)
+    per_port = {k: v["drops"] for k, v in sorted(stats.items()) if v["drops"]}
+    return switch, nic, per_port

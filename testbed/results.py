@@ -1,0 +1,148 @@
+"""Results: gather the agents' records into per-policy figures, write them, print the table.
+
+Layout of a run directory (``results/<run-id>/``)::
+
+    results.json                 the figures below, per policy (schema RESULTS_SCHEMA)
+    controller-<policy>.log      the os-ken controller's log
+    agent-<policy>-<host>.log    each traffic agent's log
+    records/<policy>/<host>.packets.csv   one row per received packet
+    records/<policy>/<host>.steps.csv     one row per collective step of each rank
+    records/<policy>/<host>.summary.json  the agent's counters
+
+``results.json`` is written atomically (temporary file + rename), so a reader never sees half
+of it.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+from typing import Dict, List
+
+from traffic import metrics
+
+RESULTS_SCHEMA = "ai-fabric-testbed/results/1"
+
+
+def read_csv(path: str) -> List[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def collect(records_dir: str, size_bytes: int) -> dict:
+    """Per-policy figures from the records the agents wrote into ``records_dir``."""
+    all_latency = []
+    steps: List[dict] = []
+    counters: Dict[str, int] = {}
+    per_gpu: Dict[str, dict] = {}
+    summaries = sorted(glob.glob(os.path.join(records_dir, "*.summary.json")))
+    for path in summaries:
+        with open(path, encoding="utf-8") as f:
+            summary = json.load(f)
+        host = summary["host"]
+        for key, value in summary["counters"].items():
+            counters[key] = counters.get(key, 0) + value
+        rows = read_csv(os.path.join(records_dir, f"{host}.packets.csv"))
+        latency = metrics.latency_us([int(r["tx_ns"]) for r in rows],
+                                     [int(r["rx_ns"]) for r in rows])
+        all_latency.append(latency)
+        lat = metrics.percentiles(latency) or {}
+        per_gpu[host] = {"rank": summary["rank"],
+                         "packets_sent": summary["counters"].get("tx_packets", 0),
+                         "packets_received": len(rows),
+                         "latency_us_p50": lat.get("p50"), "latency_us_p99": lat.get("p99")}
+        steps += read_csv(os.path.join(records_dir, f"{host}.steps.csv"))
+    latency = metrics.percentiles(metrics.concat(all_latency))
+    cct_summary = metrics.cct_summary(metrics.iteration_cct_us(steps))
+    sent = counters.get("tx_packets", 0)
+    received = sum(g["packets_received"] for g in per_gpu.values())
+    return {
+        "agents_reporting": len(summaries),
+        "latency_us": latency,
+        "cct_us": cct_summary,
+        "algbw_gbps_emulated": (round(metrics.algbw_gbps(size_bytes, cct_summary["p50"]), 6)
+                                if cct_summary else None),
+        "packets_sent": sent,
+        "packets_received": received,
+        "drops": sent - received,
+        "step_timeouts": counters.get("step_timeouts", 0),
+        "rx_socket_drops": counters.get("rx_socket_drops", 0),
+        "rx_invalid": counters.get("rx_invalid", 0),
+        "rx_no_timestamp": counters.get("rx_no_timestamp", 0),
+        "nic_backpressure_waits": counters.get("tx_blocked", 0),
+        "per_gpu": dict(sorted(per_gpu.items(), key=lambda kv: kv[1]["rank"])),
+    }
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fmt(value, digits=1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or isinstance(value, str):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}"
+
+
+def summary_table(results: dict) -> str:
+    """The comparison printed at the end of a run: one column per policy, then per GPU."""
+    policies = results.get("policies", {})
+    rows = [
+        ("GPUs", lambda p: p.get("gpus")),
+        ("packets sent", lambda p: p.get("packets_sent")),
+        ("packets received", lambda p: p.get("packets_received")),
+        ("drops (sent - received)", lambda p: p.get("drops")),
+        ("  of which switch queue drops", lambda p: p.get("switch_queue_drops")),
+        ("latency p50 (us)", lambda p: (p.get("latency_us") or {}).get("p50")),
+        ("latency p99 (us)", lambda p: (p.get("latency_us") or {}).get("p99")),
+        ("latency p99.9 (us)", lambda p: (p.get("latency_us") or {}).get("p999")),
+        ("latency max (us)", lambda p: (p.get("latency_us") or {}).get("max")),
+        ("CCT p50 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p50"))),
+        ("CCT p99 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p99"))),
+        ("CCT max (ms)", lambda p: _ms((p.get("cct_us") or {}).get("max"))),
+        ("step timeouts", lambda p: p.get("step_timeouts")),
+        ("spine load (packets)", lambda p: " / ".join(
+            f"{v:,}" for v in (p.get("spine_load_packets") or {}).values()) or None),
+    ]
+    names = list(policies)
+    out = [_table(["per policy"] + names,
+                  [[label] + [_fmt(get(policies[n])) for n in names] for label, get in rows])]
+    for name in names:
+        gpus = policies[name].get("per_gpu") or {}
+        out.append(_table(
+            [f"{name}: per GPU", "rank", "sent", "received", "rx p50 (us)", "rx p99 (us)"],
+            [[host, _fmt(g["rank"]), _fmt(g["packets_sent"]), _fmt(g["packets_received"]),
+              _fmt(g["latency_us_p50"]), _fmt(g["latency_us_p99"])]
+             for host, g in gpus.items()]))
+    scale = results.get("time_scale")
+    if scale:
+        modelled = results.get("scenario", {}).get("topology", {}).get("modelled_rate_gbit")
+        out.append(f"time scale: emulated links run {scale:,.0f}x slower than the modelled "
+                   f"{modelled:g} Gbit/s fabric; latencies and CCTs are emulated time")
+    return "\n\n".join(out)
+
+
+def _table(header: List[str], rows: List[List[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    lines = ["  ".join(str(h).ljust(w) if i == 0 else str(h).rjust(w)
+                       for i, (h, w) in enumerate(zip(header, widths)))]
+    lines.append("-" * len(lines[0]))
+    for r in rows:
+        lines.append("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                               for i, (c, w) in enumerate(zip(r, widths))))
+    return "\n".join(lines)
+
+
+def _ms(us):
+    return None if us is None else us / 1000.0

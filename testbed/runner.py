@@ -1,0 +1,216 @@
+"""Run a scenario: for each policy, a fresh fabric, its controller, the agents, the figures.
+
+The runner owns every resource through one ``ExitStack`` per policy and one ``Ledger`` per run,
+so an error, Ctrl-C or SIGTERM at any point tears down exactly what was created; the results
+gathered so far stay on disk, marked with the run's status.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import secrets
+import signal
+import time
+from typing import Callable, Optional
+
+from controllers.policy import policy_names
+
+from . import __version__
+from .agents import AgentGroup, expected_duration_s
+from .capabilities import Capabilities, detect
+from .config import Scenario
+from .controller import ControllerProcess
+from .errors import ConfigError
+from .fabric import Fabric
+from .ledger import Ledger
+from .ovs_buffers import needed_bytes, ovs_socket_buffers, raised_socket_defaults
+from .queues import egress_stats, queue_drops, spine_load
+from .results import RESULTS_SCHEMA, collect, write_json_atomic
+from .topology import FabricPlan
+
+Progress = Callable[[str], None]
+
+
+def new_run_id() -> str:
+    return datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+def validate(scenario: Scenario) -> FabricPlan:
+    """Checks that need more than one key; raises ConfigError before anything starts."""
+    known = policy_names()
+    for p in scenario.policies:
+        if p not in known:
+            raise ConfigError(f"policies: unknown policy {p!r} (known: {', '.join(known)})")
+    if len(set(scenario.policies)) != len(scenario.policies):
+        raise ConfigError("policies: each policy may appear once")
+    t = scenario.topology
+    plan = FabricPlan(t.spines, t.leaves, t.gpus_per_leaf)
+    if len(plan.hosts) < 2:
+        raise ConfigError("topology: a collective needs at least 2 GPUs "
+                          f"(leaves x gpus_per_leaf = {len(plan.hosts)})")
+    if scenario.workload.size_bytes < len(plan.hosts):
+        raise ConfigError(f"workload.size_bytes: must be >= the number of GPUs "
+                          f"({len(plan.hosts)}), got {scenario.workload.size_bytes}")
+    return plan
+
+
+def run(scenario: Scenario, out_root: str = "results", progress: Progress = lambda s: None,
+        caps: Optional[Capabilities] = None):
+    """Run every policy of ``scenario``; returns (results dict, run directory)."""
+    plan = validate(scenario)
+    caps = caps or detect()
+    caps.require_run()
+    run_id = new_run_id()
+    run_dir = os.path.abspath(os.path.join(out_root, run_id))
+    os.makedirs(run_dir, mode=0o755)
+    results = {
+        "schema": RESULTS_SCHEMA, "version": __version__, "run_id": run_id,
+        "status": "running", "started": _now(), "finished": None,
+        "scenario": scenario.to_dict(), "time_scale": round(scenario.time_scale, 1),
+        "capabilities": caps.to_dict(), "policies": {},
+    }
+    path = os.path.join(run_dir, "results.json")
+    write_json_atomic(path, results)
+    ledger = Ledger(run_id)
+    ledger.acquire(run_dir)
+    try:
+        for i, policy in enumerate(scenario.policies, 1):
+            say = _prefixed(progress, f"[{policy} {i}/{len(scenario.policies)}]")
+            results["policies"][policy] = run_policy(policy, scenario, plan, caps, run_dir,
+                                                     ledger, say, results)
+            write_json_atomic(path, results)
+        results["status"] = "complete"
+    except KeyboardInterrupt:
+        results["status"] = "incomplete"
+        results["error"] = "interrupted"
+        raise
+    except Exception as e:
+        results["status"] = "failed"
+        results["error"] = str(e)
+        raise
+    finally:
+        with shielded():
+            leftovers = ledger.teardown()
+            if leftovers:
+                results["teardown_leftovers_removed"] = leftovers
+            ledger.close()
+            results["finished"] = _now()
+            write_json_atomic(path, results)
+    return results, run_dir
+
+
+def run_policy(policy: str, scenario: Scenario, plan: FabricPlan, caps: Capabilities,
+               run_dir: str, ledger: Ledger, say: Progress, results: dict) -> dict:
+    records = os.path.join(run_dir, "records", policy)
+    t = scenario.topology
+    t0 = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        ctl = ControllerProcess(policy, plan, run_dir, ledger)
+        stack.callback(_shielded_call, ctl.stop)
+        ctl.start()
+        say(f"controller on 127.0.0.1:{ctl.port}")
+        fabric = Fabric(plan, t, caps, ctl.port, ledger, mtu=link_mtu(scenario.workload.mtu))
+        stack.callback(_shielded_call, fabric.stop)
+        say(f"building fabric: {t.spines} spines, {t.leaves} leaves, {len(plan.hosts)} GPUs, "
+            f"{t.host_rate_mbit:g}/{t.fabric_rate_mbit:g} Mbit/s host/fabric links, "
+            f"OVS {caps.datapath} datapath")
+        # Userspace OVS sizes its packet sockets when they are created: during the build and
+        # the first forwarded packets (see testbed.ovs_buffers).
+        sized = (raised_socket_defaults(needed_bytes(switch_buffer_total(plan, t)))
+                 if caps.datapath == "user" else contextlib.nullcontext())
+        with sized:
+            fabric.start()
+            results.setdefault("link_emulation", fabric.applied())
+            ready_s = ctl.wait_programmed([s.dpid for s in plan.switches])
+            say(f"{len(plan.switches)} switches programmed")
+            fabric.check_connectivity()
+        warnings = ovs_buffer_warnings(caps, plan, t)
+        for w in warnings:
+            say(f"warning: {w}")
+        agents = AgentGroup(fabric, plan, scenario, records, run_dir, ledger, policy)
+        stack.callback(_shielded_call, agents.stop)
+        agents.start()
+        iterations = scenario.workload.iterations
+        say(f"replaying {iterations} x ring all-reduce of "
+            f"{scenario.workload.size_bytes:,} B on {len(plan.hosts)} GPUs "
+            f"(about {expected_duration_s(scenario):.1f} s at line rate)")
+        agents.go()
+        t_traffic = time.monotonic()
+        agents.wait(timeout=30 + 10 * expected_duration_s(scenario),
+                    on_iteration=lambda i: say(f"iteration {i + 1}/{iterations} "
+                                               f"({time.monotonic() - t_traffic:.1f} s)"),
+                    alive=ctl.check_alive)
+        stats = egress_stats(fabric)
+        say("tearing down the fabric")
+    figures = collect(records, scenario.workload.size_bytes)
+    switch_drops, nic_drops, per_port = queue_drops(plan, stats)
+    figures.update({
+        "gpus": len(plan.hosts),
+        "switch_queue_drops": switch_drops,
+        "nic_queue_drops": nic_drops,
+        "drops_by_port": per_port,
+        "unexplained_drops": max(0, figures["drops"] - switch_drops - nic_drops
+                                 - figures["rx_socket_drops"]),
+        "spine_load_packets": spine_load(plan, stats),
+        "controller_ready_s": round(ready_s, 3),
+        "warnings": warnings,
+        "duration_s": round(time.monotonic() - t0, 2),
+    })
+    say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "
+        f"received, {figures['drops']:,} dropped")
+    return figures
+
+
+def link_mtu(roce_mtu: int) -> int:
+    """Ethernet MTU that carries RoCE packets of path MTU ``roce_mtu`` (headers: 62 B)."""
+    return max(1500, roce_mtu + 100)
+
+
+def switch_buffer_total(plan: FabricPlan, topo) -> int:
+    return len(plan.switch_interfaces()) * topo.switch_buffer_bytes
+
+
+def ovs_buffer_warnings(caps: Capabilities, plan: FabricPlan, topo) -> list:
+    """Say so when userspace OVS could drop packets outside the emulated buffers."""
+    if caps.datapath != "user":
+        return []
+    buffers = ovs_socket_buffers()
+    need = needed_bytes(switch_buffer_total(plan, topo))
+    if not buffers or not buffers.get("tx_sndbuf"):
+        return ["could not read the send buffer of Open vSwitch's packet socket"]
+    if buffers["tx_sndbuf"] < need:
+        return [f"Open vSwitch's packet socket was created before this run with a "
+                f"{buffers['tx_sndbuf']:,} B send buffer (this scenario needs {need:,} B): "
+                "packets may be dropped inside OVS, outside the emulated buffers. Restart "
+                "Open vSwitch so that the next run can size it."]
+    return []
+
+
+def _prefixed(progress: Progress, prefix: str) -> Progress:
+    return lambda msg: progress(f"{prefix} {msg}")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+@contextlib.contextmanager
+def shielded():
+    """Hold off SIGINT/SIGTERM while tearing down, then deliver a pending one."""
+    pending = []
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in old:
+        signal.signal(s, lambda sig, _f: pending.append(sig))
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if pending:
+            raise KeyboardInterrupt
+
+
+def _shielded_call(fn) -> None:
+    with shielded():
+        fn()

@@ -1,0 +1,169 @@
+"""Leaf-spine fabric plan: names, DPIDs, ports and addresses, decided once and here only.
+
+Naming and addressing plan (every other module asks the plan, none rebuilds a name):
+
+=========  =====================  ==========================================================
+node       name                   details
+=========  =====================  ==========================================================
+spine s    ``sp<s>``              DPID ``0x2_0000 + s``; port ``l`` goes to leaf ``l``
+leaf l     ``lf<l>``              DPID ``0x1_0000 + l``; ports ``1..H`` go to its GPUs,
+                                  port ``H + s`` goes up to spine ``s``
+GPU        ``gpu<n>``             rank ``n - 1``; the ``i``-th GPU of leaf ``l`` has rank
+                                  ``(l-1)*H + (i-1)``, IP ``10.0.<l>.<i>/16``,
+                                  MAC ``02:00:0a:00:<l>:<i>`` (hex), NIC ``gpu<n>-eth0``
+=========  =====================  ==========================================================
+
+All GPUs share one IP subnet (10.0.0.0/16) with static ARP entries, so no ARP or flooding is
+needed; switches route on the destination IP (leaf ``l`` owns 10.0.<l>.0/24). Interfaces are
+named ``<node>-eth<port>`` (Mininet's scheme), so every name is known before anything is built.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+from .errors import ConfigError
+
+LEAF_DPID_BASE = 0x10000
+SPINE_DPID_BASE = 0x20000
+SUBNET = "10.0.0.0/16"
+PREFIX_LEN = 16
+MAX_LEAVES = 255
+MAX_HOSTS_PER_LEAF = 254
+MAX_SPINES = 255
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    dpid: int
+    role: str  # "leaf" | "spine"
+    index: int  # 1-based
+
+    @property
+    def dpid_hex(self) -> str:
+        return "%016x" % self.dpid
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    rank: int
+    leaf: int  # 1-based leaf index
+    index: int  # 1-based position on its leaf (= its leaf port)
+    ip: str
+    mac: str
+
+    @property
+    def intf(self) -> str:
+        return f"{self.name}-eth0"
+
+    @property
+    def leaf_subnet(self) -> str:
+        return leaf_subnet(self.leaf)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One cable. ``node1`` is the lower tier (host below leaf, leaf below spine)."""
+
+    node1: str
+    port1: int
+    node2: str
+    port2: int
+    kind: str  # "host" (GPU-leaf) | "fabric" (leaf-spine)
+
+    @property
+    def intf1(self) -> str:
+        return f"{self.node1}-eth{self.port1}"
+
+    @property
+    def intf2(self) -> str:
+        return f"{self.node2}-eth{self.port2}"
+
+
+def leaf_subnet(leaf: int) -> str:
+    return f"10.0.{leaf}.0/24"
+
+
+class FabricPlan:
+    """The pure description of a leaf-spine fabric: no Mininet, no I/O."""
+
+    def __init__(self, spines: int, leaves: int, hosts_per_leaf: int):
+        for name, value, top in (("spines", spines, MAX_SPINES), ("leaves", leaves, MAX_LEAVES),
+                                 ("hosts_per_leaf", hosts_per_leaf, MAX_HOSTS_PER_LEAF)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
+                raise ConfigError(f"topology.{name}: must be an integer in 1..{top}, got {value!r}")
+        self.n_spines = spines
+        self.n_leaves = leaves
+        self.hosts_per_leaf = hosts_per_leaf
+        self.spines = [Switch(f"sp{s}", SPINE_DPID_BASE + s, "spine", s)
+                       for s in range(1, spines + 1)]
+        self.leaves = [Switch(f"lf{lf}", LEAF_DPID_BASE + lf, "leaf", lf)
+                       for lf in range(1, leaves + 1)]
+        self.hosts = [
+            Host(name=f"gpu{(lf - 1) * hosts_per_leaf + i}", rank=(lf - 1) * hosts_per_leaf + i - 1,
+                 leaf=lf, index=i, ip=f"10.0.{lf}.{i}", mac="02:00:0a:00:%02x:%02x" % (lf, i))
+            for lf in range(1, leaves + 1) for i in range(1, hosts_per_leaf + 1)]
+        self.links = (
+            [Link(h.name, 0, f"lf{h.leaf}", h.index, "host") for h in self.hosts]
+            + [Link(f"lf{lf}", self.uplink_port(s), f"sp{s}", lf, "fabric")
+               for lf in range(1, leaves + 1) for s in range(1, spines + 1)])
+
+    # --- look-ups ---------------------------------------------------------------------------
+    @property
+    def switches(self) -> List[Switch]:
+        return self.leaves + self.spines
+
+    def switch_by_dpid(self, dpid: int) -> Switch:
+        for sw in self.switches:
+            if sw.dpid == dpid:
+                return sw
+        raise KeyError(f"no switch with DPID {dpid:#x} in this fabric")
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    def hosts_on_leaf(self, leaf: int) -> List[Host]:
+        return [h for h in self.hosts if h.leaf == leaf]
+
+    def uplink_port(self, spine: int) -> int:
+        """Leaf port that goes up to spine ``spine`` (1-based)."""
+        return self.hosts_per_leaf + spine
+
+    def uplinks(self) -> Dict[int, int]:
+        """Spine index -> leaf port (the same on every leaf)."""
+        return {s.index: self.uplink_port(s.index) for s in self.spines}
+
+    def spine_port(self, leaf: int) -> int:
+        """Spine port that goes down to leaf ``leaf``."""
+        return leaf
+
+    def switch_interfaces(self) -> List[Tuple[str, str]]:
+        """(interface, kind) of every switch port: the switch egress queues."""
+        out = []
+        for link in self.links:
+            if link.kind == "host":
+                out.append((link.intf2, "host"))
+            else:
+                out += [(link.intf1, "fabric"), (link.intf2, "fabric")]
+        return out
+
+    def interface_names(self) -> List[str]:
+        return [name for link in self.links for name in (link.intf1, link.intf2)]
+
+    # --- serialisation (the controller gets the plan as JSON) -------------------------------
+    def to_dict(self) -> dict:
+        return {"spines": self.n_spines, "leaves": self.n_leaves,
+                "hosts_per_leaf": self.hosts_per_leaf}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FabricPlan":
+        return cls(data["spines"], data["leaves"], data["hosts_per_leaf"])
+
+    def __repr__(self) -> str:
+        return (f"FabricPlan(spines={self.n_spines}, leaves={self.n_leaves}, "
+                f"hosts_per_leaf={self.hosts_per_leaf})")

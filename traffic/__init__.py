@@ -1,0 +1,1 @@
+"""RoCEv2 packets, collective schedules and the GPU traffic agent."""

@@ -1,0 +1,224 @@
+"""RoCEv2 RC RDMA WRITE packets: a RETH layer for Scapy, and templates patched in place.
+
+Wire format (REFERENCE.md, IBTA RoCEv2 annex A17):
+Ethernet / IPv4 / UDP (dst 4791) / BTH (12 B) / [RETH 16 B] / payload / ICRC (4 B).
+
+Scapy builds each template once (with its ICRC); the hot path then patches PSN, AckReq, the
+probe header (send time, iteration, step) and the ICRC into a bytearray and hands the bytes to
+a raw socket. The ICRC is a CRC-32 over a pseudo header whose variant fields are all ones; the
+part that never changes for a template (8 x 0xFF, IPv4 and UDP headers, BTH bytes 0-7) is folded
+into a precomputed CRC state, so each packet costs one ``zlib.crc32`` over BTH bytes 8.. and the
+payload.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+from scapy.contrib.roce import BTH
+from scapy.fields import IntField, XIntField, XLongField
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+from scapy.packet import Packet, Raw, bind_layers
+
+ROCE_UDP_PORT = 4791  # IANA, RoCEv2 (IBTA annex A17)
+
+# RC opcodes (IBTA vol. 1, table 35; REFERENCE.md)
+RC_RDMA_WRITE_FIRST = 0x06
+RC_RDMA_WRITE_MIDDLE = 0x07
+RC_RDMA_WRITE_LAST = 0x08
+RC_RDMA_WRITE_ONLY = 0x0A
+RC_RDMA_READ_REQUEST = 0x0C
+RC_ACKNOWLEDGE = 0x11
+CNP = 0x81
+OPCODES_WITH_RETH = frozenset((RC_RDMA_WRITE_FIRST, RC_RDMA_WRITE_ONLY, RC_RDMA_READ_REQUEST))
+
+DEFAULT_PKEY = 0xFFFF
+# DSCP 26 (the usual RoCE class) with ECT(0): senders are ECN-capable (DCQCN).
+ROCE_TOS = (26 << 2) | 0b10
+
+ETH_LEN, IP_LEN, UDP_LEN, BTH_LEN, RETH_LEN, ICRC_LEN = 14, 20, 8, 12, 16, 4
+BTH_OFFSET = ETH_LEN + IP_LEN + UDP_LEN  # 42, in a frame
+PSN_MASK = 0xFFFFFF
+
+# Probe header at the start of every RDMA payload: send time (CLOCK_REALTIME, ns),
+# iteration, step. The receiver's one-way latency is its kernel RX time minus this send time.
+PROBE = struct.Struct("!QII")
+MIN_PAYLOAD = PROBE.size
+
+
+class RETH(Packet):
+    """RDMA Extended Transport Header (IBTA vol. 1, 9.3.3): on WRITE FIRST/ONLY, READ REQ."""
+
+    name = "RETH"
+    fields_desc = [
+        XLongField("va", 0),  # virtual address
+        XIntField("rkey", 0),  # remote key
+        IntField("dlen", 0),  # DMA length (bytes of the whole message)
+    ]
+
+
+for _op in sorted(OPCODES_WITH_RETH):
+    bind_layers(BTH, RETH, opcode=_op)
+
+
+def opcodes_for(n_packets: int):
+    """RDMA WRITE opcode of each packet of an ``n_packets`` message (FIRST..LAST or ONLY)."""
+    if n_packets < 1:
+        raise ValueError("a message has at least one packet")
+    if n_packets == 1:
+        return [RC_RDMA_WRITE_ONLY]
+    return [RC_RDMA_WRITE_FIRST] + [RC_RDMA_WRITE_MIDDLE] * (n_packets - 2) + [RC_RDMA_WRITE_LAST]
+
+
+def packet_payloads(message_bytes: int, mtu: int):
+    """Payload length of each packet of a message at path MTU ``mtu`` (RDMA payload bytes)."""
+    if message_bytes < 1:
+        raise ValueError("message size must be positive")
+    full, rest = divmod(message_bytes, mtu)
+    sizes = [mtu] * full + ([rest] if rest else [])
+    # Every packet carries the probe header; a tiny tail is padded up to it.
+    return [max(s, MIN_PAYLOAD) for s in sizes]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One side of a RoCE connection as seen on the wire."""
+
+    mac: str
+    ip: str
+
+
+def scapy_packet(src: Endpoint, dst: Endpoint, sport: int, opcode: int, dqpn: int, psn: int,
+                 payload: bytes, ackreq: bool = False, reth: Optional[Tuple[int, int, int]] = None,
+                 tos: int = ROCE_TOS) -> Packet:
+    """Build one RoCEv2 packet with Scapy (ICRC computed by ``BTH.post_build``)."""
+    pkt = (Ether(src=src.mac, dst=dst.mac)
+           / IP(src=src.ip, dst=dst.ip, tos=tos, ttl=64, id=0, flags="DF")
+           / UDP(sport=sport, dport=ROCE_UDP_PORT, chksum=0)
+           / BTH(opcode=opcode, pkey=DEFAULT_PKEY, dqpn=dqpn, ackreq=int(ackreq), psn=psn))
+    if opcode in OPCODES_WITH_RETH:
+        va, rkey, dlen = reth or (0, 0, len(payload))
+        pkt = pkt / RETH(va=va, rkey=rkey, dlen=dlen)
+    return pkt / Raw(payload)
+
+
+class WriteTemplate:
+    """One frame shape (opcode, payload length) of one connection, patched per packet."""
+
+    __slots__ = ("buf", "view", "psn_off", "probe_off", "reth_off", "crc_from", "crc_end",
+                 "crc_prefix", "icrc_off", "opcode")
+
+    def __init__(self, frame: bytes, opcode: int):
+        self.buf = bytearray(frame)
+        self.view = memoryview(self.buf)
+        self.opcode = opcode
+        bth = BTH_OFFSET
+        self.psn_off = bth + 8
+        self.reth_off = bth + BTH_LEN if opcode in OPCODES_WITH_RETH else None
+        self.probe_off = bth + BTH_LEN + (RETH_LEN if self.reth_off else 0)
+        self.icrc_off = len(frame) - ICRC_LEN
+        self.crc_from = self.psn_off
+        self.crc_end = self.icrc_off
+        self.crc_prefix = zlib.crc32(invariant_prefix(self.buf))
+
+    def fill(self, psn: int, ackreq: bool, tx_ns: int, iteration: int, step: int,
+             va: int = 0, dlen: int = 0) -> bytearray:
+        """Patch one packet into the template and return the frame (valid until next fill)."""
+        buf = self.buf
+        struct.pack_into("!I", buf, self.psn_off, (psn & PSN_MASK) | (0x80000000 if ackreq else 0))
+        if self.reth_off is not None:
+            struct.pack_into("!Q", buf, self.reth_off, va)
+            struct.pack_into("!I", buf, self.reth_off + 12, dlen)
+        PROBE.pack_into(buf, self.probe_off, tx_ns, iteration, step)
+        crc = zlib.crc32(self.view[self.crc_from:self.crc_end], self.crc_prefix)
+        struct.pack_into("<I", buf, self.icrc_off, crc)
+        return buf
+
+
+def invariant_prefix(frame) -> bytes:
+    """ICRC pseudo header up to (not including) BTH byte 8, variant fields set to ones.
+
+    IBTA annex A17.4: 8 bytes of 0xFF stand in for the LRH; IPv4 TOS, TTL and header checksum,
+    the UDP checksum and the BTH FECN/BECN/resv6 byte are replaced by all ones.
+    """
+    ip = bytearray(frame[ETH_LEN:ETH_LEN + IP_LEN])
+    ip[1] = 0xFF  # TOS
+    ip[8] = 0xFF  # TTL
+    ip[10:12] = b"\xff\xff"  # header checksum
+    udp = bytearray(frame[ETH_LEN + IP_LEN:BTH_OFFSET])
+    udp[6:8] = b"\xff\xff"
+    bth = bytearray(frame[BTH_OFFSET:BTH_OFFSET + 8])
+    bth[4] = 0xFF
+    return b"\xff" * 8 + bytes(ip) + bytes(udp) + bytes(bth)
+
+
+def icrc(frame) -> int:
+    """ICRC of a whole RoCEv2/IPv4 frame (as stored: the CRC value, not its byte order)."""
+    body = bytes(frame[BTH_OFFSET + 8:len(frame) - ICRC_LEN])
+    return zlib.crc32(body, zlib.crc32(invariant_prefix(frame)))
+
+
+def icrc_ok(frame) -> bool:
+    """True if the frame's trailing ICRC matches its contents."""
+    return struct.unpack_from("<I", frame, len(frame) - ICRC_LEN)[0] == icrc(frame)
+
+
+class Connection:
+    """Templates for one QP-to-QP connection (sender side); builds each shape once."""
+
+    def __init__(self, src: Endpoint, dst: Endpoint, sport: int, dqpn: int):
+        self.src, self.dst, self.sport, self.dqpn = src, dst, sport, dqpn
+        self._templates: Dict[Tuple[int, int], WriteTemplate] = {}
+
+    def template(self, opcode: int, payload_len: int) -> WriteTemplate:
+        key = (opcode, payload_len)
+        tpl = self._templates.get(key)
+        if tpl is None:
+            frame = bytes(scapy_packet(self.src, self.dst, self.sport, opcode, self.dqpn, 0,
+                                       bytes(payload_len)))
+            tpl = self._templates[key] = WriteTemplate(frame, opcode)
+        return tpl
+
+
+def udp_source_port(qpn: int) -> int:
+    """UDP source port derived from the sending QP number, as RoCE NICs do for ECMP entropy.
+
+    Kept in the 0xC000-0xFFFF range (the range rxe and ConnectX use); a multiplicative hash
+    spreads consecutive QP numbers over it.
+    """
+    return 0xC000 | (((qpn * 0x9E3779B1) >> 16) & 0x3FFF)
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """What a receiver needs from one RoCEv2 UDP payload (BTH onwards)."""
+
+    opcode: int
+    dqpn: int
+    psn: int
+    ackreq: bool
+    tx_ns: int
+    iteration: int
+    step: int
+    payload_len: int
+
+
+def parse_udp_payload(data) -> Optional[Parsed]:
+    """Parse a RoCEv2 UDP payload carrying a probe header; None if it is not one of ours."""
+    n = len(data)
+    if n < BTH_LEN + PROBE.size + ICRC_LEN:
+        return None
+    opcode = data[0]
+    if opcode not in (RC_RDMA_WRITE_FIRST, RC_RDMA_WRITE_MIDDLE, RC_RDMA_WRITE_LAST,
+                      RC_RDMA_WRITE_ONLY):
+        return None
+    off = BTH_LEN + (RETH_LEN if opcode in OPCODES_WITH_RETH else 0)
+    if n < off + PROBE.size + ICRC_LEN:
+        return None
+    word = int.from_bytes(data[8:12], "big")
+    tx_ns, iteration, step = PROBE.unpack_from(data, off)
+    return Parsed(opcode, int.from_bytes(data[5:8], "big"), word & PSN_MASK,
+                  bool(word >> 31), tx_ns, iteration, step, n - off - ICRC_LEN)
