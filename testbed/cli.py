@@ -30,6 +30,8 @@ def cmd_run(args) -> int:
     from .results import summary_table
 
     scenario = DEFAULT
+    if args.iterations is not None:
+        scenario = scenario.override({"workload": {"iterations": args.iterations}})
     if args.policy:
         scenario = scenario.with_policies(p.strip() for p in args.policy.split(",") if p.strip())
         if not scenario.policies:
@@ -100,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     r = sub.add_parser("run", help="run the scenario and print the comparison")
     r.add_argument("--policy", help="comma-separated policies (default: hyperscale)")
+    r.add_argument("--iterations", type=int, help="collectives to replay (default: 10)")
     r.add_argument("--out", default="results",
                    help="directory that receives the run directory (default: ./results)")
     r.add_argument("--json", action="store_true", help="print results.json to stdout")

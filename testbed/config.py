@@ -84,6 +84,20 @@ class Scenario:
     def with_policies(self, policies) -> "Scenario":
         return dataclasses.replace(self, policies=tuple(policies))
 
+    def override(self, changes: Mapping[str, Any]) -> "Scenario":
+        """A copy with ``changes`` (a partial scenario mapping) applied and validated."""
+        return Scenario.from_dict(_merge(self.to_dict(), changes))
+
+
+def _merge(base: dict, changes: Mapping[str, Any]) -> dict:
+    out = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
 
 def _plain(value):
     if isinstance(value, dict):

@@ -9,8 +9,11 @@ controller they forward nothing.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import signal
 import subprocess
+import time
 from functools import partial
 from typing import Dict, List, Optional
 
@@ -107,9 +110,8 @@ class Fabric:
         try:
             self.net.build()
         finally:
-            for node in self.net.hosts + self.net.switches:
-                if getattr(node, "shell", None) is not None:
-                    self.ledger.add_pid(node.pid)
+            for pid in self._shell_pids():
+                self.ledger.add_pid(pid)
         self.net.start()
         self._configure_hosts()
         self._shape()
@@ -174,14 +176,21 @@ class Fabric:
     def host(self, name: str):
         return self.net.get(name)
 
+    def _shell_pids(self) -> List[int]:
+        nodes = self.net.hosts + self.net.switches + self.net.controllers
+        return [n.pid for n in nodes if getattr(n, "shell", None) is not None]
+
     def stop(self) -> None:
+        """Stop Mininet and wait until every node's shell has really exited."""
         if self.net is None:
             return
+        pids = self._shell_pids()
         net, self.net = self.net, None
         try:
             net.stop()
         except Exception as e:  # keep tearing down; the ledger removes the rest
             LOG.warning("mininet stop failed: %s", e)
+        wait_gone(pids, timeout=5.0)
 
 
 def _run(node, cmd: str, check: bool = True) -> str:
@@ -189,6 +198,32 @@ def _run(node, cmd: str, check: bool = True) -> str:
     if code and check:
         raise FabricError(f"{node.name}: '{cmd[:80]}...' failed: {(err or out).strip()[:200]}")
     return out
+
+
+def wait_gone(pids: List[int], timeout: float) -> None:
+    """Poll until ``pids`` have exited; SIGKILL whatever is still there at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in pids if _alive(p)]
+        if not alive:
+            return
+        if time.monotonic() > deadline:
+            for p in alive:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def existing_interfaces(names: List[str]) -> List[str]:

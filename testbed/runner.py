@@ -12,7 +12,8 @@ import os
 import secrets
 import signal
 import time
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Callable, List, Optional
 
 from controllers.policy import policy_names
 
@@ -100,11 +101,23 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
     return results, run_dir
 
 
-def run_policy(policy: str, scenario: Scenario, plan: FabricPlan, caps: Capabilities,
-               run_dir: str, ledger: Ledger, say: Progress, results: dict) -> dict:
-    records = os.path.join(run_dir, "records", policy)
+@dataclass
+class Session:
+    """A running fabric under its controller (what ``fabric_up`` yields)."""
+
+    controller: ControllerProcess
+    fabric: Fabric
+    warnings: List[str]
+
+
+@contextlib.contextmanager
+def fabric_up(policy: str, scenario: Scenario, plan: FabricPlan, caps: Capabilities,
+              run_dir: str, ledger: Ledger, say: Progress = lambda s: None):
+    """Controller started, fabric built and shaped, switches programmed, connectivity checked.
+
+    Everything is torn down on exit, whatever happened inside.
+    """
     t = scenario.topology
-    t0 = time.monotonic()
     with contextlib.ExitStack() as stack:
         ctl = ControllerProcess(policy, plan, run_dir, ledger)
         stack.callback(_shielded_call, ctl.stop)
@@ -115,35 +128,45 @@ def run_policy(policy: str, scenario: Scenario, plan: FabricPlan, caps: Capabili
         say(f"building fabric: {t.spines} spines, {t.leaves} leaves, {len(plan.hosts)} GPUs, "
             f"{t.host_rate_mbit:g}/{t.fabric_rate_mbit:g} Mbit/s host/fabric links, "
             f"OVS {caps.datapath} datapath")
-        # Userspace OVS sizes its packet sockets when they are created: during the build and
-        # the first forwarded packets (see testbed.ovs_buffers).
+        # Userspace OVS sizes its packet sockets when it creates them: during the build and
+        # on the first forwarded packets (see testbed.ovs_buffers).
         sized = (raised_socket_defaults(needed_bytes(switch_buffer_total(plan, t)))
                  if caps.datapath == "user" else contextlib.nullcontext())
         with sized:
             fabric.start()
-            results.setdefault("link_emulation", fabric.applied())
-            ready_s = ctl.wait_programmed([s.dpid for s in plan.switches])
+            ctl.wait_programmed([s.dpid for s in plan.switches])
             say(f"{len(plan.switches)} switches programmed")
             fabric.check_connectivity()
         warnings = ovs_buffer_warnings(caps, plan, t)
         for w in warnings:
             say(f"warning: {w}")
-        agents = AgentGroup(fabric, plan, scenario, records, run_dir, ledger, policy)
-        stack.callback(_shielded_call, agents.stop)
-        agents.start()
-        iterations = scenario.workload.iterations
-        say(f"replaying {iterations} x ring all-reduce of "
-            f"{scenario.workload.size_bytes:,} B on {len(plan.hosts)} GPUs "
-            f"(about {expected_duration_s(scenario):.1f} s at line rate)")
-        agents.go()
-        t_traffic = time.monotonic()
-        agents.wait(timeout=30 + 10 * expected_duration_s(scenario),
-                    on_iteration=lambda i: say(f"iteration {i + 1}/{iterations} "
-                                               f"({time.monotonic() - t_traffic:.1f} s)"),
-                    alive=ctl.check_alive)
-        stats = egress_stats(fabric)
+        yield Session(ctl, fabric, warnings)
+
+
+def run_policy(policy: str, scenario: Scenario, plan: FabricPlan, caps: Capabilities,
+               run_dir: str, ledger: Ledger, say: Progress, results: dict) -> dict:
+    records = os.path.join(run_dir, "records", policy)
+    w = scenario.workload
+    t0 = time.monotonic()
+    with fabric_up(policy, scenario, plan, caps, run_dir, ledger, say) as session:
+        results.setdefault("link_emulation", session.fabric.applied())
+        agents = AgentGroup(session.fabric, plan, scenario, records, run_dir, ledger, policy)
+        try:
+            agents.start()
+            say(f"replaying {w.iterations} x ring all-reduce of {w.size_bytes:,} B on "
+                f"{len(plan.hosts)} GPUs (about {expected_duration_s(scenario):.1f} s at "
+                "line rate)")
+            agents.go()
+            t_traffic = time.monotonic()
+            agents.wait(timeout=30 + 10 * expected_duration_s(scenario),
+                        on_iteration=lambda i: say(f"iteration {i + 1}/{w.iterations} "
+                                                   f"({time.monotonic() - t_traffic:.1f} s)"),
+                        alive=session.controller.check_alive)
+        finally:
+            _shielded_call(agents.stop)
+        stats = egress_stats(session.fabric)
         say("tearing down the fabric")
-    figures = collect(records, scenario.workload.size_bytes)
+    figures = collect(records, w.size_bytes)
     switch_drops, nic_drops, per_port = queue_drops(plan, stats)
     figures.update({
         "gpus": len(plan.hosts),
@@ -153,8 +176,7 @@ def run_policy(policy: str, scenario: Scenario, plan: FabricPlan, caps: Capabili
         "unexplained_drops": max(0, figures["drops"] - switch_drops - nic_drops
                                  - figures["rx_socket_drops"]),
         "spine_load_packets": spine_load(plan, stats),
-        "controller_ready_s": round(ready_s, 3),
-        "warnings": warnings,
+        "warnings": session.warnings,
         "duration_s": round(time.monotonic() - t0, 2),
     })
     say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "

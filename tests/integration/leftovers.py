@@ -1,0 +1,50 @@
+"""What a testbed run could leave on the machine: used to prove teardown is complete."""
+import os
+import subprocess
+
+from testbed.ledger import read_record, tagged_bridges
+from testbed.topology import FabricPlan
+
+PROCESS_MARKERS = ("traffic.agent", "controllers.launcher", "mininet:")
+
+
+def testbed_processes(exclude=()):
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) in exclude or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(m in cmd for m in PROCESS_MARKERS):
+            found.append(f"{pid}: {cmd.strip()[:80]}")
+    return found
+
+
+def root_interfaces():
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
+
+
+def leftovers(plan: FabricPlan = None):
+    """Everything testbed-made still present (empty list = clean)."""
+    plan = plan or FabricPlan(2, 4, 2)
+    names = set(plan.interface_names()) | {s.name for s in plan.switches}
+    left = [f"bridge {b}" for b in tagged_bridges()]
+    left += [f"interface {i}" for i in sorted(root_interfaces() & names)]
+    left += [f"process {p}" for p in testbed_processes()]
+    if read_record():
+        left.append("ledger record /run/ai-fabric-testbed/run.json")
+    return left
+
+
+def wait_clean(plan=None, timeout=10.0):
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        left = leftovers(plan)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)

@@ -1,0 +1,60 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from testbed.cli import build_parser, main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_bad_policy_is_one_line_and_exit_code_2(capsys):
+    assert main(["run", "--policy", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: policies: unknown policy 'nope' (known: hyperscale)"]
+
+
+def test_empty_policy_list(capsys):
+    assert main(["run", "--policy", " , "]) == 2
+    assert "at least one policy" in capsys.readouterr().err
+
+
+def test_no_command_prints_help(capsys):
+    assert main([]) == 2
+    assert "run" in capsys.readouterr().out
+
+
+def test_run_options():
+    args = build_parser().parse_args(["run", "--policy", "hyperscale", "--out", "x", "--json"])
+    assert (args.policy, args.out, args.json) == ("hyperscale", "x", True)
+
+
+def test_check_json_reports_capabilities(capsys):
+    code = main(["check", "--json"])
+    caps = json.loads(capsys.readouterr().out)
+    assert code in (0, 1)
+    for key in ("root", "qdiscs", "ovs_running", "openvswitch_module", "os_ken", "mininet",
+                "tshark", "datapath"):
+        assert key in caps
+    assert caps["datapath"] in ("user", "kernel")
+    assert caps["os_ken"] is True
+
+
+def test_clean_needs_root(capsys):
+    if os.geteuid() != 0:
+        assert main(["clean"]) == 1
+        assert "root" in capsys.readouterr().err
+        return
+    # As root, ask as an unprivileged user (setpriv, util-linux).
+    run = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                          sys.executable, "-m", "testbed", "clean"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT, env=dict(os.environ, HOME="/tmp"))
+    assert run.returncode == 1
+    assert run.stderr.strip() == "error: clean must run as root (sudo)"
+
+
+def test_iterations_option_is_validated(capsys):
+    assert main(["run", "--iterations", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: workload.iterations: must be >= 1, got 0"

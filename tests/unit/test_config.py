@@ -1,0 +1,62 @@
+import pytest
+
+from testbed.config import DEFAULT, Scenario
+from testbed.errors import ConfigError
+from testbed.runner import validate
+
+
+def test_defaults_are_the_documented_default_scenario():
+    s = Scenario.from_dict({})
+    assert s == DEFAULT
+    assert (s.topology.spines, s.topology.leaves, s.topology.gpus_per_leaf) == (2, 4, 2)
+    assert s.topology.gpus == 8
+    assert s.policies == ("hyperscale",)
+    assert (s.workload.size_bytes, s.workload.iterations) == (1 << 20, 10)
+    assert s.time_scale == pytest.approx(100e3 / s.topology.host_rate_mbit)
+
+
+def test_values_override_defaults_and_round_trip():
+    s = Scenario.from_dict({"topology": {"leaves": 2, "host_rate_mbit": 25},
+                            "workload": {"iterations": 3}, "policies": "hyperscale"})
+    assert s.topology.leaves == 2 and s.topology.host_rate_mbit == 25.0
+    assert s.workload.iterations == 3 and s.policies == ("hyperscale",)
+    assert Scenario.from_dict(s.to_dict()) == s
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"topology": {"leaves": 0}}, "topology.leaves: must be >= 1, got 0"),
+    ({"topology": {"leafs": 2}}, "topology.leafs: unknown key (allowed:"),
+    ({"colour": 1}, "colour: unknown key"),
+    ({"topology": {"spines": "two"}}, "topology.spines: must be an integer, got 'two'"),
+    ({"topology": {"spines": True}}, "topology.spines: must be an integer"),
+    ({"topology": {"host_rate_mbit": float("nan")}}, "topology.host_rate_mbit: must be a number"),
+    ({"topology": {"host_rate_mbit": 5000}}, "topology.host_rate_mbit: must be <= 1000.0"),
+    ({"workload": {"mtu": 1500}}, "workload.mtu: must be one of 256, 512, 1024, 2048, 4096"),
+    ({"workload": {"collective": "tree"}}, "workload.collective: must be one of ring_allreduce"),
+    ({"workload": []}, "workload: must be a mapping, got list"),
+    ({"policies": []}, "policies: must be a non-empty list"),
+    ([], "scenario: must be a mapping"),
+])
+def test_bad_values_name_the_path(data, message):
+    with pytest.raises(ConfigError) as e:
+        Scenario.from_dict(data)
+    assert message in str(e.value)
+
+
+def test_cross_checks_before_anything_starts():
+    with pytest.raises(ConfigError, match="unknown policy 'fast'"):
+        validate(DEFAULT.with_policies(["fast"]))
+    with pytest.raises(ConfigError, match="at least 2 GPUs"):
+        validate(Scenario.from_dict({"topology": {"leaves": 1, "gpus_per_leaf": 1}}))
+    with pytest.raises(ConfigError, match="size_bytes"):
+        validate(Scenario.from_dict({"workload": {"size_bytes": 4}}))
+    with pytest.raises(ConfigError, match="once"):
+        validate(DEFAULT.with_policies(["hyperscale", "hyperscale"]))
+    assert len(validate(DEFAULT).hosts) == 8
+
+
+def test_override_is_validated_and_keeps_the_rest():
+    s = DEFAULT.override({"workload": {"iterations": 3}})
+    assert s.workload.iterations == 3 and s.workload.size_bytes == DEFAULT.workload.size_bytes
+    with pytest.raises(ConfigError, match="workload.iterations: must be >= 1"):
+        DEFAULT.override({"workload": {"iterations": 0}})
