@@ -7,6 +7,8 @@
 #                               `sudo python -m testbed run` works from any directory
 #   scripts/install.sh --no-start   do not start Open vSwitch (image builds, chroots)
 #
+# Environment: TESTBED_VENV (venv path), TESTBED_BIN_DIR (where --vm puts `python`).
+#
 # Quick when nothing is missing: apt runs only for absent packages, pip only when setup.py
 # changed since the last install.
 set -euo pipefail
@@ -18,7 +20,7 @@ for arg in "$@"; do
   case "$arg" in
     --vm) vm=1 ;;
     --no-start) start_ovs=0 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -79,13 +81,15 @@ fi
 
 if [ "$vm" -eq 1 ]; then
   # A wrapper rather than a symlink: the venv must be found from its own path.
-  cat > /usr/local/bin/python <<EOF
+  bindir=${TESTBED_BIN_DIR:-/usr/local/bin}
+  mkdir -p "$bindir"
+  cat > "$bindir/python" <<EOF
 #!/bin/sh
 # Installed by $here/scripts/install.sh --vm: the testbed's venv python.
 exec "$venv/bin/python" "\$@"
 EOF
-  chmod 755 /usr/local/bin/python
-  say "/usr/local/bin/python runs $venv/bin/python"
+  chmod 755 "$bindir/python"
+  say "$bindir/python runs $venv/bin/python"
 fi
 
 # --- Open vSwitch ----------------------------------------------------------------------------

@@ -140,3 +140,9 @@ def main(argv=None) -> int:
         print("interrupted: the fabric was torn down; partial results were kept",
               file=sys.stderr)
         return 130
+    except Exception as e:  # a bug or an unexpected failure below us: still one line
+        if args.debug:
+            raise
+        print(f"error: unexpected {type(e).__name__}: {e} (rerun with --debug for details)",
+              file=sys.stderr)
+        return 1

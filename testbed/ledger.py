@@ -19,6 +19,7 @@ import time
 from typing import Dict, List, Optional
 
 from .errors import RunBusyError
+from .ovs_buffers import restore_sysctl
 from .procutil import cmdline
 
 LOG = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class Ledger:
         self.path = os.path.join(state_dir, "run.json")
         self._lock_fd: Optional[int] = None
         self.data = {"run_id": run_id, "pid": os.getpid(), "bridges": [], "interfaces": [],
-                     "pids": {}}
+                     "pids": {}, "sysctls": {}}
 
     # --- lock -------------------------------------------------------------------------------
     def acquire(self, results_dir: str = "") -> None:
@@ -72,6 +73,11 @@ class Ledger:
                     self.data[key].append(name)
         self._write()
 
+    def add_sysctl(self, path: str, old: int, new: int) -> None:
+        """A kernel setting the run changes temporarily (restored unless changed since)."""
+        self.data["sysctls"][path] = [old, new]
+        self._write()
+
     def add_pid(self, pid: int) -> None:
         self.data["pids"][str(pid)] = cmdline(pid)
         self._write()
@@ -101,6 +107,9 @@ def remove_resources(record: dict) -> List[str]:
     removed += _kill_recorded(record.get("pids", {}))
     removed += _delete_bridges(record.get("run_id"))
     removed += _delete_interfaces(record.get("interfaces", []) + record.get("bridges", []))
+    for path, (old, new) in record.get("sysctls", {}).items():
+        if restore_sysctl(path, old, new):
+            removed.append(f"setting {path} = {new} (restored {old})")
     return removed
 
 

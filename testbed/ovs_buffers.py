@@ -6,8 +6,8 @@ it forwards a packet, with the kernel's default send buffer (``net.core.wmem_def
 208 KiB). Packets waiting in the shaped egress queues of all switch ports are charged to that one
 buffer; once it is full, OVS gets EAGAIN and silently drops the packet - outside any emulated
 switch buffer (measured here: 1,177 of 143,360 packets lost in a 10-iteration run of 8 GPUs at
-20 Mbit/s with 1 KiB packets; none with a large enough buffer). Each port's receive socket has the same problem with
-``rmem_default``.
+20 Mbit/s with 1 KiB packets; none with a large enough buffer). Each port's receive socket has
+the same problem with ``rmem_default``.
 
 So, while the fabric is built and its first packet forwarded, the runner raises the two defaults
 to what the scenario's buffers need, then restores them. A socket created earlier (by a run of
@@ -33,22 +33,39 @@ def needed_bytes(total_switch_buffer_bytes: int) -> int:
 
 
 @contextlib.contextmanager
-def raised_socket_defaults(nbytes: int):
-    """Raise wmem_default and rmem_default to at least ``nbytes``; restore them on exit."""
+def raised_socket_defaults(nbytes: int, record=lambda path, old, new: None):
+    """Raise wmem_default and rmem_default to at least ``nbytes``; restore them on exit.
+
+    ``record(path, old, new)`` is called before each change, so that a runner killed inside
+    the block leaves a note for ``testbed clean`` to restore the value.
+    """
     saved = {}
     try:
         for path in SYSCTLS:
             with open(path) as f:
                 old = int(f.read())
             if old < nbytes:
+                record(path, old, nbytes)
                 saved[path] = old
                 with open(path, "w") as f:
                     f.write(str(nbytes))
         yield
     finally:
         for path, old in saved.items():
-            with open(path, "w") as f:
-                f.write(str(old))
+            restore_sysctl(path, old, nbytes)
+
+
+def restore_sysctl(path: str, old: int, ours: int) -> bool:
+    """Put ``old`` back into ``path`` if it still holds the value we wrote (``ours``)."""
+    try:
+        with open(path) as f:
+            if int(f.read()) != ours:
+                return False  # someone changed it since: not ours to undo
+        with open(path, "w") as f:
+            f.write(str(old))
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 _SKMEM = re.compile(r"skmem:\(r\d+,rb(\d+),t\d+,tb(\d+)")

@@ -130,7 +130,8 @@ def fabric_up(policy: str, scenario: Scenario, plan: FabricPlan, caps: Capabilit
             f"OVS {caps.datapath} datapath")
         # Userspace OVS sizes its packet sockets when it creates them: during the build and
         # on the first forwarded packets (see testbed.ovs_buffers).
-        sized = (raised_socket_defaults(needed_bytes(switch_buffer_total(plan, t)))
+        sized = (raised_socket_defaults(needed_bytes(switch_buffer_total(plan, t)),
+                                        record=ledger.add_sysctl)
                  if caps.datapath == "user" else contextlib.nullcontext())
         with sized:
             fabric.start()

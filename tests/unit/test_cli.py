@@ -46,3 +46,16 @@ def test_clean_needs_root(capsys, monkeypatch):
 def test_iterations_option_is_validated(capsys):
     assert main(["run", "--iterations", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: workload.iterations: must be >= 1, got 0"
+
+
+def test_unexpected_errors_are_one_line_too(capsys, monkeypatch):
+    import testbed.capabilities
+
+    def boom():
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(testbed.capabilities, "detect", boom)
+    assert main(["check"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: unexpected OSError: [Errno 5] Input/output error "
+                   "(rerun with --debug for details)"]

@@ -32,3 +32,15 @@ def test_the_record_names_everything_before_it_is_created(tmp_path):
     ledger.close()
     assert read_record(str(tmp_path)) is None
     assert json.loads((tmp_path / "lock").read_text() or "{}") == {}
+
+
+def test_teardown_restores_a_setting_the_run_left_raised(tmp_path):
+    from testbed.ledger import remove_resources
+    w = tmp_path / "wmem_default"
+    w.write_text("5242880")  # the runner was killed while the value was raised
+    record = {"run_id": None, "pids": {}, "interfaces": [], "bridges": [],
+              "sysctls": {str(w): [212992, 5242880]}}
+    removed = remove_resources(record)
+    assert w.read_text() == "212992"
+    assert removed == [f"setting {w} = 5242880 (restored 212992)"]
+    assert remove_resources(record) == []  # already restored: nothing to undo

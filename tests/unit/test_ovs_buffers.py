@@ -43,3 +43,27 @@ def test_restored_after_an_error(tmp_path, monkeypatch):
     except KeyboardInterrupt:
         pass
     assert w.read_text() == "100"
+
+
+def test_a_value_changed_by_someone_else_is_not_restored(tmp_path):
+    w = tmp_path / "wmem"
+    w.write_text("777")
+    assert not ovs_buffers.restore_sysctl(str(w), 100, 5000)
+    assert w.read_text() == "777"
+    w.write_text("5000")
+    assert ovs_buffers.restore_sysctl(str(w), 100, 5000)
+    assert w.read_text() == "100"
+
+
+def test_changes_are_recorded_before_they_are_made(tmp_path, monkeypatch):
+    w = tmp_path / "wmem"
+    w.write_text("100")
+    monkeypatch.setattr(ovs_buffers, "SYSCTLS", (str(w),))
+    seen = []
+
+    def record(path, old, new):
+        seen.append((path, old, new, w.read_text()))
+
+    with ovs_buffers.raised_socket_defaults(200, record=record):
+        pass
+    assert seen == [(str(w), 100, 200, "100")]
