@@ -1,29 +1,49 @@
 """The os-ken application: a thin adapter between OpenFlow events and a policy core.
 
-It reads its settings from os-ken's configuration (registered by ``controllers.launcher``):
-the fabric plan (JSON), the policy name and a state file. When a switch connects it sends the
-policy's messages and a barrier; when the barrier reply arrives it appends a line
-``{"event": "programmed", "dpid": ...}`` to the state file, which is how the runner knows the
-switch is ready. Errors from switches are appended too (``"event": "error"``).
+Settings come from os-ken's configuration (registered by ``controllers.launcher``): a policy
+file (policy name, fabric plan, parameters, context), a state file and an event socket.
+
+* When a switch connects it sends the policy's messages and a barrier; the barrier reply
+  appends ``{"event": "programmed", "dpid": ...}`` to the state file - how the runner knows
+  the switch is ready. Errors from switches are appended too (``"event": "error"``).
+* Packet-ins go to ``policy.packet_in``.
+* The switch-queue emulator connects to the event socket (a UNIX socket in the run's private
+  directory) and sends JSON lines: ``{"ecn": [dpid, port, marking]}`` and
+  ``{"load": {dpid: {port: backlog}}}``; they go to ``policy.ecn_changed`` / ``queue_load``.
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import time
 
 from os_ken import cfg
 from os_ken.base import app_manager
 from os_ken.controller import ofp_event
 from os_ken.controller.handler import CONFIG_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
+from os_ken.lib import hub
+from os_ken.lib.packet import ethernet, packet
 from os_ken.ofproto import ofproto_v1_3
 
 from testbed.topology import FabricPlan
 
 from .ofp import to_ofp
-from .policy import policy_class
+from .params import resolve
+from .policy import FabricContext, policy_class
 
 LOG = logging.getLogger(__name__)
+
+
+def load_policy(path: str):
+    """The policy described by a policy file written by the runner."""
+    with open(path, encoding="utf-8") as f:
+        spec = json.load(f)
+    plan = FabricPlan.from_dict(spec["plan"])
+    context = FabricContext(**spec["context"])
+    params = resolve(spec["policy"], spec["params"], context.host_rate_mbit, context.mtu)
+    return policy_class(spec["policy"])(plan, params, context)
 
 
 class FabricController(app_manager.OSKenApp):
@@ -32,19 +52,32 @@ class FabricController(app_manager.OSKenApp):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         conf = cfg.CONF
-        with open(conf.testbed_fabric, encoding="utf-8") as f:
-            plan = FabricPlan.from_dict(json.load(f))
-        self.policy = policy_class(conf.testbed_policy)(plan)
+        self.policy = load_policy(conf.testbed_policy_file)
         self.state_path = conf.testbed_state
+        self.datapaths = {}
         self.pending_barriers = {}  # xid -> dpid
-        self.packet_ins = 0
-        LOG.info("policy %s on %r", self.policy.name, plan)
+        self.counters = {"packet_in": 0, "ecn_events": 0, "load_events": 0, "flow_mods": 0,
+                         "bad_events": 0}
+        LOG.info("policy %s on %r, params %s", self.policy.name, self.policy.plan,
+                 self.policy.params_dict())
+        if conf.testbed_events:
+            hub.spawn(self._serve_events, conf.testbed_events)
 
     def _state(self, **event) -> None:
         event["time"] = time.time()
         with open(self.state_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(event) + "\n")
 
+    def _send(self, dpid, messages) -> None:
+        dp = self.datapaths.get(dpid)
+        if dp is None:
+            return
+        for message in messages:
+            for ofp_msg in to_ofp(dp, message):
+                dp.send_msg(ofp_msg)
+                self.counters["flow_mods"] += 1
+
+    # --- OpenFlow ---------------------------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
     def switch_features(self, ev):
         dp = ev.msg.datapath
@@ -54,16 +87,19 @@ class FabricController(app_manager.OSKenApp):
             LOG.warning("dpid %016x: not part of this fabric, ignored", dp.id)
             return
         name = self.policy.plan.switch_by_dpid(dp.id).name
-        sent = 0
-        for message in messages:
-            for ofp_msg in to_ofp(dp, message):
-                dp.send_msg(ofp_msg)
-                sent += 1
+        self.datapaths[dp.id] = dp
+        try:
+            self._send(dp.id, messages)
+        except Exception as e:  # os-ken would swallow it; the runner must hear of it
+            LOG.exception("%s: could not program the switch", name)
+            self._state(event="failed", dpid=dp.id, error=f"{type(e).__name__}: {e}")
+            return
         barrier = dp.ofproto_parser.OFPBarrierRequest(dp)
         dp.set_xid(barrier)
         self.pending_barriers[barrier.xid] = dp.id
         dp.send_msg(barrier)
-        LOG.info("%s (dpid %016x): sent %d messages, waiting for barrier", name, dp.id, sent)
+        LOG.info("%s (dpid %016x): sent %d messages, waiting for barrier", name, dp.id,
+                 len(messages))
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
     def barrier_reply(self, ev):
@@ -77,14 +113,62 @@ class FabricController(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def error_msg(self, ev):
         msg = ev.msg
-        LOG.error("dpid %016x: OpenFlow error type=%d code=%d", msg.datapath.id, msg.type,
-                  msg.code)
+        LOG.error("dpid %016x: OpenFlow error type=%d code=%d data=%s", msg.datapath.id,
+                  msg.type, msg.code, bytes(msg.data[:64]).hex())
         self._state(event="error", dpid=msg.datapath.id, type=msg.type, code=msg.code)
 
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def packet_in(self, ev):
-        # Policies here are proactive; a packet-in means a switch met a packet no flow expects.
-        self.packet_ins += 1
-        if self.packet_ins <= 10 or self.packet_ins % 1000 == 0:
-            LOG.warning("dpid %016x: unexpected packet-in #%d (ignored)", ev.msg.datapath.id,
-                        self.packet_ins)
+        msg = ev.msg
+        self.counters["packet_in"] += 1
+        if not self.policy.wants_packet_in:
+            if self.counters["packet_in"] <= 10:
+                LOG.warning("dpid %016x: unexpected packet-in (ignored)", msg.datapath.id)
+            return
+        try:
+            eth = packet.Packet(msg.data).get_protocol(ethernet.ethernet)
+        except Exception:  # a malformed frame must not take the controller down
+            eth = None
+        if eth is None:
+            return
+        in_port = msg.match.get("in_port", 0)
+        metadata = msg.match.get("metadata", 0)
+        self._send(msg.datapath.id, self.policy.packet_in(msg.datapath.id, in_port, metadata,
+                                                          eth.src))
+
+    # --- events from the switch-queue emulator ------------------------------------------------
+    def _serve_events(self, path: str) -> None:
+        if os.path.exists(path):
+            os.unlink(path)
+        import eventlet  # os-ken's hub runs on eventlet; a green UNIX socket server
+        server = eventlet.listen(path, family=socket.AF_UNIX)
+        os.chmod(path, 0o600)
+        LOG.info("listening for queue events on %s", path)
+        while True:
+            conn, _ = server.accept()
+            hub.spawn(self._read_events, conn)
+
+    def _read_events(self, conn) -> None:
+        with conn, conn.makefile("r", encoding="utf-8") as lines:
+            for line in lines:
+                try:
+                    self._event(json.loads(line))
+                except (ValueError, KeyError, TypeError) as e:
+                    self.counters["bad_events"] += 1
+                    LOG.warning("bad queue event %r: %s", line[:80], e)
+
+    def _event(self, event: dict) -> None:
+        if "ecn" in event:
+            dpid, port, marking = event["ecn"]
+            self.counters["ecn_events"] += 1
+            self._send(dpid, self.policy.ecn_changed(dpid, port, bool(marking)))
+        if "load" in event:
+            self.counters["load_events"] += 1
+            load = {int(d): {int(p): int(b) for p, b in ports.items()}
+                    for d, ports in event["load"].items()}
+            for dpid, messages in self.policy.queue_load(load).items():
+                self._send(dpid, messages)
+
+    def close(self):
+        LOG.info("counters %s", json.dumps(self.counters))
+        super().close()

@@ -1,23 +1,20 @@
-"""Hyperscale (Tomahawk-class) policy: L3 ECMP over every spine, shallow buffers, tail drop.
+"""Hyperscale (Tomahawk-class) policy: L3 ECMP over every spine, shallow buffers, tail drop,
+optional DCTCP-style ECN step marking, no PFC.
 
 Leaves route on the destination IP: a local GPU's /32 goes out of its port; every other leaf's
-/24 goes to one OpenFlow select group whose buckets are the uplinks to all spines. Open vSwitch
-picks a bucket per flow from a symmetric hash of the L3/L4 header (addresses, protocol, UDP
-ports - the 5-tuple; OVS >= 2.10 ``dp_hash`` default), so the RoCE source port (entropy) decides
-the spine. Spines route each leaf's /24 down to that leaf. Everything is installed when a switch
-connects; the table-miss flow drops, so nothing depends on flooding or packet-ins.
+/24 is hashed over all uplinks by the 5-tuple (OVS ``multipath`` on addresses, protocol and
+UDP ports), so the RoCE source port (entropy) picks the spine. Spines route each leaf's /24
+down. Everything is installed when a switch connects; the table-miss flows drop, so nothing
+depends on flooding or packet-ins. See ``controllers.l3`` for the tables.
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
-from testbed.topology import leaf_subnet
-
-from .flows import (ETH_TYPE_IPV4, PRIO_HOST, PRIO_MISS, PRIO_ROUTE, Bucket, ClearFlows, Group,
-                    GroupMod, Message, Output, SetField, flow, prefix)
+from . import l3
+from .classes import EcnRule, TrafficClass
+from .flows import PRIO_MISS, ClearFlows, Message, flow
 from .policy import Policy, register
-
-ECMP_GROUP = 1
 
 
 @register
@@ -25,35 +22,20 @@ class HyperscalePolicy(Policy):
     name = "hyperscale"
     cookie = 0x4853  # "HS"
 
+    def traffic_classes(self) -> Tuple[TrafficClass, ...]:
+        p = self.params
+        ecn = EcnRule("step", p.ecn_k_bytes) if p.ecn == "step" else None
+        return (TrafficClass("all", 0, 0, (), p.buffer_bytes, ecn=ecn),)
+
     def switch_connected(self, dpid: int) -> List[Message]:
-        sw = self.plan.switch_by_dpid(dpid)
-        msgs: List[Message] = [ClearFlows(), flow(PRIO_MISS, {}, cookie=self.cookie)]
+        plan, cookie = self.plan, self.cookie
+        sw = plan.switch_by_dpid(dpid)
+        msgs: List[Message] = [ClearFlows(), flow(PRIO_MISS, {}, cookie=cookie)]
         if sw.role == "leaf":
-            msgs += self._leaf(sw.index)
+            msgs += l3.local_hosts(plan, sw.index, cookie) + l3.ecmp(plan, sw.index, cookie)
         else:
-            msgs += self._spine()
-        return msgs
+            msgs += l3.spine_routes(plan, cookie)
+        return msgs + l3.egress(l3.switch_ports(plan, dpid), cookie)
 
-    def _leaf(self, leaf: int) -> List[Message]:
-        plan = self.plan
-        uplinks = plan.uplinks()
-        msgs: List[Message] = [GroupMod(
-            ECMP_GROUP, "select",
-            tuple(Bucket((Output(port),)) for _, port in sorted(uplinks.items())))]
-        for host in plan.hosts_on_leaf(leaf):
-            msgs.append(flow(PRIO_HOST, {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": host.ip},
-                             SetField("eth_dst", host.mac), Output(host.index),
-                             cookie=self.cookie))
-        for other in plan.leaves:
-            if other.index != leaf:
-                msgs.append(flow(PRIO_ROUTE, {"eth_type": ETH_TYPE_IPV4,
-                                              "ipv4_dst": prefix(leaf_subnet(other.index))},
-                                 Group(ECMP_GROUP), cookie=self.cookie))
-        return msgs
-
-    def _spine(self) -> List[Message]:
-        plan = self.plan
-        return [flow(PRIO_ROUTE, {"eth_type": ETH_TYPE_IPV4,
-                                  "ipv4_dst": prefix(leaf_subnet(leaf.index))},
-                     Output(plan.spine_port(leaf.index)), cookie=self.cookie)
-                for leaf in plan.leaves]
+    def ecn_changed(self, dpid: int, port: int, marking: bool) -> List[Message]:
+        return [l3.mark_group(port, marking)]

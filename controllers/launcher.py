@@ -16,9 +16,10 @@ from testbed.procutil import die_with_parent
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m controllers.launcher")
     p.add_argument("--port", type=int, required=True, help="OpenFlow TCP port on 127.0.0.1")
-    p.add_argument("--policy", required=True)
-    p.add_argument("--fabric", required=True, help="fabric plan JSON file")
+    p.add_argument("--policy-file", required=True,
+                   help="JSON: policy name, fabric plan, parameters, context")
     p.add_argument("--state", required=True, help="file the app appends its events to")
+    p.add_argument("--events", default="", help="UNIX socket for switch-queue events")
     p.add_argument("--verbose", action="store_true")
     return p.parse_args(argv)
 
@@ -34,14 +35,14 @@ def main(argv=None) -> int:
     from os_ken.base.app_manager import AppManager
     import os_ken.controller.controller  # noqa: F401  (registers the ofp-* options)
 
-    cfg.CONF.register_cli_opts([cfg.StrOpt("testbed-fabric"), cfg.StrOpt("testbed-policy"),
-                                cfg.StrOpt("testbed-state")])
+    cfg.CONF.register_cli_opts([cfg.StrOpt("testbed-policy-file"), cfg.StrOpt("testbed-state"),
+                                cfg.StrOpt("testbed-events", default="")])
     cfg.CONF(args=["--ofp-listen-host", "127.0.0.1", "--ofp-tcp-listen-port", str(args.port),
-                   "--testbed-fabric", args.fabric, "--testbed-policy", args.policy,
-                   "--testbed-state", args.state],
+                   "--testbed-policy-file", args.policy_file, "--testbed-state", args.state,
+                   "--testbed-events", args.events],
              project="os_ken", default_config_files=[])
-    logging.getLogger(__name__).info("OpenFlow controller on 127.0.0.1:%d, policy %s",
-                                     args.port, args.policy)
+    logging.getLogger(__name__).info("OpenFlow controller on 127.0.0.1:%d, policy file %s",
+                                     args.port, args.policy_file)
     AppManager.run_apps(["controllers.app"])
     return 0
 

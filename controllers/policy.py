@@ -1,17 +1,45 @@
 """The policy interface every switching policy implements, and the explicit registry.
 
 A policy is a pure core (Faucet style): it takes fabric events and returns OpenFlow messages
-(``controllers.flows``); it never touches a socket. ``controllers.app`` is the thin os-ken
-adapter that feeds it events and sends what it returns.
+(``controllers.flows``) and the traffic classes every egress queue must have
+(``controllers.classes``); it never touches a socket. ``controllers.app`` is the thin os-ken
+adapter that feeds it events; ``testbed.switchq`` emulates the switches' queue mechanisms
+(ECN marking, PFC) that the classes ask for and reports queue state back as events.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Dict, List, Type
+from dataclasses import dataclass
+from typing import ClassVar, Dict, List, Optional, Tuple, Type
 
 from testbed.topology import FabricPlan
 
+from .classes import TrafficClass
 from .flows import Message
+from .params import resolve, to_dict
+
+
+@dataclass(frozen=True)
+class FabricContext:
+    """What a policy needs to know of the emulation besides the plan."""
+
+    host_rate_mbit: float = 40.0
+    fabric_rate_mbit: float = 40.0
+    mtu: int = 4096  # RoCE path MTU
+    sample_interval_s: float = 0.001  # of the switch-queue emulator
+
+    @property
+    def reaction_s(self) -> float:
+        """Emulated reaction time of a queue mechanism (ECN, PFC): up to one sample interval
+        before the emulator sees a queue cross a threshold, one more before it acts, and 2 ms
+        for the change to land in the switch."""
+        return 2 * self.sample_interval_s + 0.002
+
+    @classmethod
+    def of(cls, scenario) -> "FabricContext":
+        t = scenario.topology
+        return cls(t.host_rate_mbit, t.fabric_rate_mbit, scenario.workload.mtu,
+                   scenario.emulation.sample_interval_us / 1e6)
 
 
 class Policy(ABC):
@@ -19,13 +47,42 @@ class Policy(ABC):
 
     name: ClassVar[str]
     cookie: ClassVar[int]  # marks this policy's flows (visible in ovs-ofctl dump-flows)
+    wants_queue_load: bool = False  # send queue_load events (adaptive routing)
+    wants_packet_in: bool = False  # switches send some packets to the controller
 
-    def __init__(self, plan: FabricPlan):
+    def __init__(self, plan: FabricPlan, params=None, context: FabricContext = None):
         self.plan = plan
+        self.context = context or FabricContext()
+        self.params = params if params is not None else resolve(
+            self.name, {}, self.context.host_rate_mbit, self.context.mtu)
+
+    def params_dict(self) -> dict:
+        return to_dict(self.params)
+
+    @abstractmethod
+    def traffic_classes(self) -> Tuple[TrafficClass, ...]:
+        """The classes of every switch egress queue and GPU NIC queue."""
 
     @abstractmethod
     def switch_connected(self, dpid: int) -> List[Message]:
-        """Messages that program switch ``dpid`` completely (proactive: no packet-ins needed)."""
+        """Messages that program switch ``dpid`` (sent when it connects)."""
+
+    def packet_in(self, dpid: int, in_port: int, metadata: int, eth_src: str) -> List[Message]:
+        """A packet the switch sent to the controller (only policies that ask for them)."""
+        return []
+
+    def ecn_changed(self, dpid: int, port: int, marking: bool) -> List[Message]:
+        """The emulated queue of (dpid, port) starts or stops marking ECN."""
+        return []
+
+    def queue_load(self, load: Dict[int, Dict[int, int]]) -> Dict[int, List[Message]]:
+        """Latest backlog (bytes) of the watched queues, {dpid: {port: backlog}}; returns
+        the messages for each switch."""
+        return {}
+
+    def watched_ports(self) -> Optional[Dict[int, List[int]]]:
+        """{dpid: ports} whose backlog ``queue_load`` needs (None: none)."""
+        return None
 
 
 _REGISTRY: Dict[str, Type[Policy]] = {}
@@ -34,6 +91,14 @@ _REGISTRY: Dict[str, Type[Policy]] = {}
 def register(cls: Type[Policy]) -> Type[Policy]:
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def make_policy(name: str, plan: FabricPlan, scenario) -> Policy:
+    """The policy ``name`` configured by a scenario (its parameter overrides, rates, MTU)."""
+    context = FabricContext.of(scenario)
+    params = resolve(name, scenario.policy_params.get(name, {}), context.host_rate_mbit,
+                     context.mtu)
+    return policy_class(name)(plan, params, context)
 
 
 def policy_names() -> List[str]:
@@ -51,4 +116,4 @@ def policy_class(name: str) -> Type[Policy]:
 
 def _load() -> None:
     # The registry is the list of policy modules below; importing one registers it.
-    from . import hyperscale  # noqa: F401
+    from . import enterprise, hyperscale, lossless  # noqa: F401

@@ -26,16 +26,17 @@ def _progress(quiet: bool):
 
 def cmd_run(args) -> int:
     from . import runner
-    from .config import DEFAULT
+    from .config import ALL_POLICIES, DEFAULT
     from .results import summary_table
 
     scenario = DEFAULT
     if args.iterations is not None:
         scenario = scenario.override({"workload": {"iterations": args.iterations}})
     if args.policy:
-        scenario = scenario.with_policies(p.strip() for p in args.policy.split(",") if p.strip())
-        if not scenario.policies:
-            raise ConfigError("--policy: give at least one policy name")
+        names = [p.strip() for p in args.policy.split(",") if p.strip()]
+        if not names:
+            raise ConfigError("--policy: give at least one policy name, or all")
+        scenario = scenario.with_policies(ALL_POLICIES if names == ["all"] else names)
     results, run_dir = runner.run(scenario, out_root=args.out,
                                   progress=_progress(args.quiet or args.json))
     if args.json:
@@ -101,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     r = sub.add_parser("run", help="run the scenario and print the comparison")
-    r.add_argument("--policy", help="comma-separated policies (default: hyperscale)")
+    r.add_argument("--policy", help="comma-separated policies, or all (default: all: "
+                                    "enterprise, hyperscale, lossless)")
     r.add_argument("--iterations", type=int, help="collectives to replay (default: 10)")
     r.add_argument("--out", default="results",
                    help="directory that receives the run directory (default: ./results)")

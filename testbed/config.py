@@ -11,11 +11,11 @@ rate; ``Scenario.time_scale`` states how much slower than the modelled fabric th
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Tuple
 
 from .errors import ConfigError
+from .schema import build, plain
 
 MBIT = 1_000_000
 
@@ -30,9 +30,6 @@ class TopologyConfig:
         "min": 0.1, "max": 1000.0, "unit": "Mbit/s", "doc": "GPU NIC and leaf downlink rate"})
     fabric_rate_mbit: float = field(default=40.0, metadata={
         "min": 0.1, "max": 1000.0, "unit": "Mbit/s", "doc": "leaf-spine link rate"})
-    switch_buffer_bytes: int = field(default=64_000, metadata={
-        "min": 3000, "max": 64_000_000, "unit": "B",
-        "doc": "egress buffer of every switch port (tail-drop byte FIFO)"})
     nic_queue_bytes: int = field(default=256_000, metadata={
         "min": 3000, "max": 64_000_000, "unit": "B", "doc": "GPU NIC transmit queue"})
     link_delay_us: float = field(default=0.0, metadata={
@@ -63,11 +60,25 @@ class WorkloadConfig:
 
 
 @dataclass(frozen=True)
+class EmulationConfig:
+    sample_interval_us: int = field(default=1000, metadata={
+        "min": 200, "max": 100_000, "unit": "us",
+        "doc": "how often the switch-queue emulator samples every egress queue: the emulated "
+               "switches' reaction time for ECN marking, PFC and adaptive routing"})
+
+
+ALL_POLICIES = ("enterprise", "hyperscale", "lossless")
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str = "default"
-    policies: Tuple[str, ...] = ("hyperscale",)
+    policies: Tuple[str, ...] = ALL_POLICIES
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    emulation: EmulationConfig = field(default_factory=EmulationConfig)
+    policy_params: Dict[str, Dict[str, Any]] = field(default_factory=dict, metadata={
+        "doc": "per policy, parameters that replace its defaults (see the policy reference)"})
 
     @property
     def time_scale(self) -> float:
@@ -76,10 +87,15 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Scenario":
-        return _build(cls, data, "")
+        if isinstance(data, Mapping) and "policy_params" in data:
+            data = dict(data)
+            params = data.pop("policy_params")
+            scenario = build(cls, data)
+            return dataclasses.replace(scenario, policy_params=_policy_params(params))
+        return build(cls, data)
 
     def to_dict(self) -> dict:
-        return _plain(dataclasses.asdict(self))
+        return plain(self)
 
     def with_policies(self, policies) -> "Scenario":
         return dataclasses.replace(self, policies=tuple(policies))
@@ -87,6 +103,20 @@ class Scenario:
     def override(self, changes: Mapping[str, Any]) -> "Scenario":
         """A copy with ``changes`` (a partial scenario mapping) applied and validated."""
         return Scenario.from_dict(_merge(self.to_dict(), changes))
+
+
+def _policy_params(params) -> Dict[str, Dict[str, Any]]:
+    """Check per-policy overrides against each policy's declared parameters."""
+    from controllers.params import params_class  # the policies own their parameters
+
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"policy_params: must be a mapping, got {type(params).__name__}")
+    out = {}
+    for name, values in params.items():
+        cls = params_class(name)  # ConfigError for an unknown policy
+        build(cls, values, f"policy_params.{name}")
+        out[name] = dict(values)
+    return out
 
 
 def _merge(base: dict, changes: Mapping[str, Any]) -> dict:
@@ -97,69 +127,6 @@ def _merge(base: dict, changes: Mapping[str, Any]) -> dict:
         else:
             out[key] = value
     return out
-
-
-def _plain(value):
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _build(cls, data, path):
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{path or 'scenario'}: must be a mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        where = f"{path}.{unknown[0]}" if path else str(unknown[0])
-        raise ConfigError(f"{where}: unknown key (allowed: {', '.join(sorted(fields))})")
-    values: Dict[str, Any] = {}
-    for name, value in data.items():
-        f = fields[name]
-        where = f"{path}.{name}" if path else name
-        values[name] = _value(f, value, where)
-    return cls(**values)
-
-
-def _value(f, value, where):
-    default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-    meta = f.metadata
-    if dataclasses.is_dataclass(default):
-        return _build(type(default), value, where)
-    if isinstance(default, tuple):
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)) or not value:
-            raise ConfigError(f"{where}: must be a non-empty list, got {value!r}")
-        return tuple(_scalar(str, v, f"{where}[{i}]", meta) for i, v in enumerate(value))
-    return _scalar(type(default), value, where, meta)
-
-
-def _scalar(kind, value, where, meta):
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: must be true or false, got {value!r}")
-    elif kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: must be an integer, got {value!r}")
-    elif kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value):
-            raise ConfigError(f"{where}: must be a number, got {value!r}")
-        value = float(value)
-    elif kind is str:
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{where}: must be a non-empty string, got {value!r}")
-    if "choices" in meta and value not in meta["choices"]:
-        allowed = ", ".join(str(c) for c in meta["choices"])
-        raise ConfigError(f"{where}: must be one of {allowed}, got {value!r}")
-    if "min" in meta and value < meta["min"]:
-        raise ConfigError(f"{where}: must be >= {meta['min']}, got {value!r}")
-    if "max" in meta and value > meta["max"]:
-        raise ConfigError(f"{where}: must be <= {meta['max']}, got {value!r}")
-    return value
 
 
 DEFAULT = Scenario()

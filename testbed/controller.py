@@ -1,10 +1,12 @@
 """Run the os-ken controller (``controllers.launcher``) as a child process of the runner.
 
 It listens on 127.0.0.1 and a free port, logs to ``controller-<policy>.log`` in the run
-directory, and reports each programmed switch in a state file the runner polls.
+directory, reports each programmed switch in a state file the runner polls, and takes
+switch-queue events on a UNIX socket in the run's private directory.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,28 +17,35 @@ from typing import Iterable, Set
 from .errors import ControllerError
 from .ledger import Ledger
 from .procutil import free_tcp_port
-from .topology import FabricPlan
 
 
 class ControllerProcess:
-    def __init__(self, policy: str, plan: FabricPlan, run_dir: str, ledger: Ledger):
-        self.policy, self.plan, self.run_dir, self.ledger = policy, plan, run_dir, ledger
-        self.log_path = os.path.join(run_dir, f"controller-{policy}.log")
-        self.state_path = os.path.join(run_dir, f".controller-{policy}.state")
+    def __init__(self, policy, run_dir: str, private_dir: str, ledger: Ledger):
+        """``policy``: the configured policy core (its name, plan, parameters, context)."""
+        self.policy, self.plan = policy, policy.plan
+        self.run_dir, self.ledger = run_dir, ledger
+        name = policy.name
+        self.log_path = os.path.join(run_dir, f"controller-{name}.log")
+        self.state_path = os.path.join(private_dir, f"controller-{name}.state")
+        self.policy_path = os.path.join(private_dir, f"policy-{name}.json")
+        self.events_path = os.path.join(private_dir, f"events-{name}.sock")
         self.proc = None
         self.port = None
 
     def start(self) -> None:
-        fabric_path = os.path.join(self.run_dir, "fabric.json")
-        with open(fabric_path, "w", encoding="utf-8") as f:
-            json.dump(self.plan.to_dict(), f)
+        spec = {"policy": self.policy.name, "plan": self.plan.to_dict(),
+                "params": self.policy.params_dict(),
+                "context": dataclasses.asdict(self.policy.context)}
+        with open(self.policy_path, "w", encoding="utf-8") as f:
+            json.dump(spec, f)
         open(self.state_path, "w").close()
         self.port = free_tcp_port()
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "controllers.launcher", "--port", str(self.port),
-                 "--policy", self.policy, "--fabric", fabric_path, "--state", self.state_path],
+                 "--policy-file", self.policy_path, "--state", self.state_path,
+                 "--events", self.events_path],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
         finally:
@@ -49,7 +58,7 @@ class ControllerProcess:
     def check_alive(self) -> None:
         if not self.alive():
             code = self.proc.returncode if self.proc else None
-            raise ControllerError(f"the {self.policy} controller died (exit code {code}); "
+            raise ControllerError(f"the {self.policy.name} controller died (exit code {code}); "
                                   f"last log lines: {self.tail()}")
 
     def programmed(self) -> Set[int]:
@@ -61,9 +70,14 @@ class ControllerProcess:
                 except ValueError:
                     continue
                 if event.get("event") == "error":
-                    raise ControllerError(f"switch {event.get('dpid', 0):016x} rejected a "
-                                          f"message of the {self.policy} policy (OpenFlow error "
-                                          f"type {event.get('type')} code {event.get('code')})")
+                    raise ControllerError(
+                        f"switch {event.get('dpid', 0):016x} rejected a message of the "
+                        f"{self.policy.name} policy (OpenFlow error type {event.get('type')} "
+                        f"code {event.get('code')}; see {self.log_path})")
+                if event.get("event") == "failed":
+                    raise ControllerError(f"the {self.policy.name} controller could not program "
+                                          f"switch {event.get('dpid', 0):016x}: "
+                                          f"{event.get('error')}")
                 if event.get("event") == "programmed":
                     done.add(event["dpid"])
         return done

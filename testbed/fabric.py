@@ -15,13 +15,15 @@ import signal
 import subprocess
 import time
 from functools import partial
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from mininet.link import Link
 from mininet.log import setLogLevel
 from mininet.net import Mininet
 from mininet.node import OVSSwitch, RemoteController
 from mininet.topo import Topo
+
+from controllers.classes import TrafficClass
 
 from .capabilities import Capabilities
 from .config import TopologyConfig
@@ -58,12 +60,13 @@ class TaggedOVSSwitch(OVSSwitch):
         return super().bridgeOpts() + f" external_ids:{OVS_TAG}={self.run_id}"
 
 
-def egress_shapes(plan: FabricPlan, topo: TopologyConfig) -> Dict[str, Shape]:
+def egress_shapes(plan: FabricPlan, topo: TopologyConfig,
+                  classes: Tuple[TrafficClass, ...]) -> Dict[str, Shape]:
     """Interface name -> shaping, for every switch port and GPU NIC (pure)."""
     delay = topo.link_delay_us
-    host = Shape(topo.host_rate_mbit, topo.switch_buffer_bytes, delay)
-    nic = Shape(topo.host_rate_mbit, topo.nic_queue_bytes, delay)
-    fabric = Shape(topo.fabric_rate_mbit, topo.switch_buffer_bytes, delay)
+    host = Shape(topo.host_rate_mbit, classes, delay)
+    nic = Shape(topo.host_rate_mbit, classes, delay, nic_queue_bytes=topo.nic_queue_bytes)
+    fabric = Shape(topo.fabric_rate_mbit, classes, delay)
     shapes = {}
     for link in plan.links:
         if link.kind == "host":
@@ -79,13 +82,14 @@ class Fabric:
     """Build, shape and stop one Mininet fabric for ``plan``."""
 
     def __init__(self, plan: FabricPlan, topo: TopologyConfig, caps: Capabilities,
-                 controller_port: int, ledger: Ledger, mtu: int = 1500):
+                 controller_port: int, ledger: Ledger, classes: Tuple[TrafficClass, ...],
+                 mtu: int = 1500):
         self.plan, self.topo, self.caps = plan, topo, caps
         self.mtu = mtu  # Ethernet MTU of every link
         self.controller_port = controller_port
         self.ledger = ledger
         self.net: Optional[Mininet] = None
-        self.shapes = egress_shapes(plan, topo)
+        self.shapes = egress_shapes(plan, topo, classes)
 
     def start(self) -> None:
         setLogLevel("error")
@@ -113,6 +117,10 @@ class Fabric:
             for pid in self._shell_pids():
                 self.ledger.add_pid(pid)
         self.net.start()
+        # The switch ports live in this namespace: keep the kernel's IPv6 chatter (router
+        # solicitations, MLD) off them, so every packet they carry was forwarded by a switch.
+        _run(self.net.switches[0], "sysctl -qw " + " ".join(
+            f"net.ipv6.conf.{name}.disable_ipv6=1" for name, _ in self.plan.switch_interfaces()))
         self._configure_hosts()
         self._shape()
 
@@ -122,7 +130,7 @@ class Fabric:
             for peer in self.plan.hosts:
                 if peer.name != host.name:
                     host.setARP(peer.ip, peer.mac)
-            intf = f"{host.name}-eth0"
+            intf = self.plan.host(host.name).intf
             # No IPv6 chatter; software checksums (userspace OVS does not complete offloaded
             # ones, so TCP/UDP from the kernel would arrive corrupt).
             _run(host, "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 "
@@ -145,9 +153,9 @@ class Fabric:
     def applied(self) -> dict:
         """What link emulation is really in place (recorded with the results)."""
         delay = self.topo.link_delay_us
-        applied = delay_applied(Shape(1, 1, delay), self.caps.netem)
+        applied = delay_applied(delay, self.caps.netem)
         return {"datapath": self.caps.datapath, "openflow": "OpenFlow13",
-                "egress_queue": "htb + bfifo (tail drop)",
+                "egress_queue": "htb + bfifo per traffic class (tail drop), u32 on DSCP",
                 "link_delay_us_requested": delay,
                 "link_delay_us_applied": applied if applied is not None else 0.0,
                 "link_delay_missing": applied is None}

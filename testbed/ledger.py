@@ -13,8 +13,10 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from typing import Dict, List, Optional
 
@@ -52,7 +54,13 @@ class Ledger:
                 f"{other.get('run_id', '?')}); wait for it, or stop it with Ctrl-C")
         self._lock_fd = fd
         self.data["results_dir"] = results_dir
+        # Sockets, policy and config files of the run: private to root, removed at teardown.
+        self.data["private_dir"] = tempfile.mkdtemp(prefix=f"{self.run_id}-", dir=self.state_dir)
         self._write()
+
+    @property
+    def private_dir(self) -> str:
+        return self.data["private_dir"]
 
     def close(self) -> None:
         """Forget the record (after teardown) and release the lock."""
@@ -110,6 +118,10 @@ def remove_resources(record: dict) -> List[str]:
     for path, (old, new) in record.get("sysctls", {}).items():
         if restore_sysctl(path, old, new):
             removed.append(f"setting {path} = {new} (restored {old})")
+    private = record.get("private_dir")
+    if private and os.path.isdir(private) and os.path.basename(private).startswith(
+            str(record.get("run_id"))):
+        shutil.rmtree(private, ignore_errors=True)
     return removed
 
 

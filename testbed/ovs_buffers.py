@@ -26,10 +26,14 @@ TRUESIZE_FACTOR = 2.5  # kernel memory charged per byte of frame (skb overhead, 
 MARGIN = 1 << 20
 
 
+MINIMUM = 32 << 20  # OVS keeps its socket for its lifetime: size it for later scenarios too
+
+
 def needed_bytes(total_switch_buffer_bytes: int) -> int:
-    """Send buffer that holds every switch egress queue full at once, rounded up to 1 MiB."""
+    """Send buffer that holds every switch egress queue full at once, rounded up to 1 MiB,
+    and at least ``MINIMUM`` (a limit, not an allocation)."""
     need = int(total_switch_buffer_bytes * TRUESIZE_FACTOR) + MARGIN
-    return max(4 << 20, (need + (1 << 20) - 1) // (1 << 20) * (1 << 20))
+    return max(MINIMUM, (need + (1 << 20) - 1) // (1 << 20) * (1 << 20))
 
 
 @contextlib.contextmanager

@@ -13,13 +13,19 @@ from .topology import FabricPlan
 
 
 def parse_tc_json(text: str) -> Dict[str, dict]:
-    """``tc -s -j qdisc show`` output -> {interface: counters of its bfifo buffer}."""
-    out = {}
+    """``tc -s -j qdisc show`` output -> {interface: counters summed over its class buffers
+    (bfifos), with each buffer's counters under ``classes`` by handle}."""
+    out: Dict[str, dict] = {}
     for q in json.loads(text or "[]"):
-        if q.get("kind") == "bfifo" and "dev" in q:
-            out[q["dev"]] = {"packets": q.get("packets", 0), "bytes": q.get("bytes", 0),
-                             "drops": q.get("drops", 0), "backlog": q.get("backlog", 0),
-                             "limit": q.get("options", {}).get("limit")}
+        if q.get("kind") != "bfifo" or "dev" not in q:
+            continue
+        one = {"packets": q.get("packets", 0), "bytes": q.get("bytes", 0),
+               "drops": q.get("drops", 0), "backlog": q.get("backlog", 0)}
+        dev = out.setdefault(q["dev"], {"packets": 0, "bytes": 0, "drops": 0, "backlog": 0,
+                                        "classes": {}})
+        for k, v in one.items():
+            dev[k] += v
+        dev["classes"][q.get("handle", "?")] = one
     return out
 
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
-from controllers.policy import policy_names
+from controllers.policy import Policy, make_policy, policy_names
 
 from . import __version__
 from .agents import AgentGroup, expected_duration_s
@@ -28,6 +28,7 @@ from .ledger import Ledger
 from .ovs_buffers import needed_bytes, ovs_socket_buffers, raised_socket_defaults
 from .queues import egress_stats, queue_drops, spine_load
 from .results import RESULTS_SCHEMA, collect, write_json_atomic
+from .switchq import EmulatorProcess
 from .topology import FabricPlan
 
 Progress = Callable[[str], None]
@@ -53,6 +54,12 @@ def validate(scenario: Scenario) -> FabricPlan:
     if scenario.workload.size_bytes < len(plan.hosts):
         raise ConfigError(f"workload.size_bytes: must be >= the number of GPUs "
                           f"({len(plan.hosts)}), got {scenario.workload.size_bytes}")
+    for name in scenario.policy_params:
+        if name not in scenario.policies:
+            raise ConfigError(f"policy_params.{name}: {name} is not among the policies run "
+                              f"({', '.join(scenario.policies)})")
+    for name in scenario.policies:
+        make_policy(name, plan, scenario)  # parameters that need the plan (e.g. tenants)
     return plan
 
 
@@ -76,10 +83,11 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
     ledger = Ledger(run_id)
     ledger.acquire(run_dir)
     try:
-        for i, policy in enumerate(scenario.policies, 1):
-            say = _prefixed(progress, f"[{policy} {i}/{len(scenario.policies)}]")
-            results["policies"][policy] = run_policy(policy, scenario, plan, caps, run_dir,
-                                                     ledger, say, results)
+        for i, name in enumerate(scenario.policies, 1):
+            say = _prefixed(progress, f"[{name} {i}/{len(scenario.policies)}]")
+            policy = make_policy(name, plan, scenario)
+            results["policies"][name] = run_policy(policy, scenario, caps, run_dir, ledger,
+                                                   say, results)
             write_json_atomic(path, results)
         results["status"] = "complete"
     except KeyboardInterrupt:
@@ -111,77 +119,112 @@ class Session:
 
 
 @contextlib.contextmanager
-def fabric_up(policy: str, scenario: Scenario, plan: FabricPlan, caps: Capabilities,
-              run_dir: str, ledger: Ledger, say: Progress = lambda s: None):
+def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: str,
+              ledger: Ledger, say: Progress = lambda s: None):
     """Controller started, fabric built and shaped, switches programmed, connectivity checked.
 
     Everything is torn down on exit, whatever happened inside.
     """
-    t = scenario.topology
+    t, plan = scenario.topology, policy.plan
+    classes = policy.traffic_classes()
     with contextlib.ExitStack() as stack:
-        ctl = ControllerProcess(policy, plan, run_dir, ledger)
+        ctl = ControllerProcess(policy, run_dir, ledger.private_dir, ledger)
         stack.callback(_shielded_call, ctl.stop)
         ctl.start()
         say(f"controller on 127.0.0.1:{ctl.port}")
-        fabric = Fabric(plan, t, caps, ctl.port, ledger, mtu=link_mtu(scenario.workload.mtu))
+        fabric = Fabric(plan, t, caps, ctl.port, ledger, classes,
+                        mtu=link_mtu(scenario.workload.mtu))
         stack.callback(_shielded_call, fabric.stop)
         say(f"building fabric: {t.spines} spines, {t.leaves} leaves, {len(plan.hosts)} GPUs, "
             f"{t.host_rate_mbit:g}/{t.fabric_rate_mbit:g} Mbit/s host/fabric links, "
-            f"OVS {caps.datapath} datapath")
+            f"OVS {caps.datapath} datapath, classes {', '.join(c.name for c in classes)}")
         # Userspace OVS sizes its packet sockets when it creates them: during the build and
         # on the first forwarded packets (see testbed.ovs_buffers).
-        sized = (raised_socket_defaults(needed_bytes(switch_buffer_total(plan, t)),
-                                        record=ledger.add_sysctl)
+        need = needed_bytes(switch_buffer_total(plan, classes))
+        sized = (raised_socket_defaults(need, record=ledger.add_sysctl)
                  if caps.datapath == "user" else contextlib.nullcontext())
         with sized:
             fabric.start()
             ctl.wait_programmed([s.dpid for s in plan.switches])
             say(f"{len(plan.switches)} switches programmed")
             fabric.check_connectivity()
-        warnings = ovs_buffer_warnings(caps, plan, t)
+        warnings = ovs_buffer_warnings(caps, need)
         for w in warnings:
             say(f"warning: {w}")
         yield Session(ctl, fabric, warnings)
 
 
-def run_policy(policy: str, scenario: Scenario, plan: FabricPlan, caps: Capabilities,
-               run_dir: str, ledger: Ledger, say: Progress, results: dict) -> dict:
-    records = os.path.join(run_dir, "records", policy)
+@contextlib.contextmanager
+def queue_emulation(policy: Policy, scenario: Scenario, session: Session, run_dir: str,
+                    ledger: Ledger):
+    """The switch-queue emulator running beside the fabric; yields a dict that receives its
+    report when it stops."""
+    emu = EmulatorProcess(policy, scenario, session, run_dir, ledger.private_dir, ledger,
+                          link_mtu(scenario.workload.mtu))
+    report: dict = {}
+    emu.start()
+    try:
+        yield emu, report
+    finally:
+        with shielded():
+            report.update(emu.stop() or {})
+
+
+def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: str,
+               ledger: Ledger, say: Progress, results: dict) -> dict:
+    plan, name = policy.plan, policy.name
+    records = os.path.join(run_dir, "records", name)
     w = scenario.workload
     t0 = time.monotonic()
-    with fabric_up(policy, scenario, plan, caps, run_dir, ledger, say) as session:
+    with fabric_up(policy, scenario, caps, run_dir, ledger, say) as session:
         results.setdefault("link_emulation", session.fabric.applied())
-        agents = AgentGroup(session.fabric, plan, scenario, records, run_dir, ledger, policy)
-        try:
-            agents.start()
-            say(f"replaying {w.iterations} x ring all-reduce of {w.size_bytes:,} B on "
-                f"{len(plan.hosts)} GPUs (about {expected_duration_s(scenario):.1f} s at "
-                "line rate)")
-            agents.go()
-            t_traffic = time.monotonic()
-            agents.wait(timeout=30 + 10 * expected_duration_s(scenario),
-                        on_iteration=lambda i: say(f"iteration {i + 1}/{w.iterations} "
-                                                   f"({time.monotonic() - t_traffic:.1f} s)"),
-                        alive=session.controller.check_alive)
-        finally:
-            _shielded_call(agents.stop)
+        with queue_emulation(policy, scenario, session, run_dir, ledger) as (emu, queues):
+            say(f"switch-queue emulator sampling every "
+                f"{scenario.emulation.sample_interval_us} us")
+
+            def alive():
+                session.controller.check_alive()
+                emu.check_alive()
+
+            agents = AgentGroup(session.fabric, plan, scenario, records, run_dir, ledger, name)
+            try:
+                agents.start()
+                say(f"replaying {w.iterations} x ring all-reduce of {w.size_bytes:,} B on "
+                    f"{len(plan.hosts)} GPUs (about {expected_duration_s(scenario):.1f} s at "
+                    "line rate)")
+                agents.go()
+                t_traffic = time.monotonic()
+                agents.wait(timeout=30 + 10 * expected_duration_s(scenario),
+                            on_iteration=lambda i: say(
+                                f"iteration {i + 1}/{w.iterations} "
+                                f"({time.monotonic() - t_traffic:.1f} s)"),
+                            alive=alive)
+            finally:
+                _shielded_call(agents.stop)
         stats = egress_stats(session.fabric)
         say("tearing down the fabric")
     figures = collect(records, w.size_bytes)
     switch_drops, nic_drops, per_port = queue_drops(plan, stats)
     figures.update({
         "gpus": len(plan.hosts),
+        "params": policy.params_dict(),
+        "traffic_classes": [c.name for c in policy.traffic_classes()],
         "switch_queue_drops": switch_drops,
         "nic_queue_drops": nic_drops,
         "drops_by_port": per_port,
         "unexplained_drops": max(0, figures["drops"] - switch_drops - nic_drops
                                  - figures["rx_socket_drops"]),
         "spine_load_packets": spine_load(plan, stats),
+        "pfc_pause_events": queues.get("pfc_pause_events", 0),
+        "pfc_paused_ms": queues.get("pfc_paused_ms", 0.0),
+        "switch_queues": queues,
+        "reaction_time_us": scenario.emulation.sample_interval_us,
         "warnings": session.warnings,
         "duration_s": round(time.monotonic() - t0, 2),
     })
     say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "
-        f"received, {figures['drops']:,} dropped")
+        f"received, {figures['drops']:,} dropped, {figures['ecn_marked_packets']:,} "
+        f"ECN-marked, {figures['pfc_pause_events']:,} PFC pauses")
     return figures
 
 
@@ -190,16 +233,16 @@ def link_mtu(roce_mtu: int) -> int:
     return max(1500, roce_mtu + 100)
 
 
-def switch_buffer_total(plan: FabricPlan, topo) -> int:
-    return len(plan.switch_interfaces()) * topo.switch_buffer_bytes
+def switch_buffer_total(plan: FabricPlan, classes) -> int:
+    """Bytes all switch egress buffers hold when full."""
+    return len(plan.switch_interfaces()) * sum(c.buffer_bytes for c in classes)
 
 
-def ovs_buffer_warnings(caps: Capabilities, plan: FabricPlan, topo) -> list:
+def ovs_buffer_warnings(caps: Capabilities, need: int) -> list:
     """Say so when userspace OVS could drop packets outside the emulated buffers."""
     if caps.datapath != "user":
         return []
     buffers = ovs_socket_buffers()
-    need = needed_bytes(switch_buffer_total(plan, topo))
     if not buffers or not buffers.get("tx_sndbuf"):
         return ["could not read the send buffer of Open vSwitch's packet socket"]
     if buffers["tx_sndbuf"] < need:

@@ -1,24 +1,38 @@
-"""Link shaping with tc: an HTB rate limit and a byte-limited FIFO per egress interface.
+"""Link shaping with tc: the link rate, and one byte FIFO per traffic class as its buffer.
 
 Every switch egress port and every GPU NIC gets::
 
-    htb root 1:  ->  class 1:1 (rate = ceil = link rate)  ->  [netem delay]  ->  bfifo limit B
+    htb root 1:  ->  class 1:1 (rate = ceil = link rate)
+                       -> class 1:(10+i) per traffic class (prio = class priority)
+                            -> [netem (30+i): delay] -> [tbf (50+i): PFC gate]
+                            -> bfifo (10+i): the class's buffer
+    u32 filters on the IP DSCP pick the class; unmatched packets go to the default class.
 
-The bfifo is the port's buffer: a tail-drop byte FIFO whose drops the kernel counts. netem is
-added only when the kernel has it and a delay is asked for (Mininet's own ``max_queue_size``
-needs netem, so the queue limit is set here instead). Open vSwitch resets the qdisc of a port
-when the port is added to a bridge, so shaping is applied after the switches have started.
+The tbf exists only in lossless classes and normally runs far above the link rate: PFC pauses
+the class by lowering its rate to 1 B/s and resumes it by raising it again. tbf refills its
+tokens when changed, so a resumed class sends at once (an HTB rate change would instead
+charge a packet sent while paused at the paused rate: up to a minute of silence).
 
-These commands run once per interface at set-up, so they use the ``tc`` tool; anything that
-runs per sample reads the kernel over netlink instead.
+HTB serves higher-priority classes first; the highest-priority class is guaranteed the whole
+link, the others 1% and borrow the rest, which makes the priority strict. The bfifos are the
+ports' buffers: tail-drop byte FIFOs whose drops and backlog the kernel counts. netem is added
+only when the kernel has it and a delay is asked for (Mininet's ``max_queue_size`` needs netem,
+so the queue limit is set here instead). Open vSwitch resets a port's qdisc when the port is
+added to a bridge, so shaping is applied after the switches have started.
+
+These commands run once per interface at set-up, so they use the ``tc`` tool; the per-sample
+paths (``testbed.netlink``) speak netlink directly.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
-HTB_QUANTUM = 1600  # bytes; >= one frame, avoids HTB's "quantum is big" at low rates
+from controllers.classes import TrafficClass, default_class
+
+HTB_QUANTUM = 1600  # bytes; at least one frame
 NETEM_LIMIT = 100_000  # packets in flight on a delayed link; the bfifo below is the buffer
+LOW_SHARE = 0.01  # guaranteed share of the classes below the top priority
 
 
 @dataclass(frozen=True)
@@ -26,43 +40,112 @@ class Shape:
     """Egress shaping of one interface."""
 
     rate_mbit: float
-    buffer_bytes: int
+    classes: Tuple[TrafficClass, ...]
     delay_us: float = 0.0
+    nic_queue_bytes: Optional[int] = None  # set on GPU NICs: their buffers
 
-    def burst_bytes(self) -> int:
-        """HTB burst: two full frames or 1 ms at the link rate, whichever is larger."""
-        return max(2 * HTB_QUANTUM, int(self.rate_mbit * 1e6 / 8 / 1000))
+    def buffer(self, cls: TrafficClass) -> int:
+        if self.nic_queue_bytes is None:
+            return cls.buffer_bytes
+        return cls.nic_buffer_bytes or self.nic_queue_bytes
+
+
+@dataclass(frozen=True)
+class HtbParams:
+    rate_bytes: int  # bytes/s
+    ceil_bytes: int
+    burst: int  # bytes
+    quantum: int
+    prio: int
+
+
+def frame_bytes(mtu: int) -> int:
+    return mtu + 14
+
+
+def burst_bytes(rate_mbit: float, mtu: int) -> int:
+    """HTB burst: two full frames or 1 ms at the link rate, whichever is larger."""
+    return max(2 * frame_bytes(mtu), 2 * HTB_QUANTUM, int(rate_mbit * 1e6 / 8 / 1000))
+
+
+def htb_params(rate_mbit: float, cls: TrafficClass, classes, mtu: int) -> HtbParams:
+    """HTB settings of one traffic class on a link of ``rate_mbit``."""
+    link = int(rate_mbit * 1e6 / 8)
+    top = min(c.priority for c in classes)
+    rate = link if cls.priority == top else max(1000, int(link * LOW_SHARE))
+    return HtbParams(rate, link, burst_bytes(rate_mbit, mtu),
+                     max(HTB_QUANTUM, frame_bytes(mtu)), cls.priority)
+
+
+NETEM_BASE, GATE_BASE = 0x20, 0x40  # handle offsets from the class minor
+
+
+def netem_handle(cls: TrafficClass) -> int:
+    return cls.minor + NETEM_BASE
+
+
+def gate_handle(cls: TrafficClass) -> int:
+    """Major number of the PFC gate (tbf) of a lossless class."""
+    return cls.minor + GATE_BASE
+
+
+def gate_parent(cls: TrafficClass, delayed: bool) -> str:
+    return f"{netem_handle(cls):x}:1" if delayed else f"1:{cls.minor:x}"
+
+
+@dataclass(frozen=True)
+class GateParams:
+    rate_bytes: int
+    burst: int
+    limit: int
+
+
+def gate_params(rate_mbit: float, mtu: int, buffer_bytes: int, paused: bool) -> GateParams:
+    """The PFC gate: open at 10x the link rate (HTB shapes), paused at 1 B/s. A pause lets
+    at most one frame through, like the frame in flight when a real PAUSE arrives."""
+    if paused:
+        return GateParams(1, frame_bytes(mtu), buffer_bytes)
+    return GateParams(min(0xFFFFFFFF, int(rate_mbit * 1e6 / 8 * 10)), 2 * frame_bytes(mtu),
+                      buffer_bytes)
 
 
 def tc_commands(intf: str, shape: Shape, netem: bool, mtu: int = 1500) -> List[str]:
     """The tc commands that shape ``intf`` (pure; the caller runs them in the right netns)."""
-    rate_kbit = max(1, int(round(shape.rate_mbit * 1000)))
-    frame = mtu + 14
-    quantum = max(HTB_QUANTUM, frame)
-    burst = max(shape.burst_bytes(), 2 * frame)
-    cmds = [
-        f"tc qdisc replace dev {intf} root handle 1: htb default 1",
-        f"tc class replace dev {intf} parent 1: classid 1:1 htb rate {rate_kbit}kbit "
-        f"ceil {rate_kbit}kbit burst {burst} cburst {burst} quantum {quantum}",
-    ]
-    if shape.delay_us > 0 and netem:
-        cmds += [f"tc qdisc replace dev {intf} parent 1:1 handle 10: netem "
-                 f"delay {shape.delay_us:.0f}us limit {NETEM_LIMIT}",
-                 f"tc qdisc replace dev {intf} parent 10:1 handle 20: bfifo "
-                 f"limit {shape.buffer_bytes}"]
-    else:
-        cmds.append(f"tc qdisc replace dev {intf} parent 1:1 handle 10: bfifo "
-                    f"limit {shape.buffer_bytes}")
+    classes = shape.classes
+    link_kbit = max(1, int(round(shape.rate_mbit * 1000)))
+    burst = burst_bytes(shape.rate_mbit, mtu)
+    quantum = max(HTB_QUANTUM, frame_bytes(mtu))
+    default = default_class(classes)
+    cmds = [f"tc qdisc replace dev {intf} root handle 1: htb default {default.minor:x}",
+            f"tc class replace dev {intf} parent 1: classid 1:1 htb rate {link_kbit}kbit "
+            f"ceil {link_kbit}kbit burst {burst} cburst {burst} quantum {quantum}"]
+    delayed = shape.delay_us > 0 and netem
+    for c in classes:
+        p = htb_params(shape.rate_mbit, c, classes, mtu)
+        cmds.append(f"tc class replace dev {intf} parent 1:1 classid 1:{c.minor:x} htb "
+                    f"rate {p.rate_bytes * 8}bit ceil {p.ceil_bytes * 8}bit burst {p.burst} "
+                    f"cburst {p.burst} quantum {p.quantum} prio {p.prio}")
+        parent = f"1:{c.minor:x}"
+        if delayed:
+            cmds.append(f"tc qdisc replace dev {intf} parent {parent} "
+                        f"handle {netem_handle(c):x}: netem delay {shape.delay_us:.0f}us "
+                        f"limit {NETEM_LIMIT}")
+            parent = f"{netem_handle(c):x}:1"
+        if c.lossless:
+            g = gate_params(shape.rate_mbit, mtu, shape.buffer(c), paused=False)
+            cmds.append(f"tc qdisc replace dev {intf} parent {parent} handle {gate_handle(c):x}: "
+                        f"tbf rate {g.rate_bytes * 8}bit burst {g.burst} limit {g.limit}")
+            parent = f"{gate_handle(c):x}:1"
+        cmds.append(f"tc qdisc replace dev {intf} parent {parent} handle {c.minor:x}: "
+                    f"bfifo limit {shape.buffer(c)}")
+        for dscp in c.dscp:
+            cmds.append(f"tc filter add dev {intf} parent 1: protocol ip prio 1 u32 "
+                        f"match ip dsfield {dscp << 2:#04x} 0xfc flowid 1:{c.minor:x}")
     return cmds
 
 
-def buffer_handle(shape: Shape, netem: bool) -> str:
-    """tc handle of the bfifo that is the port's buffer."""
-    return "20:" if shape.delay_us > 0 and netem else "10:"
-
-
-def delay_applied(shape: Shape, netem: bool) -> Optional[float]:
-    """The delay really configured on the link (None: asked for but impossible here)."""
-    if shape.delay_us <= 0:
+def delay_applied(delay_us: float, netem: bool) -> Optional[float]:
+    """The delay really configured on the links (None: asked for but impossible here)."""
+    if delay_us <= 0:
         return 0.0
-    return shape.delay_us if netem else None
+    return delay_us if netem else None

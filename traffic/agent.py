@@ -40,9 +40,10 @@ SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
 ETH_P_ALL = 0x0003
 RCVBUF_BYTES = 8 << 20
 TIMESPEC = struct.Struct("@qq")
+ECN_CE = 0b11
 U32 = struct.Struct("@I")
 
-PACKET_FIELDS = ("src", "dst", "psn", "bytes", "tx_ns", "rx_ns", "iteration", "step")
+PACKET_FIELDS = ("src", "dst", "psn", "bytes", "tx_ns", "rx_ns", "iteration", "step", "ecn")
 STEP_FIELDS = ("rank", "iteration", "step", "peer_to", "peer_from", "start_ns", "sent_ns",
                "received_ns", "end_ns", "tx_packets", "tx_bytes", "rx_packets",
                "rx_expected", "timed_out")
@@ -102,6 +103,7 @@ class Agent:
         rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
         rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         rx.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
+        rx.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)  # ECN bits of each packet
         rx.bind((self.cfg["ip"], roce.ROCE_UDP_PORT))
         rx.setblocking(False)
         self.tx, self.rx = tx, rx
@@ -122,11 +124,13 @@ class Agent:
                 data, anc, _flags, addr = rx.recvmsg(9216, 128)
             except BlockingIOError:
                 return
-            rx_ns = 0
+            rx_ns = ecn = 0
             for level, kind, value in anc:
                 if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
                     sec, nsec = TIMESPEC.unpack_from(value)
                     rx_ns = sec * 1_000_000_000 + nsec
+                elif level == socket.IPPROTO_IP and kind == socket.IP_TOS:
+                    ecn = value[0] & 0b11
                 elif level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL:
                     counters["rx_socket_drops"] = U32.unpack_from(value)[0]
             pkt = roce.parse_udp_payload(data)
@@ -137,8 +141,10 @@ class Agent:
             if not rx_ns:
                 counters["rx_no_timestamp"] += 1
                 rx_ns = time.time_ns()
+            if ecn == ECN_CE:
+                counters["rx_ce"] += 1
             record((src, self.rank, pkt.psn, pkt.payload_len, pkt.tx_ns, rx_ns, pkt.iteration,
-                    pkt.step))
+                    pkt.step, ecn))
             key = (src, pkt.iteration, pkt.step)
             self.rx_count[key] += 1
             if pkt.opcode in (roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY):

@@ -1,6 +1,9 @@
 import json
 import os
 
+import testbed.runner
+from testbed.errors import ConfigError
+
 
 from testbed.cli import build_parser, main
 
@@ -8,7 +11,8 @@ from testbed.cli import build_parser, main
 def test_bad_policy_is_one_line_and_exit_code_2(capsys):
     assert main(["run", "--policy", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: policies: unknown policy 'nope' (known: hyperscale)"]
+    assert err == ["error: policies: unknown policy 'nope' "
+                   "(known: enterprise, hyperscale, lossless)"]
 
 
 def test_empty_policy_list(capsys):
@@ -19,6 +23,20 @@ def test_empty_policy_list(capsys):
 def test_no_command_prints_help(capsys):
     assert main([]) == 2
     assert "run" in capsys.readouterr().out
+
+
+def test_policy_all_and_lists(monkeypatch):
+    seen = []
+
+    def fake_run(scenario, **_kw):
+        seen.append(scenario.policies)
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(testbed.runner, "run", fake_run)
+    main(["run"])
+    main(["run", "--policy", "all"])
+    main(["run", "--policy", "lossless,hyperscale"])
+    assert seen == [("enterprise", "hyperscale", "lossless")] * 2 + [("lossless", "hyperscale")]
 
 
 def test_run_options():

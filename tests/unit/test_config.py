@@ -10,7 +10,8 @@ def test_defaults_are_the_documented_default_scenario():
     assert s == DEFAULT
     assert (s.topology.spines, s.topology.leaves, s.topology.gpus_per_leaf) == (2, 4, 2)
     assert s.topology.gpus == 8
-    assert s.policies == ("hyperscale",)
+    assert s.policies == ("enterprise", "hyperscale", "lossless")
+    assert s.emulation.sample_interval_us == 1000 and s.policy_params == {}
     assert (s.workload.size_bytes, s.workload.iterations) == (1 << 20, 10)
     assert s.time_scale == pytest.approx(100e3 / s.topology.host_rate_mbit)
 
@@ -41,6 +42,21 @@ def test_bad_values_name_the_path(data, message):
     with pytest.raises(ConfigError) as e:
         Scenario.from_dict(data)
     assert message in str(e.value)
+
+
+def test_policy_params_are_checked_against_each_policy():
+    s = Scenario.from_dict({"policy_params": {"lossless": {"pfc_xoff_bytes": 60000}}})
+    assert s.policy_params == {"lossless": {"pfc_xoff_bytes": 60000}}
+    assert Scenario.from_dict(s.to_dict()) == s
+    with pytest.raises(ConfigError, match="policy_params.lossless.pfc_xof: unknown key"):
+        Scenario.from_dict({"policy_params": {"lossless": {"pfc_xof": 1}}})
+    with pytest.raises(ConfigError, match="policy_params: unknown policy 'ib'"):
+        Scenario.from_dict({"policy_params": {"ib": {}}})
+    with pytest.raises(ConfigError, match="tenants.0.: no GPU named 'gpu9'"):
+        validate(Scenario.from_dict({"policy_params": {"enterprise": {"tenants": [["gpu9"]]}}}))
+    with pytest.raises(ConfigError, match="hyperscale is not among the policies run"):
+        validate(Scenario.from_dict({"policies": ["lossless"],
+                                     "policy_params": {"hyperscale": {"ecn": "step"}}}))
 
 
 def test_cross_checks_before_anything_starts():

@@ -1,9 +1,12 @@
 """The os-ken adapter turns plain messages into real OpenFlow 1.3 wire messages."""
 from os_ken.ofproto import ofproto_v1_3, ofproto_v1_3_parser
 
-from controllers.flows import Bucket, ClearFlows, GroupMod, Output, SetField, flow, prefix
-from controllers.hyperscale import HyperscalePolicy
+import pytest
+
+from controllers.flows import (Bucket, ClearFlows, GroupMod, Learn, Multipath, Output, Resubmit,
+                               SetField, flow, prefix)
 from controllers.ofp import to_ofp
+from controllers.policy import policy_class
 from testbed.topology import FabricPlan
 
 
@@ -53,13 +56,32 @@ def test_group_mod_and_clear():
         _wire(m)
 
 
-def test_whole_hyperscale_program_serialises():
+@pytest.mark.parametrize("name", ["enterprise", "hyperscale", "lossless"])
+def test_every_message_of_every_policy_serialises(name):
     plan = FabricPlan(2, 4, 2)
-    policy = HyperscalePolicy(plan)
-    for sw in plan.switches:
-        for m in policy.switch_connected(sw.dpid):
-            for ofp_msg in to_ofp(FakeDatapath(), m):
-                assert len(_wire(ofp_msg)) >= 8
+    policy = policy_class(name)(plan)
+    leaf = plan.leaves[0].dpid
+    messages = [m for sw in plan.switches for m in policy.switch_connected(sw.dpid)]
+    messages += policy.ecn_changed(leaf, 1, True)
+    messages += [m for ms in policy.queue_load({leaf: {3: 90_000, 4: 0}}).values() for m in ms]
+    messages += policy.packet_in(leaf, 1, 1, plan.host("gpu1").mac)
+    for m in messages:
+        for ofp_msg in to_ofp(FakeDatapath(), m):
+            assert len(_wire(ofp_msg)) >= 8
+
+
+def test_nicira_actions_carry_what_ovs_needs():
+    dp = FakeDatapath()
+    (fm,) = to_ofp(dp, flow(1, {"eth_type": 0x0800}, Multipath(64), Resubmit(2),
+                            Learn(1, (("eth_type", 0x800), ("ip_proto", 17)),
+                                  ("ipv4_src", "udp_src"), "reg0", 3, idle_timeout=1),
+                            goto=4, metadata=7))
+    mp, rs, learn = fm.instructions[1].actions
+    assert (mp.fields, mp.max_link, mp.dst) == (3, 63, "reg1")  # symmetric_l3l4+udp
+    assert (rs.table_id, rs.in_port) == (2, 0xFFF8)
+    assert learn.table_id == 1 and learn.idle_timeout == 1 and len(learn.specs) == 5
+    assert fm.instructions[0].metadata == 7 and fm.instructions[2].table_id == 4
+    _wire(fm)
 
 
 def _header(data):

@@ -12,9 +12,15 @@ def _q(dev, packets, drops, kind="bfifo"):
 def test_parse_keeps_the_bfifo_buffer_of_each_interface():
     text = json.dumps([_q("lf1-eth1", 5, 0, kind="htb"), _q("lf1-eth1", 7, 1), _q("lo", 1, 0,
                                                                                   kind="noqueue")])
-    assert parse_tc_json(text) == {"lf1-eth1": {"packets": 7, "bytes": 700, "drops": 1,
-                                                "backlog": 0, "limit": 64000}}
+    one = {"packets": 7, "bytes": 700, "drops": 1, "backlog": 0}
+    assert parse_tc_json(text) == {"lf1-eth1": dict(one, classes={"10:": one})}
     assert parse_tc_json("") == {}
+
+
+def test_class_buffers_of_one_port_add_up():
+    a, b = _q("sp1-eth1", 10, 1), dict(_q("sp1-eth1", 5, 2), handle="11:")
+    got = parse_tc_json(json.dumps([a, b]))["sp1-eth1"]
+    assert (got["packets"], got["drops"]) == (15, 3) and set(got["classes"]) == {"10:", "11:"}
 
 
 def test_spine_load_and_drop_accounting():

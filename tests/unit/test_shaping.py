@@ -1,33 +1,64 @@
+from controllers.classes import PfcRule, TrafficClass
+from controllers.enterprise import EnterprisePolicy
 from testbed.config import TopologyConfig
 from testbed.fabric import egress_shapes
-from testbed.shaping import Shape, delay_applied, tc_commands
+from testbed.shaping import Shape, delay_applied, gate_params, tc_commands
 from testbed.topology import FabricPlan
 
+ONE = (TrafficClass("all", 0, 0, (), 64000),)
+TWO = (TrafficClass("interactive", 0, 0, (46,), 32000),
+       TrafficClass("best-effort", 1, 1, (), 128000))
 
-def test_htb_rate_and_bfifo_buffer():
-    cmds = tc_commands("lf1-eth3", Shape(40, 64000), netem=False, mtu=4200)
-    assert cmds[0] == "tc qdisc replace dev lf1-eth3 root handle 1: htb default 1"
-    assert "rate 40000kbit ceil 40000kbit" in cmds[1] and "quantum 4214" in cmds[1]
-    assert cmds[2].endswith("handle 10: bfifo limit 64000")
-    assert not any("netem" in c for c in cmds)
+
+def test_single_class_htb_rate_and_bfifo_buffer():
+    cmds = tc_commands("lf1-eth3", Shape(40, ONE), netem=False, mtu=4196)
+    assert cmds[0] == "tc qdisc replace dev lf1-eth3 root handle 1: htb default 10"
+    assert "rate 40000kbit ceil 40000kbit" in cmds[1]
+    assert "classid 1:10 htb rate 40000000bit ceil 40000000bit" in cmds[2]
+    assert "quantum 4210 prio 0" in cmds[2]
+    assert cmds[3].endswith("parent 1:10 handle 10: bfifo limit 64000")
+    assert not any("netem" in c or "filter" in c for c in cmds)
+
+
+def test_priority_classes_get_dscp_filters_and_strict_shares():
+    cmds = tc_commands("x", Shape(40, TWO), netem=False, mtu=1500)
+    assert "htb default 11" in cmds[0]
+    top = next(c for c in cmds if "classid 1:10 " in c)
+    low = next(c for c in cmds if "classid 1:11 " in c)
+    assert "rate 40000000bit" in top and "prio 0" in top
+    assert "rate 400000bit ceil 40000000bit" in low and "prio 1" in low
+    assert "match ip dsfield 0xb8 0xfc flowid 1:10" in cmds[-1] or any(
+        "match ip dsfield 0xb8 0xfc flowid 1:10" in c for c in cmds)
+
+
+def test_lossless_class_gets_a_pfc_gate_above_its_buffer():
+    roce = TrafficClass("roce", 1, 1, (26,), 100000, pfc=PfcRule(48000, 24000))
+    cmds = tc_commands("x", Shape(40, (TrafficClass("cnp", 0, 0, (48,), 1000), roce,
+                                       TrafficClass("o", 2, 2, (), 1000))),
+                       netem=False, mtu=4196)
+    gate = next(c for c in cmds if "tbf" in c)
+    assert "parent 1:11 handle 51: tbf rate 400000000bit burst 8420 limit 100000" in gate
+    assert any("parent 51:1 handle 11: bfifo limit 100000" in c for c in cmds)
+    paused = gate_params(40, 4196, 100000, paused=True)
+    assert (paused.rate_bytes, paused.burst) == (1, 4210)
 
 
 def test_netem_only_when_the_kernel_has_it():
-    with_delay = Shape(40, 64000, delay_us=50)
+    with_delay = Shape(40, ONE, delay_us=50)
     assert not any("netem" in c for c in tc_commands("x", with_delay, netem=False))
     cmds = tc_commands("x", with_delay, netem=True)
-    assert "netem delay 50us" in cmds[2] and cmds[3].endswith("bfifo limit 64000")
-    assert delay_applied(with_delay, netem=False) is None  # asked for, not possible: say so
-    assert delay_applied(with_delay, netem=True) == 50
-    assert delay_applied(Shape(40, 64000), netem=False) == 0.0
+    assert any("handle 30: netem delay 50us" in c for c in cmds)
+    assert cmds[-1].endswith("parent 30:1 handle 10: bfifo limit 64000")
+    assert delay_applied(50, netem=False) is None  # asked for, not possible: say so
+    assert delay_applied(50, netem=True) == 50 and delay_applied(0, netem=False) == 0.0
 
 
 def test_every_switch_port_and_nic_is_shaped():
     plan = FabricPlan(2, 4, 2)
-    topo = TopologyConfig(host_rate_mbit=10, fabric_rate_mbit=20, switch_buffer_bytes=5000,
-                          nic_queue_bytes=9000)
-    shapes = egress_shapes(plan, topo)
+    topo = TopologyConfig(host_rate_mbit=10, fabric_rate_mbit=20, nic_queue_bytes=9000)
+    classes = EnterprisePolicy(plan).traffic_classes()
+    shapes = egress_shapes(plan, topo, classes)
     assert set(shapes) == set(plan.interface_names())
-    assert shapes["gpu1-eth0"] == Shape(10, 9000)
-    assert shapes["lf1-eth1"] == Shape(10, 5000)
-    assert shapes["lf1-eth3"] == shapes["sp1-eth1"] == Shape(20, 5000)
+    assert shapes["gpu1-eth0"].rate_mbit == 10 and shapes["gpu1-eth0"].buffer(classes[1]) == 9000
+    assert shapes["lf1-eth1"].buffer(classes[1]) == 128000
+    assert shapes["lf1-eth3"].rate_mbit == shapes["sp1-eth1"].rate_mbit == 20

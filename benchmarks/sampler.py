@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Benchmark: one sample of every switch egress queue, raw netlink vs a plain pyroute2 dump.
+
+    sudo .venv/bin/python benchmarks/sampler.py [--policy lossless] [--samples N] [--json]
+
+Builds the default fabric's switch ports (2 spines, 4 leaves, 2 GPUs per leaf: 24 switch
+egress ports) with the chosen policy's traffic classes - the same ``tc`` commands a run uses -
+in a private network namespace (``unshare --net``: it vanishes with the process, nothing is
+left), then times, side by side in one run:
+
+* ``pyroute2``: ``IPRoute().get_qdiscs()`` - a plain dump, every qdisc parsed;
+* ``testbed``: ``testbed.netlink.QdiscSampler.sample()`` - the switch-queue emulator's sampler,
+  returning the backlog of every class buffer of every switch port.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def build(policy_name: str):
+    from controllers.policy import make_policy
+    from testbed.config import DEFAULT
+    from testbed.fabric import egress_shapes
+    from testbed.runner import link_mtu
+    from testbed.shaping import tc_commands
+    from testbed.topology import FabricPlan
+
+    scenario = DEFAULT
+    t = scenario.topology
+    plan = FabricPlan(t.spines, t.leaves, t.gpus_per_leaf)
+    policy = make_policy(policy_name, plan, scenario)
+    classes = policy.traffic_classes()
+    shapes = egress_shapes(plan, t, classes)
+    mtu = link_mtu(scenario.workload.mtu)
+    switch_ports = [name for name, _kind in plan.switch_interfaces()]
+    cmds = ["ip link set lo up"]
+    for link in plan.links:
+        cmds.append(f"ip link add {link.intf1} type veth peer name {link.intf2}")
+        cmds += [f"ip link set {link.intf1} up", f"ip link set {link.intf2} up"]
+    for name in switch_ports:
+        cmds.append(f"ip link set dev {name} mtu {mtu}")
+        cmds += tc_commands(name, shapes[name], netem=False, mtu=mtu)
+    subprocess.run(" && ".join(cmds), shell=True, check=True)
+    wanted = [(name, c.minor << 16) for name in switch_ports for c in classes]
+    return plan, classes, wanted
+
+
+def time_it(fn, samples: int):
+    fn()  # warm up
+    times = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return {"mean_ms": statistics.fmean(times), "p50_ms": times[len(times) // 2],
+            "p99_ms": times[int(len(times) * 0.99) - 1], "samples": samples}
+
+
+def inner(args) -> int:
+    from pyroute2 import IPRoute
+
+    from testbed.netlink import QdiscSampler
+
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    _plan, classes, wanted = build(args.policy)
+    ipr = IPRoute()
+    n_qdiscs = len(list(ipr.get_qdiscs()))
+    sampler = QdiscSampler(wanted)
+    got = sampler.sample()
+    assert len(got) == len(wanted), f"sampler returned {len(got)} of {len(wanted)} queues"
+    plain = time_it(lambda: list(ipr.get_qdiscs()), args.samples)
+    ours = time_it(sampler.sample, args.samples)
+    report = {"policy": args.policy, "classes": [c.name for c in classes],
+              "qdiscs_in_namespace": n_qdiscs, "queues_sampled": len(wanted),
+              "pyroute2_dump": plain, "testbed_sampler": ours,
+              "speedup": plain["mean_ms"] / ours["mean_ms"]}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"default fabric, {args.policy} policy: {len(wanted)} class buffers on 24 switch "
+          f"ports, {n_qdiscs} qdiscs in the namespace; {args.samples} samples on one core")
+    print(f"{'':28}{'mean':>9}{'p50':>9}{'p99':>9}")
+    for label, r in (("pyroute2 get_qdiscs()", plain), ("testbed QdiscSampler", ours)):
+        print(f"{label:28}{r['mean_ms']:>7.3f}ms{r['p50_ms']:>7.3f}ms{r['p99_ms']:>7.3f}ms")
+    print(f"speed-up {report['speedup']:.1f}x; target (one sample <= 1 ms): "
+          f"{'met' if ours['p99_ms'] <= 1.0 else 'NOT met'} at p99")
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--policy", default="lossless", choices=("enterprise", "hyperscale",
+                                                            "lossless"))
+    p.add_argument("--samples", type=int, default=2000)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.inner:
+        return inner(args)
+    if os.geteuid() != 0:
+        print("sampler: needs root (a private network namespace)", file=sys.stderr)
+        return 2
+    return subprocess.call(["unshare", "--net", sys.executable, os.path.abspath(__file__),
+                            "--inner"] + sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Egress traffic classes: what each policy asks of every switch port and GPU NIC queue.
+
+A policy describes its classes (priority, DSCPs, buffer, lossless or not, ECN rule); the fabric
+turns them into HTB classes with a byte FIFO each and u32 DSCP filters (``testbed.shaping``),
+and the switch-queue emulator watches their backlog (``testbed.switchq``). Priority 0 is the
+highest; HTB serves higher-priority classes first (strict priority).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+FIRST_MINOR = 0x10  # class i is HTB class 1:(0x10 + i); its FIFO has handle (0x10 + i):
+
+
+@dataclass(frozen=True)
+class EcnRule:
+    """When to set CE on ECT packets leaving a queue (REFERENCE.md, ECN marking).
+
+    ``step``: mark while the backlog exceeds ``kmin`` (DCTCP's K). ``red``: mark with
+    probability ``pmax * (q - kmin) / (kmax - kmin)`` between the thresholds, always above
+    ``kmax``.
+    """
+
+    kind: str  # "step" | "red"
+    kmin: int
+    kmax: int = 0
+    pmax: float = 1.0
+
+    def probability(self, backlog: int) -> float:
+        if self.kind == "step":
+            return 1.0 if backlog > self.kmin else 0.0
+        if backlog > self.kmax:
+            return 1.0
+        if backlog <= self.kmin or self.kmax <= self.kmin:
+            return 0.0
+        return self.pmax * (backlog - self.kmin) / (self.kmax - self.kmin)
+
+
+@dataclass(frozen=True)
+class PfcRule:
+    """Pause the queues feeding a switch while this class's backlog is above ``xoff``;
+    resume when it falls below ``xon`` (REFERENCE.md, PFC)."""
+
+    xoff: int
+    xon: int
+
+
+@dataclass(frozen=True)
+class TrafficClass:
+    name: str
+    index: int  # position: HTB class 1:(0x10 + index)
+    priority: int  # 0 = highest
+    dscp: Tuple[int, ...]  # DSCPs classified here; () = the default class
+    buffer_bytes: int
+    nic_buffer_bytes: Optional[int] = None  # on GPU NICs; None = the scenario's NIC queue
+    ecn: Optional[EcnRule] = None
+    pfc: Optional[PfcRule] = None
+
+    @property
+    def minor(self) -> int:
+        return FIRST_MINOR + self.index
+
+    @property
+    def lossless(self) -> bool:
+        return self.pfc is not None
+
+
+def default_class(classes) -> TrafficClass:
+    """The class that takes packets no DSCP filter claims."""
+    defaults = [c for c in classes if not c.dscp]
+    if len(defaults) != 1:
+        raise ValueError("exactly one class must have no DSCPs (the default class)")
+    return defaults[0]
+
+
+def class_to_dict(c: TrafficClass) -> dict:
+    return dataclasses.asdict(c)
+
+
+def class_from_dict(d: dict) -> TrafficClass:
+    d = dict(d)
+    d["dscp"] = tuple(d["dscp"])
+    d["ecn"] = EcnRule(**d["ecn"]) if d.get("ecn") else None
+    d["pfc"] = PfcRule(**d["pfc"]) if d.get("pfc") else None
+    return TrafficClass(**d)

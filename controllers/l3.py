@@ -1,0 +1,83 @@
+"""The routed pipeline shared by the hyperscale and lossless policies (pure builders).
+
+Tables::
+
+    0 ROUTE     a local GPU's /32: set its MAC, reg0 = its port            -> EGRESS
+                another leaf's /24: multipath over the uplinks into reg1   -> ECMP
+    1 FLOWLET   (lossless) flows learned by adaptive routing: reg0 = uplink
+    2 AR        (lossless) AR slot -> reg0 = uplink, learn the flowlet
+    3 ECMP      reg1 = slot -> reg0 = uplink                              -> EGRESS
+    4 EGRESS    reg0 = port: ECT packets through the port's marking group, others out
+
+Every egress port ``p`` has an indirect group ``MARK_BASE + p`` whose one bucket is either
+``output:p`` or ``set_field:3->ip_ecn, output:p``: the switch-queue emulator turns marking on and
+off per port by modifying that group, so ECN-capable packets leaving a congested queue get CE.
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+from testbed.topology import FabricPlan, leaf_subnet
+
+from .flows import (ECN_CE, ETH_TYPE_IPV4, PRIO_ECT, PRIO_HOST, PRIO_MISS, PRIO_ROUTE, Bucket,
+                    Group, GroupMod, Message, Multipath, Output, SetField, flow, prefix)
+
+ROUTE, FLOWLET, AR, ECMP, EGRESS = 0, 1, 2, 3, 4
+MARK_BASE = 0x100  # marking group of port p: MARK_BASE + p
+ECT = (1, 2)  # ip_ecn values of ECN-capable packets: ECT(1), ECT(0)
+
+
+def mark_group(port: int, marking: bool, modify: bool = True) -> GroupMod:
+    actions = ((SetField("ip_ecn", ECN_CE), Output(port)) if marking else (Output(port),))
+    return GroupMod(MARK_BASE + port, "indirect", (Bucket(actions),), modify=modify)
+
+
+def egress(ports: List[int], cookie: int) -> List[Message]:
+    """EGRESS table: every port's marking group (marking off) and its two flows."""
+    msgs: List[Message] = [flow(PRIO_MISS, {}, table=EGRESS, cookie=cookie)]
+    for p in ports:
+        msgs.append(mark_group(p, False, modify=False))
+        for ecn in ECT:
+            msgs.append(flow(PRIO_HOST + PRIO_ECT, {"reg0": p, "eth_type": ETH_TYPE_IPV4,
+                                                    "ip_ecn": ecn},
+                             Group(MARK_BASE + p), table=EGRESS, cookie=cookie))
+        msgs.append(flow(PRIO_HOST, {"reg0": p}, Output(p), table=EGRESS, cookie=cookie))
+    return msgs
+
+
+def local_hosts(plan: FabricPlan, leaf: int, cookie: int) -> List[Message]:
+    """ROUTE: each GPU under this leaf, by its /32."""
+    return [flow(PRIO_HOST, {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": h.ip},
+                 SetField("eth_dst", h.mac), SetField("reg0", h.index), goto=EGRESS,
+                 cookie=cookie)
+            for h in plan.hosts_on_leaf(leaf)]
+
+
+def ecmp(plan: FabricPlan, leaf: int, cookie: int, priority: int = PRIO_ROUTE,
+         extra_match: Dict[str, object] = None) -> List[Message]:
+    """ROUTE + ECMP: other leaves' subnets hashed (5-tuple) over every uplink."""
+    uplinks = [port for _, port in sorted(plan.uplinks().items())]
+    msgs: List[Message] = []
+    for other in plan.leaves:
+        if other.index != leaf:
+            m = {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": prefix(leaf_subnet(other.index))}
+            m.update(extra_match or {})
+            msgs.append(flow(priority, m, Multipath(len(uplinks)), goto=ECMP, cookie=cookie))
+    msgs += [flow(PRIO_ROUTE, {"reg1": i}, SetField("reg0", port), table=ECMP, goto=EGRESS,
+                  cookie=cookie) for i, port in enumerate(uplinks)]
+    return msgs
+
+
+def spine_routes(plan: FabricPlan, cookie: int) -> List[Message]:
+    """ROUTE at a spine: each leaf's /24 down to that leaf."""
+    return [flow(PRIO_ROUTE, {"eth_type": ETH_TYPE_IPV4,
+                              "ipv4_dst": prefix(leaf_subnet(leaf.index))},
+                 SetField("reg0", plan.spine_port(leaf.index)), goto=EGRESS, cookie=cookie)
+            for leaf in plan.leaves]
+
+
+def switch_ports(plan: FabricPlan, dpid: int) -> List[int]:
+    sw = plan.switch_by_dpid(dpid)
+    if sw.role == "leaf":
+        return [h.index for h in plan.hosts_on_leaf(sw.index)] + sorted(plan.uplinks().values())
+    return [plan.spine_port(leaf.index) for leaf in plan.leaves]

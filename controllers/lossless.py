@@ -1,0 +1,132 @@
+"""Lossless-AI (InfiniBand / Spectrum-X-class) policy.
+
+* Classes (every egress queue): CNPs highest priority; RoCE (DSCP 26) in a lossless class with
+  PFC (pause the queues that feed the switch above XOFF, resume below XON) and RED-like ECN
+  marking for DCQCN; everything else best effort, lossy. The RoCE buffer is XOFF plus headroom
+  for what arrives while a pause takes effect.
+* Adaptive routing at the leaves: RoCE to another leaf looks up its flowlet (table FLOWLET);
+  a new flow - or one idle for ``flowlet_gap_s`` - is hashed (5-tuple) into one of ``AR_SLOTS``
+  slots, each pointing at an uplink, and the choice is learned for the flowlet. The slots all
+  point at the least-loaded uplinks, re-pointed as the switch-queue emulator reports uplink
+  backlog, so new flows avoid congested uplinks while running flowlets stay in order.
+* Spraying: when senders vary the UDP source port per packet, every packet is a new 5-tuple,
+  so packets are hashed over the slots - spread over the least-loaded uplinks.
+
+Everything else (non-RoCE traffic, spines) is routed as in ``controllers.l3``.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+from testbed.topology import leaf_subnet
+
+from . import l3
+from .classes import EcnRule, PfcRule, TrafficClass
+from .flows import (ETH_TYPE_IPV4, IPPROTO_UDP, PRIO_MISS, PRIO_ROCE, PRIO_ROUTE, ROCE_PORT,
+                    ClearFlows, Learn, Message, Multipath, Resubmit, SetField, flow, prefix)
+from .policy import Policy, register
+
+AR_SLOTS = 64
+FLOWLET_FIELDS = ("ipv4_src", "ipv4_dst", "udp_src", "udp_dst")
+
+
+@register
+class LosslessPolicy(Policy):
+    name = "lossless"
+    cookie = 0x4C4C  # "LL"
+
+    def __init__(self, plan, params=None, context=None):
+        super().__init__(plan, params, context)
+        uplinks = [port for _, port in sorted(plan.uplinks().items())]
+        self.slots: Dict[int, List[int]] = {
+            leaf.dpid: [uplinks[i % len(uplinks)] for i in range(AR_SLOTS)]
+            for leaf in plan.leaves}
+
+    @property
+    def wants_queue_load(self) -> bool:
+        return self.params.adaptive_routing
+
+    # --- queues -----------------------------------------------------------------------------
+    def headroom_bytes(self) -> int:
+        """Buffer beyond XOFF: every port that can feed one egress queue keeps sending for
+        the emulated reaction time (plus two frames in flight) before its pause lands."""
+        if self.params.pfc_headroom_bytes:
+            return self.params.pfc_headroom_bytes
+        ctx, plan = self.context, self.plan
+        rate = max(ctx.host_rate_mbit, ctx.fabric_rate_mbit) * 1e6 / 8
+        feeders = max(plan.hosts_per_leaf - 1 + plan.n_spines, plan.n_leaves - 1,
+                      plan.hosts_per_leaf)
+        return int(feeders * (rate * ctx.reaction_s + 2 * (ctx.mtu + 100)))
+
+    def traffic_classes(self) -> Tuple[TrafficClass, ...]:
+        p = self.params
+        return (
+            TrafficClass("cnp", 0, 0, (p.cnp_dscp,), p.other_buffer_bytes),
+            TrafficClass("roce", 1, 1, (p.roce_dscp,), p.pfc_xoff_bytes + self.headroom_bytes(),
+                         ecn=EcnRule("red", p.ecn_kmin_bytes, p.ecn_kmax_bytes, p.ecn_pmax),
+                         pfc=PfcRule(p.pfc_xoff_bytes, p.pfc_xon_bytes)),
+            TrafficClass("other", 2, 2, (), p.other_buffer_bytes),
+        )
+
+    # --- forwarding -------------------------------------------------------------------------
+    def switch_connected(self, dpid: int) -> List[Message]:
+        plan, cookie = self.plan, self.cookie
+        sw = plan.switch_by_dpid(dpid)
+        msgs: List[Message] = [ClearFlows(), flow(PRIO_MISS, {}, cookie=cookie)]
+        if sw.role == "leaf":
+            msgs += l3.local_hosts(plan, sw.index, cookie)
+            if self.params.adaptive_routing:
+                msgs += self._adaptive(sw.index, dpid)
+            msgs += l3.ecmp(plan, sw.index, cookie)
+        else:
+            msgs += l3.spine_routes(plan, cookie)
+        return msgs + l3.egress(l3.switch_ports(plan, dpid), cookie)
+
+    def _adaptive(self, leaf: int, dpid: int) -> List[Message]:
+        cookie = self.cookie
+        msgs: List[Message] = []
+        for other in self.plan.leaves:
+            if other.index != leaf:
+                msgs.append(flow(PRIO_ROCE, {"eth_type": ETH_TYPE_IPV4, "ip_proto": IPPROTO_UDP,
+                                             "udp_dst": ROCE_PORT,
+                                             "ipv4_dst": prefix(leaf_subnet(other.index))},
+                                 Resubmit(l3.FLOWLET), Resubmit(l3.EGRESS), cookie=cookie))
+        msgs.append(flow(PRIO_MISS, {}, Multipath(AR_SLOTS), Resubmit(l3.AR),
+                         table=l3.FLOWLET, cookie=cookie))
+        msgs += [self._slot(i, port) for i, port in enumerate(self.slots[dpid])]
+        return msgs
+
+    def _slot(self, slot: int, port: int) -> Message:
+        learn = Learn(table=l3.FLOWLET, const=(("eth_type", ETH_TYPE_IPV4),
+                                               ("ip_proto", IPPROTO_UDP)),
+                      copy=FLOWLET_FIELDS, load_field="reg0", load_value=port,
+                      idle_timeout=self.params.flowlet_gap_s, cookie=self.cookie)
+        # learn reads the packet's UDP ports: the match must make them valid (prerequisites)
+        return flow(PRIO_ROUTE, {"reg1": slot, "eth_type": ETH_TYPE_IPV4,
+                                 "ip_proto": IPPROTO_UDP},
+                    SetField("reg0", port), learn, table=l3.AR, cookie=self.cookie)
+
+    def watched_ports(self):
+        if not self.params.adaptive_routing:
+            return None
+        return {leaf.dpid: sorted(self.plan.uplinks().values()) for leaf in self.plan.leaves}
+
+    def queue_load(self, load: Dict[int, Dict[int, int]]) -> Dict[int, List[Message]]:
+        """Point every AR slot of a leaf at its least-loaded uplinks (within one frame)."""
+        out: Dict[int, List[Message]] = {}
+        frame = self.context.mtu + 100
+        for dpid, backlog in load.items():
+            if dpid not in self.slots or not backlog:
+                continue
+            least = min(backlog.values())
+            best = sorted(p for p, b in backlog.items() if b <= least + frame)
+            want = [best[i % len(best)] for i in range(AR_SLOTS)]
+            old = self.slots[dpid]
+            changed = [self._slot(i, port) for i, port in enumerate(want) if old[i] != port]
+            if changed:
+                out[dpid] = changed
+            self.slots[dpid] = want
+        return out
+
+    def ecn_changed(self, dpid: int, port: int, marking: bool) -> List[Message]:
+        return [l3.mark_group(port, marking)]

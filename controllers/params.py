@@ -1,0 +1,107 @@
+"""Each policy's parameters: documented defaults, scaled to the scenario's link rate.
+
+Byte quantities (buffers, ECN and PFC thresholds) are declared for 40 Mbit/s links - the
+testbed's default emulated rate - and scale linearly with the scenario's host link rate, as the
+published thresholds do with real link rates (REFERENCE.md: HPCC's Kmin/Kmax "scaled linearly
+with link rate"), never below two frames. A value given in the scenario
+(``policy_params: {lossless: {pfc_xoff_bytes: 60000}}``) is used as it is.
+
+Ordering kept by the lossless defaults, as in real deployments: ECN marks before PFC pauses
+(Kmin < Kmax <= XOFF), and the RoCE class buffer is XOFF plus the headroom that absorbs what
+arrives while a pause takes effect, so the class never drops.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Tuple
+
+from testbed.errors import ConfigError
+from testbed.schema import build
+
+REFERENCE_RATE_MBIT = 40.0
+SCALED = {"scaled": True, "unit": "B"}
+
+
+def _bytes(default, doc, **extra):
+    return field(default=default, metadata=dict(SCALED, min=0, max=1 << 30, doc=doc, **extra))
+
+
+@dataclass(frozen=True)
+class HyperscaleParams:
+    """Tomahawk-class: ECMP, shallow buffers, tail drop, optional DCTCP-style ECN."""
+
+    buffer_bytes: int = _bytes(64_000, "egress buffer per port (shallow, tail drop)")
+    ecn: str = field(default="off", metadata={
+        "choices": ("off", "step"), "doc": "ECN marking: off, or DCTCP-style step marking"})
+    ecn_k_bytes: int = _bytes(24_000, "step marking threshold K")
+
+
+@dataclass(frozen=True)
+class EnterpriseParams:
+    """Trident-class: one spanning tree, L2 learning, tenants, strict-priority interactive."""
+
+    buffer_bytes: int = _bytes(128_000, "best-effort (RoCE) buffer per port: a moderate share")
+    interactive_buffer_bytes: int = _bytes(32_000, "interactive class buffer per port")
+    interactive_dscp: int = field(default=46, metadata={
+        "min": 0, "max": 63, "doc": "DSCP of the strict-priority interactive class (EF)"})
+    spanning_tree_root: int = field(default=1, metadata={
+        "min": 1, "max": 255, "doc": "the spine that carries all inter-leaf traffic"})
+    tenants: Tuple[Tuple[str, ...], ...] = field(default=(), metadata={
+        "item": "names", "doc": "GPU names per tenant; GPUs not listed form one more tenant "
+                                "(default: all GPUs in one tenant)"})
+
+
+@dataclass(frozen=True)
+class LosslessParams:
+    """InfiniBand / Spectrum-X-class: lossless RoCE class (PFC), ECN for DCQCN, adaptive
+    routing and spraying, CNPs in the highest priority."""
+
+    pfc_xoff_bytes: int = _bytes(48_000, "RoCE class backlog that pauses the upstream queues")
+    pfc_xon_bytes: int = _bytes(24_000, "RoCE class backlog below which they resume")
+    pfc_headroom_bytes: int = _bytes(0, "RoCE buffer beyond XOFF (0: computed from the link "
+                                        "rate, the reaction time and the feeding ports)")
+    ecn_kmin_bytes: int = _bytes(12_000, "RED-like marking starts (REFERENCE: Kmin)")
+    ecn_kmax_bytes: int = _bytes(40_000, "every ECT packet is marked above (Kmax)")
+    ecn_pmax: float = field(default=0.2, metadata={
+        "min": 0.0, "max": 1.0, "doc": "marking probability at Kmax (Pmax)"})
+    other_buffer_bytes: int = _bytes(64_000, "buffer of the lossy best-effort class")
+    roce_dscp: int = field(default=26, metadata={"min": 0, "max": 63,
+                                                 "doc": "DSCP of the lossless RoCE class"})
+    cnp_dscp: int = field(default=48, metadata={"min": 0, "max": 63,
+                                                "doc": "DSCP of CNPs (highest priority)"})
+    adaptive_routing: bool = field(default=True, metadata={
+        "doc": "new flows and flowlets take the least-loaded uplink (else: ECMP hash)"})
+    flowlet_gap_s: int = field(default=1, metadata={
+        "min": 1, "max": 60, "unit": "s",
+        "doc": "idle time after which a flow may move (OpenFlow idle timeout, whole seconds)"})
+
+
+PARAMS = {"hyperscale": HyperscaleParams, "enterprise": EnterpriseParams,
+          "lossless": LosslessParams}
+
+
+def params_class(policy: str):
+    try:
+        return PARAMS[policy]
+    except KeyError:
+        raise ConfigError(f"policy_params: unknown policy {policy!r} "
+                          f"(known: {', '.join(sorted(PARAMS))})")
+
+
+def resolve(policy: str, overrides: Mapping[str, Any], host_rate_mbit: float, mtu: int):
+    """The policy's parameters for a scenario: scaled defaults, then the overrides."""
+    cls = params_class(policy)
+    given = build(cls, overrides or {}, f"policy_params.{policy}")
+    frame = mtu + 100
+    values: Dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        value = getattr(given, f.name)
+        if f.name not in (overrides or {}) and f.metadata.get("scaled") and value:
+            value = max(2 * frame, int(round(value * host_rate_mbit / REFERENCE_RATE_MBIT)))
+        values[f.name] = value
+    return cls(**values)
+
+
+def to_dict(params) -> dict:
+    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}

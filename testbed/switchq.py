@@ -1,0 +1,343 @@
+"""The switch-queue emulator: what real switches do from their egress queue state.
+
+``python -m testbed.switchq CONFIG.json`` runs beside a fabric. Every sample interval it reads
+the backlog of every traffic-class buffer of every switch port (one netlink dump,
+``testbed.netlink.QdiscSampler``) and acts as the policy's classes ask:
+
+* ECN: a class with an ``EcnRule`` marks while its rule says so (step: above K; RED-like:
+  with probability p(q), drawn once per sample). A change is sent to the controller, which
+  switches the port's marking group so ECT packets leaving that port get CE.
+* PFC: a class with a ``PfcRule`` pauses the queues that feed its switch above XOFF and
+  resumes them below XON (``controllers.pfc``); a pause closes the fed queue's PFC gate (a
+  tbf, see ``testbed.shaping``) with a prebuilt netlink message, in the root namespace for
+  switch ports and in the GPU's namespace for NICs.
+* Load: for adaptive routing, the backlog of the watched ports goes to the controller when it
+  changed by a frame or more.
+
+The sample interval is the emulated reaction time; it is recorded with the results, with the
+sampling cost and lateness, the largest backlog seen per queue, marking time per port, and
+pause events and paused time per paused queue. Prints ``ready`` when set up; SIGTERM stops it,
+resumes anything paused and writes the report.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Tuple
+
+from controllers.classes import TrafficClass, class_from_dict, class_to_dict
+from controllers.pfc import PfcState, Queue
+
+from .errors import FabricError
+
+from .netlink import QdiscSampler, send_and_check, socket_in_netns, tbf_message, tc_handle
+from .procutil import die_with_parent
+from .results import write_json_atomic
+from .shaping import gate_handle, gate_params, gate_parent
+from .topology import FabricPlan
+
+
+class Emulator:
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.plan = FabricPlan.from_dict(cfg["plan"])
+        self.classes: Tuple[TrafficClass, ...] = tuple(class_from_dict(c)
+                                                       for c in cfg["classes"])
+        self.interval_ns = int(cfg["interval_us"] * 1000)
+        self.frame = cfg["mtu"] + 14
+        self.rng = random.Random(cfg.get("seed", 1))
+        # Every switch egress port: interface -> (switch, dpid, OpenFlow port).
+        self.ports: Dict[str, Tuple[str, int, int]] = {}
+        for link in self.plan.links:
+            for node, port, intf in ((link.node1, link.port1, link.intf1),
+                                     (link.node2, link.port2, link.intf2)):
+                if not node.startswith("gpu"):
+                    dpid = next(s.dpid for s in self.plan.switches if s.name == node)
+                    self.ports[intf] = (node, dpid, port)
+        self.sampler = QdiscSampler([(intf, c.minor << 16) for intf in self.ports
+                                     for c in self.classes])
+        self.ecn_class = next((c for c in self.classes if c.ecn), None)
+        self.pfc_class = next((c for c in self.classes if c.pfc), None)
+        self.load_class = self.pfc_class or self.ecn_class or self.classes[0]
+        self.marking: Dict[str, bool] = {}
+        self.marking_since: Dict[str, int] = {}
+        self.marking_ns: Dict[str, int] = {}
+        self.toggles: Dict[str, int] = {}
+        self.pfc = PfcState(self.plan, self.pfc_class.pfc) if self.pfc_class else None
+        self.pause_msgs: Dict[Queue, Tuple[socket.socket, bytes, bytes]] = {}
+        self.watch: Optional[Dict[int, List[int]]] = (
+            {int(d): ports for d, ports in cfg["watch"].items()} if cfg.get("watch") else None)
+        self.last_load: Dict[int, Dict[int, int]] = {}
+        self.max_backlog: Dict[Tuple[str, int], int] = {}
+        self.counters = {"samples": 0, "late": 0, "ecn_events": 0, "load_events": 0,
+                         "pauses_sent": 0, "resumes_sent": 0}
+        self.sample_ns: List[int] = []
+        self.events = None
+        self.sockets = []
+
+    # --- set-up -----------------------------------------------------------------------------
+    def open(self) -> None:
+        if self.cfg.get("events") and (self.ecn_class or self.watch):
+            self.events = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.events.connect(self.cfg["events"])
+        if self.pfc_class:
+            self._prepare_pauses()
+
+    def _prepare_pauses(self) -> None:
+        """Prebuild the pause and resume message of every queue PFC may pause."""
+        root = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+        root.bind((0, 0))
+        root_index = {name: idx for idx, name in socket.if_nameindex()}
+        self.sockets.append(root)
+        host_socks = {}
+        fed = {f for intf, (node, _d, _p) in self.ports.items()
+               for f in self.pfc.feeders_of(Queue(node, intf))}
+        c, mtu = self.pfc_class, self.cfg["mtu"]
+        handle = gate_handle(c) << 16
+        parent = tc_handle(gate_parent(c, self.cfg.get("delayed", False)))
+        for q in sorted(fed, key=lambda q: (q.node, q.intf)):
+            if q.node.startswith("gpu"):
+                if q.node not in host_socks:
+                    host_socks[q.node] = socket_in_netns(self.cfg["host_pids"][q.node])
+                    self.sockets.append(host_socks[q.node][0])
+                sock, index = host_socks[q.node]
+                rate, buffer = self.cfg["host_rate_mbit"], self.cfg["nic_queue_bytes"]
+            else:
+                sock, index = root, root_index
+                rate, buffer = self._rate(q.intf), c.buffer_bytes
+            msgs = [tbf_message(index[q.intf], handle, parent, g.rate_bytes, g.burst, g.limit)
+                    for g in (gate_params(rate, mtu, buffer, paused=True),
+                              gate_params(rate, mtu, buffer, paused=False))]
+            self.pause_msgs[q] = (sock, msgs[0], msgs[1])
+
+    def _rate(self, intf: str) -> float:
+        for link in self.plan.links:
+            if intf in (link.intf1, link.intf2):
+                return (self.cfg["host_rate_mbit"] if link.kind == "host"
+                        else self.cfg["fabric_rate_mbit"])
+        raise KeyError(intf)
+
+    # --- one sample ---------------------------------------------------------------------------
+    def step(self, now: int) -> None:
+        stats = self.sampler.sample()
+        for (intf, handle), s in stats.items():
+            key = (intf, handle >> 16)
+            if s.backlog > self.max_backlog.get(key, 0):
+                self.max_backlog[key] = s.backlog
+        if self.ecn_class:
+            self._ecn(stats, now)
+        if self.pfc:
+            self._pfc(stats, now)
+        if self.watch and self.events:
+            self._load(stats)
+
+    def _backlog(self, stats, intf: str, cls: TrafficClass) -> int:
+        s = stats.get((intf, cls.minor << 16))
+        return s.backlog if s else 0
+
+    def _ecn(self, stats, now: int) -> None:
+        rule = self.ecn_class.ecn
+        for intf, (_node, dpid, port) in self.ports.items():
+            p = rule.probability(self._backlog(stats, intf, self.ecn_class))
+            want = p >= 1.0 or (p > 0.0 and self.rng.random() < p)
+            if want == self.marking.get(intf, False):
+                continue
+            self.marking[intf] = want
+            self.toggles[intf] = self.toggles.get(intf, 0) + 1
+            if want:
+                self.marking_since[intf] = now
+            else:
+                self.marking_ns[intf] = (self.marking_ns.get(intf, 0) + now
+                                         - self.marking_since.pop(intf, now))
+            self._event({"ecn": [dpid, port, want]})
+            self.counters["ecn_events"] += 1
+
+    def _pfc(self, stats, now: int) -> None:
+        backlog = {Queue(node, intf): self._backlog(stats, intf, self.pfc_class)
+                   for intf, (node, _d, _p) in self.ports.items()}
+        pause, resume = self.pfc.update(backlog, now)
+        self._apply(pause, 1)
+        self._apply(resume, 2)
+        self.counters["pauses_sent"] += len(pause)
+        self.counters["resumes_sent"] += len(resume)
+
+    def _apply(self, queues: List[Queue], which: int) -> None:
+        by_socket: Dict[socket.socket, List[bytes]] = {}
+        for q in queues:
+            entry = self.pause_msgs.get(q)
+            if entry:
+                by_socket.setdefault(entry[0], []).append(entry[which])
+        for sock, messages in by_socket.items():
+            send_and_check(sock, messages)
+
+    def _load(self, stats) -> None:
+        load = {dpid: {port: self._backlog(stats, intf, self.load_class)
+                       for intf, (_n, d, port) in self.ports.items() if d == dpid and
+                       port in ports}
+                for dpid, ports in self.watch.items()}
+        changed = any(abs(b - self.last_load.get(d, {}).get(p, -10 * self.frame)) >= self.frame
+                      for d, ports in load.items() for p, b in ports.items())
+        if changed:
+            self.last_load = load
+            self._event({"load": {str(d): {str(p): b for p, b in ports.items()}
+                                  for d, ports in load.items()}})
+            self.counters["load_events"] += 1
+
+    def _event(self, event: dict) -> None:
+        if self.events is not None:
+            self.events.sendall((json.dumps(event) + "\n").encode())
+
+    # --- the loop -----------------------------------------------------------------------------
+    def run(self, stop) -> None:
+        interval = self.interval_ns
+        next_at = time.monotonic_ns()
+        while not stop():
+            t0 = time.monotonic_ns()
+            if t0 - next_at > interval:
+                self.counters["late"] += 1
+                next_at = t0
+            self.step(time.time_ns())
+            self.counters["samples"] += 1
+            self.sample_ns.append(time.monotonic_ns() - t0)
+            next_at += interval
+            delay = next_at - time.monotonic_ns()
+            if delay > 0:
+                time.sleep(delay / 1e9)
+
+    def finish(self) -> dict:
+        now = time.time_ns()
+        if self.pfc:
+            self._apply(list(self.pfc.paused_since), 2)  # leave nothing paused
+            self.pfc.finish(now)
+        for intf in list(self.marking_since):
+            self.marking_ns[intf] = self.marking_ns.get(intf, 0) + now - self.marking_since[intf]
+        ns = sorted(self.sample_ns) or [0]
+        by_minor = {c.minor: c.name for c in self.classes}
+        max_backlog: Dict[str, Dict[str, int]] = {}
+        for (intf, minor), b in sorted(self.max_backlog.items()):
+            max_backlog.setdefault(intf, {})[by_minor.get(minor, hex(minor))] = b
+        pfc = self.pfc.report() if self.pfc else {}
+        return {
+            "interval_us": self.interval_ns / 1000,
+            "counters": self.counters,
+            "sample_ms": {"mean": round(sum(ns) / len(ns) / 1e6, 4),
+                          "p99": round(ns[int(len(ns) * 0.99) - 1 if len(ns) > 1 else 0] / 1e6, 4),
+                          "max": round(ns[-1] / 1e6, 4)},
+            "max_backlog": max_backlog,
+            "ecn": {intf: {"toggles": self.toggles[intf],
+                           "marking_ms": round(self.marking_ns.get(intf, 0) / 1e6, 3)}
+                    for intf in sorted(self.toggles)},
+            "pfc": pfc,
+            "pfc_pause_events": sum(v["events"] for v in pfc.values()),
+            "pfc_paused_ms": round(sum(v["paused_ms"] for v in pfc.values()), 3),
+        }
+
+    def close(self) -> None:
+        for s in self.sockets + [self.sampler.sock] + ([self.events] if self.events else []):
+            s.close()
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    die_with_parent()
+    with open(argv[0], encoding="utf-8") as f:
+        cfg = json.load(f)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+    emu = Emulator(cfg)
+    try:
+        emu.open()
+        print("ready", flush=True)
+        emu.run(lambda: bool(stopping))
+        write_json_atomic(cfg["out"], emu.finish())
+    finally:
+        emu.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+class EmulatorProcess:
+    """The runner's handle on one ``python -m testbed.switchq`` process."""
+
+    def __init__(self, policy, scenario, session, run_dir: str, private_dir: str, ledger,
+                 link_mtu: int):
+        t = scenario.topology
+        name = policy.name
+        self.report_path = os.path.join(run_dir, f"switchq-{name}.json")
+        self.log_path = os.path.join(run_dir, f"switchq-{name}.log")
+        watch = policy.watched_ports() if policy.wants_queue_load else None
+        self.cfg = {
+            "plan": policy.plan.to_dict(),
+            "classes": [class_to_dict(c) for c in policy.traffic_classes()],
+            "host_pids": {h.name: session.fabric.host(h.name).pid for h in policy.plan.hosts},
+            "interval_us": scenario.emulation.sample_interval_us,
+            "events": session.controller.events_path,
+            "out": self.report_path,
+            "host_rate_mbit": t.host_rate_mbit, "fabric_rate_mbit": t.fabric_rate_mbit,
+            "nic_queue_bytes": t.nic_queue_bytes,
+            "delayed": bool(session.fabric.applied()["link_delay_us_applied"]),
+            "mtu": link_mtu,
+            "watch": {str(d): p for d, p in watch.items()} if watch else None,
+        }
+        self.cfg_path = os.path.join(private_dir, f"switchq-{name}.json")
+        self.ledger = ledger
+        self.proc = None
+
+    def start(self, timeout: float = 20.0) -> None:
+        with open(self.cfg_path, "w", encoding="utf-8") as f:
+            json.dump(self.cfg, f)
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "testbed.switchq", self.cfg_path],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=log, start_new_session=True)
+        finally:
+            log.close()
+        self.ledger.add_pid(self.proc.pid)
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline().decode().strip() if ready else ""
+        if line != "ready":
+            self.stop()
+            raise FabricError(f"the switch-queue emulator did not start: {self.tail()}")
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise FabricError(f"the switch-queue emulator died (exit code "
+                                  f"{self.proc.returncode}): {self.tail()}")
+
+    def tail(self) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return (f.read().strip().splitlines() or ["(empty log)"])[-1]
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> Optional[dict]:
+        """Stop it; returns its report (None if it wrote none)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        try:
+            with open(self.report_path, encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None

@@ -1,0 +1,27 @@
+import pytest
+
+from controllers.classes import (EcnRule, PfcRule, TrafficClass, class_from_dict, class_to_dict,
+                                 default_class)
+
+
+def test_step_marking():
+    rule = EcnRule("step", kmin=30_000)
+    assert rule.probability(30_000) == 0.0 and rule.probability(30_001) == 1.0
+
+
+def test_red_marking_is_linear_between_kmin_and_kmax():
+    rule = EcnRule("red", kmin=100, kmax=400, pmax=0.2)
+    assert rule.probability(100) == 0.0
+    assert rule.probability(250) == pytest.approx(0.1)
+    assert rule.probability(400) == pytest.approx(0.2)
+    assert rule.probability(401) == 1.0
+
+
+def test_classes_round_trip_and_one_default():
+    c = TrafficClass("roce", 1, 1, (26,), 1000, ecn=EcnRule("red", 1, 2, 0.5),
+                     pfc=PfcRule(10, 5))
+    assert class_from_dict(class_to_dict(c)) == c and c.minor == 0x11 and c.lossless
+    other = TrafficClass("other", 2, 2, (), 10)
+    assert default_class((c, other)) is other
+    with pytest.raises(ValueError):
+        default_class((c,))

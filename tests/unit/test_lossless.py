@@ -1,0 +1,107 @@
+import collections
+
+import pytest
+
+from controllers import l3
+from controllers.lossless import AR_SLOTS, LosslessPolicy
+from controllers.params import resolve
+from controllers.policy import FabricContext
+from testbed.topology import FabricPlan
+from tests.fakeoftable import FakeFabric, udp_packet
+
+
+@pytest.fixture
+def plan():
+    return FabricPlan(2, 4, 2)
+
+
+def uplink_of(path, plan):
+    return path[1]  # the spine a leaf chose
+
+
+def test_classes_cnp_first_roce_lossless_with_ecn_then_best_effort(plan):
+    cnp, roce, other = LosslessPolicy(plan).traffic_classes()
+    assert (cnp.name, cnp.priority, cnp.dscp) == ("cnp", 0, (48,))
+    assert (roce.name, roce.priority, roce.dscp) == ("roce", 1, (26,))
+    assert roce.lossless and roce.pfc.xoff == 48_000 and roce.pfc.xon == 24_000
+    assert roce.ecn.kind == "red" and roce.ecn.kmin < roce.ecn.kmax <= roce.pfc.xoff
+    assert roce.buffer_bytes > roce.pfc.xoff  # headroom
+    assert other.dscp == () and not other.lossless
+
+
+def test_headroom_covers_every_feeder_for_the_reaction_time(plan):
+    policy = LosslessPolicy(plan, context=FabricContext(40, 40, 4096, 0.001))
+    rate = 40e6 / 8
+    feeders = 1 + 2  # the other GPU of the leaf and both spines
+    expected = int(feeders * (rate * (2 * 0.001 + 0.002) + 2 * (4096 + 100)))
+    assert policy.headroom_bytes() == expected
+    fixed = LosslessPolicy(plan, resolve("lossless", {"pfc_headroom_bytes": 5000}, 40, 4096))
+    assert fixed.headroom_bytes() == 5000
+
+
+def test_every_gpu_reaches_every_other_gpu(plan):
+    fabric = FakeFabric(plan, LosslessPolicy(plan))
+    for src in plan.hosts:
+        for dst in plan.hosts:
+            if src is not dst:
+                (got, pkt), path = fabric.send(src.name, udp_packet(src, dst))
+                assert got == dst.name and pkt["eth_dst"] == dst.mac
+
+
+def test_adaptive_routing_learns_the_flowlet_and_keeps_it(plan):
+    policy = LosslessPolicy(plan)
+    fabric = FakeFabric(plan, policy)
+    src, dst = plan.host("gpu1"), plan.host("gpu3")
+    lf1 = fabric.switches["lf1"]
+    before = len(lf1.table(l3.FLOWLET))
+    (_, _), path = fabric.send(src.name, udp_packet(src, dst, sport=0xC123))
+    assert len(lf1.table(l3.FLOWLET)) == before + 1  # learned
+    # congestion moves the slots, but the running flowlet stays on its spine
+    dpid = plan.leaves[0].dpid
+    taken = 3 if path[1] == "sp1" else 4
+    fabric.apply(policy.queue_load({dpid: {taken: 60_000, 7 - taken: 0}}))
+    assert fabric.send(src.name, udp_packet(src, dst, sport=0xC123))[1] == path
+
+
+def test_new_flows_avoid_a_congested_uplink(plan):
+    policy = LosslessPolicy(plan)
+    fabric = FakeFabric(plan, policy)
+    src, dst = plan.host("gpu1"), plan.host("gpu3")
+    dpid = plan.leaves[0].dpid
+    fabric.apply(policy.queue_load({dpid: {3: 50_000, 4: 1_000}}))  # uplink to sp1 congested
+    spines = {fabric.send(src.name, udp_packet(src, dst, sport=s))[1][1]
+              for s in range(0xC000, 0xC000 + 40)}
+    assert spines == {"sp2"}
+    changed = policy.queue_load({dpid: {3: 0, 4: 0}})  # both idle again: spread over both
+    assert len(changed[dpid]) == AR_SLOTS // 2
+    fabric.apply(changed)
+    spines = collections.Counter(fabric.send(src.name, udp_packet(src, dst, sport=s))[1][1]
+                                 for s in range(0xD000, 0xD000 + 200))
+    assert set(spines) == {"sp1", "sp2"}
+
+
+def test_spraying_spreads_per_packet_source_ports_over_all_uplinks():
+    plan = FabricPlan(4, 2, 1)
+    fabric = FakeFabric(plan, LosslessPolicy(plan))
+    src, dst = plan.host("gpu1"), plan.host("gpu2")
+    spines = collections.Counter(fabric.send(src.name, udp_packet(src, dst, sport=s))[1][1]
+                                 for s in range(0xC000, 0xC000 + 800))
+    assert set(spines) == {"sp1", "sp2", "sp3", "sp4"}
+    assert max(spines.values()) < 1.3 * min(spines.values())
+
+
+def test_queue_load_sends_nothing_when_nothing_changes(plan):
+    policy = LosslessPolicy(plan)
+    dpid = plan.leaves[0].dpid
+    assert policy.queue_load({dpid: {3: 0, 4: 0}}) == {}
+    assert policy.queue_load({dpid: {3: 0, 4: 100}}) == {}  # within one frame: both least
+    assert set(policy.watched_ports()) == {lf.dpid for lf in plan.leaves}
+
+
+def test_without_adaptive_routing_roce_is_hashed(plan):
+    policy = LosslessPolicy(plan, resolve("lossless", {"adaptive_routing": False}, 40, 4096))
+    fabric = FakeFabric(plan, policy)
+    src, dst = plan.host("gpu1"), plan.host("gpu3")
+    fabric.send(src.name, udp_packet(src, dst))
+    assert fabric.switches["lf1"].table(l3.FLOWLET) == []
+    assert policy.watched_ports() is None and not policy.wants_queue_load

@@ -1,0 +1,56 @@
+from controllers.classes import PfcRule
+from controllers.pfc import PfcState, Queue, feeders
+from testbed.topology import FabricPlan
+
+PLAN = FabricPlan(2, 4, 2)
+
+
+def names(queues):
+    return sorted(q.intf for q in queues)
+
+
+def test_feeders_of_a_leaf_port_towards_a_gpu_are_every_other_port():
+    # lf1-eth1 leads to gpu1: fed by gpu2's NIC and both spines' ports towards lf1
+    assert names(feeders(PLAN, "lf1", "lf1-eth1")) == ["gpu2-eth0", "sp1-eth1", "sp2-eth1"]
+
+
+def test_feeders_of_a_leaf_uplink_are_its_gpus_only():
+    assert names(feeders(PLAN, "lf1", "lf1-eth3")) == ["gpu1-eth0", "gpu2-eth0"]
+
+
+def test_feeders_of_a_spine_port_are_the_other_leaves():
+    assert names(feeders(PLAN, "sp2", "sp2-eth3")) == ["lf1-eth4", "lf2-eth4", "lf4-eth4"]
+
+
+def test_xoff_pauses_feeders_and_xon_resumes_them_with_hysteresis():
+    state = PfcState(PLAN, PfcRule(xoff=1000, xon=500))
+    q = Queue("lf1", "lf1-eth1")
+    pause, resume = state.update({q: 900}, 0)
+    assert pause == resume == []
+    pause, resume = state.update({q: 1500}, 1_000_000)
+    assert names(pause) == ["gpu2-eth0", "sp1-eth1", "sp2-eth1"] and resume == []
+    assert state.update({q: 700}, 2_000_000) == ([], [])  # between XON and XOFF: stays paused
+    pause, resume = state.update({q: 400}, 5_000_000)
+    assert pause == [] and len(resume) == 3
+    report = state.report()
+    assert report["sp1-eth1"] == {"node": "sp1", "events": 1, "paused_ms": 4.0}
+
+
+def test_a_queue_feeding_two_congested_ports_resumes_when_both_clear():
+    state = PfcState(PLAN, PfcRule(xoff=1000, xon=500))
+    a, b = Queue("lf1", "lf1-eth1"), Queue("lf1", "lf1-eth3")  # both fed by gpu2
+    state.update({a: 2000, b: 2000}, 0)
+    gpu2 = Queue("gpu2", "gpu2-eth0")
+    assert gpu2 in state.paused_since
+    _, resume = state.update({a: 0, b: 2000}, 1)
+    assert gpu2 not in resume  # still needed by the uplink
+    _, resume = state.update({a: 0, b: 0}, 2)
+    assert gpu2 in resume
+    assert state.report()["gpu2-eth0"]["events"] == 1
+
+
+def test_finish_closes_open_pauses():
+    state = PfcState(PLAN, PfcRule(xoff=10, xon=5))
+    state.update({Queue("sp1", "sp1-eth1"): 100}, 0)
+    state.finish(3_000_000)
+    assert state.report()["lf2-eth3"]["paused_ms"] == 3.0
