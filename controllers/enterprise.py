@@ -45,6 +45,9 @@ class EnterprisePolicy(Policy):
                               f"{self.params.spanning_tree_root}")
         self.learned: Set[Tuple[int, int, str, int]] = set()
 
+    def may_reach(self, src: str, dst: str) -> bool:
+        return self.tenant_of[src] == self.tenant_of[dst]
+
     def traffic_classes(self) -> Tuple[TrafficClass, ...]:
         p = self.params
         return (TrafficClass("interactive", 0, 0, (p.interactive_dscp,),

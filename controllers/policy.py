@@ -30,10 +30,11 @@ class FabricContext:
 
     @property
     def reaction_s(self) -> float:
-        """Emulated reaction time of a queue mechanism (ECN, PFC): up to one sample interval
-        before the emulator sees a queue cross a threshold, one more before it acts, and 2 ms
-        for the change to land in the switch."""
-        return 2 * self.sample_interval_s + 0.002
+        """Emulated reaction time of a queue mechanism (ECN, PFC), with margin: up to one
+        sample interval before the emulator sees a queue cross a threshold, one more before
+        it acts, one for a late sample on a busy machine, and 3 ms for the change to land
+        (netlink, frames already inside Open vSwitch)."""
+        return 3 * self.sample_interval_s + 0.003
 
     @classmethod
     def of(cls, scenario) -> "FabricContext":
@@ -66,6 +67,10 @@ class Policy(ABC):
     @abstractmethod
     def switch_connected(self, dpid: int) -> List[Message]:
         """Messages that program switch ``dpid`` (sent when it connects)."""
+
+    def may_reach(self, src: str, dst: str) -> bool:
+        """Whether GPU ``src`` may send to GPU ``dst`` (False: e.g. other tenants)."""
+        return True
 
     def packet_in(self, dpid: int, in_port: int, metadata: int, eth_src: str) -> List[Message]:
         """A packet the switch sent to the controller (only policies that ask for them)."""

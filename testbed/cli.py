@@ -81,6 +81,46 @@ def cmd_check(args) -> int:
     return 0
 
 
+def cmd_policies(args) -> int:
+    """Each policy, its traffic classes and its parameters with defaults (at the default
+    scenario's link rate), as ``policy_params`` in a scenario can set them."""
+    print(policies_reference())
+    return 0
+
+
+def policies_reference() -> str:
+    import dataclasses
+
+    from controllers.policy import make_policy, policy_names
+
+    from .config import DEFAULT
+    from .topology import FabricPlan
+
+    t = DEFAULT.topology
+    plan = FabricPlan(t.spines, t.leaves, t.gpus_per_leaf)
+    out = []
+    for name in policy_names():
+        policy = make_policy(name, plan, DEFAULT)
+        summary = " ".join(type(policy.params).__doc__.split())
+        out.append(f"{name}: {summary}")
+        for c in policy.traffic_classes():
+            extra = [f"DSCP {','.join(map(str, c.dscp))}" if c.dscp else "default class",
+                     f"buffer {c.buffer_bytes:,} B"]
+            if c.ecn:
+                extra.append(f"ECN {c.ecn.kind}")
+            if c.pfc:
+                extra.append(f"PFC XOFF {c.pfc.xoff:,} / XON {c.pfc.xon:,} B")
+            out.append(f"  class {c.name} (priority {c.priority}): {', '.join(extra)}")
+        for f in dataclasses.fields(policy.params):
+            value = getattr(policy.params, f.name)
+            unit = f" {f.metadata['unit']}" if "unit" in f.metadata else ""
+            out.append(f"  {f.name} = {value!r}{unit}: {f.metadata.get('doc', '')}")
+        out.append("")
+    out.append(f"Byte defaults are for {t.host_rate_mbit:g} Mbit/s links and scale with the "
+               "scenario's host link rate.")
+    return "\n".join(out)
+
+
 def cmd_clean(args) -> int:
     from .ledger import clean
 
@@ -113,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="what this kernel and machine support")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_check)
+    pol = sub.add_parser("policies", help="the policies, their classes and parameters")
+    pol.set_defaults(func=cmd_policies)
     k = sub.add_parser("clean", help="remove what a crashed run left behind (only that)")
     k.set_defaults(func=cmd_clean)
     return p

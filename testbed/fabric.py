@@ -160,18 +160,20 @@ class Fabric:
                 "link_delay_us_applied": applied if applied is not None else 0.0,
                 "link_delay_missing": applied is None}
 
-    def check_connectivity(self, timeout_s: float = 3.0) -> None:
-        """Each GPU pings its ring successor once; fails naming the pairs that cannot talk.
-
-        This also makes the switches forward their first packets (see ``ovs_buffers``).
-        """
+    def check_connectivity(self, may_reach=lambda a, b: True, timeout_s: float = 3.0) -> None:
+        """Each GPU pings the next GPU (in rank order) it may reach; fails naming the pairs
+        that cannot talk. This also makes the switches forward their first packets (see
+        ``ovs_buffers``)."""
         if not shutil.which("ping"):
             raise CapabilityError("ping is not installed (Debian package iputils-ping): "
                                   "run scripts/install.sh")
         hosts = self.plan.hosts
         probes = []
         for i, h in enumerate(hosts):
-            peer = hosts[(i + 1) % len(hosts)]
+            later = hosts[i + 1:] + hosts[:i]
+            peer = next((p for p in later if may_reach(h.name, p.name)), None)
+            if peer is None:
+                continue
             proc = self.net.get(h.name).popen(
                 ["ping", "-n", "-q", "-c", "1", "-W", str(int(timeout_s)), peer.ip],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -174,9 +174,10 @@ def send_and_check(sock: socket.socket, messages: List[bytes]) -> None:
 _libc = None
 
 
-def socket_in_netns(pid: int) -> Tuple[socket.socket, Dict[str, int]]:
-    """A NETLINK_ROUTE socket living in the network namespace of process ``pid``, and the
-    interface indexes of that namespace.
+def socket_in_netns(pid: int, family: int = socket.AF_NETLINK
+                    ) -> Tuple[socket.socket, Dict[str, int]]:
+    """A NETLINK_ROUTE (or, with ``family=AF_PACKET``, a raw packet) socket living in the
+    network namespace of process ``pid``, and the interface indexes of that namespace.
 
     The calling thread enters the namespace just long enough to create the socket (a socket
     stays bound to the namespace it was made in), then returns to its own.
@@ -190,8 +191,11 @@ def socket_in_netns(pid: int) -> Tuple[socket.socket, Dict[str, int]]:
             err = ctypes.get_errno()
             raise OSError(err, f"setns into the namespace of pid {pid}: {os.strerror(err)}")
         try:
-            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
-            sock.bind((0, 0))
+            if family == socket.AF_PACKET:
+                sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+            else:
+                sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+                sock.bind((0, 0))
             index = {name: idx for idx, name in socket.if_nameindex()}
         finally:
             if _libc.setns(own, CLONE_NEWNET) != 0:

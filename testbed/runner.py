@@ -59,7 +59,13 @@ def validate(scenario: Scenario) -> FabricPlan:
             raise ConfigError(f"policy_params.{name}: {name} is not among the policies run "
                               f"({', '.join(scenario.policies)})")
     for name in scenario.policies:
-        make_policy(name, plan, scenario)  # parameters that need the plan (e.g. tenants)
+        policy = make_policy(name, plan, scenario)  # parameters that need the plan
+        ring = [h.name for h in plan.hosts]
+        apart = [(a, b) for a, b in zip(ring, ring[1:] + ring[:1]) if not policy.may_reach(a, b)]
+        if apart:
+            raise ConfigError(f"policy_params.{name}: {apart[0][0]} may not reach {apart[0][1]} "
+                              "(tenants), but the collective runs over all GPUs; put them in "
+                              "one tenant")
     return plan
 
 
@@ -147,7 +153,7 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
             fabric.start()
             ctl.wait_programmed([s.dpid for s in plan.switches])
             say(f"{len(plan.switches)} switches programmed")
-            fabric.check_connectivity()
+            fabric.check_connectivity(policy.may_reach)
         warnings = ovs_buffer_warnings(caps, need)
         for w in warnings:
             say(f"warning: {w}")

@@ -41,6 +41,7 @@ ROCE_TOS = (26 << 2) | 0b10
 
 ETH_LEN, IP_LEN, UDP_LEN, BTH_LEN, RETH_LEN, ICRC_LEN = 14, 20, 8, 12, 16, 4
 BTH_OFFSET = ETH_LEN + IP_LEN + UDP_LEN  # 42, in a frame
+SPORT_OFFSET = ETH_LEN + IP_LEN
 PSN_MASK = 0xFFFFFF
 
 # Probe header at the start of every RDMA payload: send time (CLOCK_REALTIME, ns),
@@ -124,6 +125,12 @@ class WriteTemplate:
         self.crc_end = self.icrc_off
         self.crc_prefix = zlib.crc32(invariant_prefix(self.buf))
 
+    def set_sport(self, sport: int) -> None:
+        """Change the UDP source port (per-packet entropy): it is part of the ICRC's
+        invariant header, so the precomputed CRC state is redone (about a microsecond)."""
+        struct.pack_into("!H", self.buf, SPORT_OFFSET, sport)
+        self.crc_prefix = zlib.crc32(invariant_prefix(self.buf))
+
     def fill(self, psn: int, ackreq: bool, tx_ns: int, iteration: int, step: int,
              va: int = 0, dlen: int = 0) -> bytearray:
         """Patch one packet into the template and return the frame (valid until next fill)."""
@@ -169,8 +176,9 @@ def icrc_ok(frame) -> bool:
 class Connection:
     """Templates for one QP-to-QP connection (sender side); builds each shape once."""
 
-    def __init__(self, src: Endpoint, dst: Endpoint, sport: int, dqpn: int):
-        self.src, self.dst, self.sport, self.dqpn = src, dst, sport, dqpn
+    def __init__(self, src: Endpoint, dst: Endpoint, sport: int, dqpn: int,
+                 tos: int = ROCE_TOS):
+        self.src, self.dst, self.sport, self.dqpn, self.tos = src, dst, sport, dqpn, tos
         self._templates: Dict[Tuple[int, int], WriteTemplate] = {}
 
     def template(self, opcode: int, payload_len: int) -> WriteTemplate:
@@ -178,7 +186,7 @@ class Connection:
         tpl = self._templates.get(key)
         if tpl is None:
             frame = bytes(scapy_packet(self.src, self.dst, self.sport, opcode, self.dqpn, 0,
-                                       bytes(payload_len)))
+                                       bytes(payload_len), tos=self.tos))
             tpl = self._templates[key] = WriteTemplate(frame, opcode)
         return tpl
 

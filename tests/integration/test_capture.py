@@ -8,6 +8,7 @@ import time
 import pytest
 from scapy.utils import rdpcap
 
+from controllers.policy import make_policy
 from testbed import runner
 from testbed.agents import AgentGroup
 from testbed.capabilities import detect
@@ -27,12 +28,12 @@ SCENARIO = DEFAULT.override({"topology": {"spines": 2, "leaves": 2, "gpus_per_le
                     reason="needs tcpdump and tshark (scripts/install.sh)")
 def test_captured_agent_traffic_is_valid_rocev2(tmp_path):
     plan = runner.validate(SCENARIO)
+    policy = make_policy("hyperscale", plan, SCENARIO)
     ledger = Ledger(runner.new_run_id())
     ledger.acquire(str(tmp_path))
     pcap = tmp_path / "gpu2.pcap"
     try:
-        with runner.fabric_up("hyperscale", SCENARIO, plan, detect(), str(tmp_path),
-                              ledger) as s:
+        with runner.fabric_up(policy, SCENARIO, detect(), str(tmp_path), ledger) as s:
             gpu2 = s.fabric.host("gpu2")
             dump = gpu2.popen(["tcpdump", "-i", "gpu2-eth0", "-U", "--immediate-mode", "-n",
                                "-w", str(pcap),

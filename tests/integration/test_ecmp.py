@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from controllers.policy import make_policy
 from testbed import runner
 from testbed.capabilities import detect
 from testbed.config import DEFAULT
@@ -30,29 +31,32 @@ for i in range(flows):
 @pytest.fixture
 def session(tmp_path):
     plan = runner.validate(SCENARIO)
+    policy = make_policy("hyperscale", plan, SCENARIO)
     ledger = Ledger(runner.new_run_id())
     ledger.acquire(str(tmp_path))
     try:
-        with runner.fabric_up("hyperscale", SCENARIO, plan, detect(), str(tmp_path),
-                              ledger) as s:
+        with runner.fabric_up(policy, SCENARIO, detect(), str(tmp_path), ledger) as s:
             yield plan, s
     finally:
         ledger.teardown()
         ledger.close()
 
 
-def test_leaves_hold_a_select_group_over_every_spine(session):
+def test_ovs_holds_the_5_tuple_hash_and_the_slots(session):
+    """What OVS made of the hyperscale program: a multipath over the UDP-aware symmetric
+    hash, one slot per spine, and the marking groups of the egress table."""
     _plan, s = session
-    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-groups", "lf1"],
-                         capture_output=True, text=True, check=True).stdout
-    assert "type=select" in out
-    assert out.count("bucket=") == 2 and "actions=output:2" in out and "output:3" in out
     flows = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", "lf1"],
                            capture_output=True, text=True, check=True).stdout
-    assert "nw_dst=10.0.2.0/24" in flows and "actions=group:1" in flows
+    assert "nw_dst=10.0.2.0/24" in flows
+    assert "multipath(symmetric_l3l4+udp,0,modulo_n,2,0,NXM_NX_REG1[0..15])" in flows
+    assert "table=3" in flows and "reg1=0x1" in flows
+    groups = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-groups", "lf1"],
+                            capture_output=True, text=True, check=True).stdout
+    assert groups.count("type=indirect") == 3  # one marking group per port
 
 
-def test_sixteen_flows_with_distinct_5_tuples_use_every_spine(session):
+def test_a_udp_flood_is_spread_by_source_port(session):
     plan, s = session
     before = spine_load(plan, egress_stats(s.fabric))
     src = s.fabric.host("gpu1")
@@ -62,5 +66,5 @@ def test_sixteen_flows_with_distinct_5_tuples_use_every_spine(session):
     assert sender.returncode == 0, err
     after = spine_load(plan, egress_stats(s.fabric))
     carried = {spine: after[spine] - before[spine] for spine in after}
-    assert all(n > 0 for n in carried.values()), carried
-    assert sum(carried.values()) >= 16 * 20 * 0.95  # tail drop aside, all crossed a spine
+    assert all(n >= 16 * 20 // 8 for n in carried.values()), carried
+    assert sum(carried.values()) >= 16 * 20 * 0.95

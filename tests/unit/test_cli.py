@@ -77,3 +77,16 @@ def test_unexpected_errors_are_one_line_too(capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: unexpected OSError: [Errno 5] Input/output error "
                    "(rerun with --debug for details)"]
+
+
+def test_policies_lists_classes_and_every_parameter(capsys):
+    import dataclasses
+
+    from controllers.params import PARAMS
+    assert main(["policies"]) == 0
+    out = capsys.readouterr().out
+    for name, cls in PARAMS.items():
+        assert f"\n{name}: " in "\n" + out
+        for f in dataclasses.fields(cls):
+            assert f"  {f.name} = " in out
+    assert "class roce (priority 1): DSCP 26" in out and "PFC XOFF 48,000" in out

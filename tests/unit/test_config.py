@@ -54,6 +54,9 @@ def test_policy_params_are_checked_against_each_policy():
         Scenario.from_dict({"policy_params": {"ib": {}}})
     with pytest.raises(ConfigError, match="tenants.0.: no GPU named 'gpu9'"):
         validate(Scenario.from_dict({"policy_params": {"enterprise": {"tenants": [["gpu9"]]}}}))
+    with pytest.raises(ConfigError, match="gpu4 may not reach gpu5 .tenants."):
+        validate(Scenario.from_dict({"policy_params": {"enterprise": {
+            "tenants": [["gpu1", "gpu2", "gpu3", "gpu4"]]}}}))
     with pytest.raises(ConfigError, match="hyperscale is not among the policies run"):
         validate(Scenario.from_dict({"policies": ["lossless"],
                                      "policy_params": {"hyperscale": {"ecn": "step"}}}))

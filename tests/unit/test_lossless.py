@@ -33,7 +33,7 @@ def test_headroom_covers_every_feeder_for_the_reaction_time(plan):
     policy = LosslessPolicy(plan, context=FabricContext(40, 40, 4096, 0.001))
     rate = 40e6 / 8
     feeders = 1 + 2  # the other GPU of the leaf and both spines
-    expected = int(feeders * (rate * (2 * 0.001 + 0.002) + 2 * (4096 + 100)))
+    expected = int(feeders * (rate * (3 * 0.001 + 0.003) + 2 * (4096 + 100)))
     assert policy.headroom_bytes() == expected
     fixed = LosslessPolicy(plan, resolve("lossless", {"pfc_headroom_bytes": 5000}, 40, 4096))
     assert fixed.headroom_bytes() == 5000

@@ -108,3 +108,13 @@ def test_ackreq_and_psn_share_one_word():
     frame = _fill(RC_RDMA_WRITE_LAST)
     word = struct.unpack_from("!I", frame, roce.BTH_OFFSET + 8)[0]
     assert word >> 31 == 1 and word & 0xFFFFFF == 0x123456
+
+
+def test_per_packet_source_port_keeps_the_icrc_right():
+    conn = Connection(SRC, DST, 0xC000, 5, tos=(26 << 2) | 1)
+    tpl = conn.template(RC_RDMA_WRITE_MIDDLE, 256)
+    for sport in (0xC001, 0xD00D, 0xFFFF):
+        tpl.set_sport(sport)
+        frame = bytes(tpl.fill(7, False, 1, 0, 0))
+        assert roce.icrc_ok(frame)
+        assert Ether(frame)["UDP"].sport == sport and Ether(frame)["IP"].tos == (26 << 2) | 1

@@ -1,0 +1,109 @@
+"""A live fabric under one policy, with its switch-queue emulator, for mechanism tests.
+
+The same code paths as a run (``runner.fabric_up``, ``runner.queue_emulation``); traffic comes
+from ``traffic.flows`` processes inside the GPU hosts.
+"""
+import contextlib
+import json
+import os
+import select
+import subprocess
+import sys
+
+from controllers.policy import make_policy
+from testbed import runner
+from testbed.capabilities import detect
+from testbed.config import DEFAULT
+from testbed.ledger import Ledger
+from testbed.queues import egress_stats
+from testbed.topology import FabricPlan
+
+
+class Live:
+    def __init__(self, policy, scenario, session, emu, queues, ledger, tmp):
+        self.policy, self.plan, self.scenario = policy, policy.plan, scenario
+        self.session, self.emu, self.queues, self.ledger, self.tmp = (
+            session, emu, queues, ledger, tmp)
+        self.count = 0
+
+    def host(self, name):
+        return self.plan.host(name)
+
+    def _start(self, host, mode, cfg):
+        self.count += 1
+        path = os.path.join(self.tmp, f"{mode}-{host}-{self.count}.json")
+        cfg = dict(cfg, out=path + ".out")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        proc = self.session.fabric.host(host).popen(
+            [sys.executable, "-m", "traffic.flows", mode, path], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE)
+        self.ledger.add_pid(proc.pid)
+        return Flow(proc, cfg["out"])
+
+    def recv(self, host, duration_s=120):
+        flow = self._start(host, "recv", {"ip": self.host(host).ip, "duration_s": duration_s})
+        ready, _, _ = select.select([flow.proc.stdout], [], [], 20)
+        assert ready and flow.proc.stdout.readline().strip() == b"ready", flow.proc.stderr.read()
+        return flow
+
+    def send(self, src, dst, **flow):
+        s, d = self.host(src), self.host(dst)
+        cfg = {"intf": s.intf, "src_mac": s.mac, "src_ip": s.ip, "dst_mac": d.mac,
+               "dst_ip": d.ip}
+        cfg.update(flow)
+        return self._start(src, "send", cfg)
+
+    def port_packets(self):
+        """Packets that left each switch port so far (all classes)."""
+        return {intf: v["packets"] for intf, v in egress_stats(self.session.fabric).items()}
+
+    def stop_queues(self):
+        """Stop the switch-queue emulator; returns its report."""
+        self.queues.update(self.emu.stop() or {})
+        return self.queues
+
+
+class Flow:
+    def __init__(self, proc, out):
+        self.proc, self.out = proc, out
+
+    def wait(self, timeout=120):
+        _o, err = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, err.decode()
+        with open(self.out) as f:
+            return json.load(f)
+
+    def stop(self, timeout=30):
+        self.proc.terminate()
+        return self.wait(timeout)
+
+
+@contextlib.contextmanager
+def live(policy_name, tmp_path, **changes):
+    scenario = DEFAULT.override(changes)
+    t = scenario.topology
+    plan = FabricPlan(t.spines, t.leaves, t.gpus_per_leaf)  # no collective: any tenants
+    policy = make_policy(policy_name, plan, scenario)
+    ledger = Ledger(runner.new_run_id())
+    ledger.acquire(str(tmp_path))
+    try:
+        with runner.fabric_up(policy, scenario, detect(), str(tmp_path), ledger) as session:
+            with runner.queue_emulation(policy, scenario, session, str(tmp_path),
+                                        ledger) as (emu, queues):
+                yield Live(policy, scenario, session, emu, queues, ledger, str(tmp_path))
+    finally:
+        ledger.teardown()
+        ledger.close()
+
+
+def summary(result, kind="roce"):
+    """packets, CE marks and latencies summed over the flows of one kind."""
+    flows = [f for name, f in result["flows"].items() if name.startswith(kind)]
+    latency = sorted(v for f in flows for v in f["latency_us"])
+    return {"packets": sum(f["packets"] for f in flows), "ce": sum(f["ce"] for f in flows),
+            "latency_us": latency}
+
+
+def percentile(values, q):
+    return values[min(len(values) - 1, int(len(values) * q))]
