@@ -24,6 +24,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+from privatens import reexec_in_private_netns  # noqa: E402
 
 
 def build(policy_name: str):
@@ -107,11 +110,7 @@ def main() -> int:
     args = p.parse_args()
     if args.inner:
         return inner(args)
-    if os.geteuid() != 0:
-        print("sampler: needs root (a private network namespace)", file=sys.stderr)
-        return 2
-    return subprocess.call(["unshare", "--net", sys.executable, os.path.abspath(__file__),
-                            "--inner"] + sys.argv[1:])
+    return reexec_in_private_netns(__file__)
 
 
 if __name__ == "__main__":

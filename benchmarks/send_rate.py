@@ -28,6 +28,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+from privatens import reexec_in_private_netns  # noqa: E402
 
 ME = {"mac": "02:00:0a:00:01:01", "ip": "10.0.1.1"}
 PEER = {"rank": 1, "host": "peer", "ip": "10.0.2.1", "mac": "02:00:0a:00:02:01"}
@@ -159,13 +162,7 @@ def main() -> int:
     args = p.parse_args()
     if args.inner:
         return inner(args)
-    if os.geteuid() != 0:
-        print("send_rate: needs root (AF_PACKET sockets, a private network namespace)",
-              file=sys.stderr)
-        return 2
-    cmd = ["unshare", "--net", sys.executable, os.path.abspath(__file__), "--inner"] + [
-        a for a in sys.argv[1:]]
-    return subprocess.call(cmd)
+    return reexec_in_private_netns(__file__)
 
 
 if __name__ == "__main__":

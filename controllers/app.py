@@ -8,8 +8,9 @@ file (policy name, fabric plan, parameters, context), a state file and an event 
   the switch is ready. Errors from switches are appended too (``"event": "error"``).
 * Packet-ins go to ``policy.packet_in``.
 * The switch-queue emulator connects to the event socket (a UNIX socket in the run's private
-  directory) and sends JSON lines: ``{"ecn": [dpid, port, marking]}`` and
-  ``{"load": {dpid: {port: backlog}}}``; they go to ``policy.ecn_changed`` / ``queue_load``.
+  directory) and sends JSON lines: ``{"ecn": [[dpid, port, marking], ...],
+  "load": {dpid: {port: backlog}}}`` (either part optional); they go to
+  ``policy.ecn_changed`` and ``policy.queue_load``.
 """
 from __future__ import annotations
 
@@ -158,8 +159,7 @@ class FabricController(app_manager.OSKenApp):
                     LOG.warning("bad queue event %r: %s", line[:80], e)
 
     def _event(self, event: dict) -> None:
-        if "ecn" in event:
-            dpid, port, marking = event["ecn"]
+        for dpid, port, marking in event.get("ecn", ()):
             self.counters["ecn_events"] += 1
             self._send(dpid, self.policy.ecn_changed(dpid, port, bool(marking)))
         if "load" in event:

@@ -19,11 +19,12 @@ from .errors import CapabilityError
 QDISC_PROBES = {
     "htb": "root handle 1: htb default 1",
     "bfifo": "root bfifo limit 30000",
+    "pfifo_head_drop": "root pfifo_head_drop limit 10",
     "netem": "root netem delay 1ms",
     "red": "root red limit 400000 min 30000 max 90000 avpkt 1000 burst 55 probability 0.1 ecn",
     "tbf": "root tbf rate 10mbit burst 10kb latency 10ms",
 }
-REQUIRED_QDISCS = ("htb", "bfifo")
+REQUIRED_QDISCS = ("htb", "bfifo", "pfifo_head_drop", "tbf")
 
 
 @dataclass(frozen=True)

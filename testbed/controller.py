@@ -16,7 +16,7 @@ from typing import Iterable, Set
 
 from .errors import ControllerError
 from .ledger import Ledger
-from .procutil import free_tcp_port
+from .procutil import free_tcp_port, stop_process
 
 
 class ControllerProcess:
@@ -105,11 +105,4 @@ class ControllerProcess:
             return "(no log)"
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
+        stop_process(self.proc)

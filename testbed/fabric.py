@@ -155,7 +155,8 @@ class Fabric:
         delay = self.topo.link_delay_us
         applied = delay_applied(delay, self.caps.netem)
         return {"datapath": self.caps.datapath, "openflow": "OpenFlow13",
-                "egress_queue": "htb + bfifo per traffic class (tail drop), u32 on DSCP",
+                "egress_queue": "htb, a FIFO per traffic class (lossless: bfifo behind a tbf "
+                                "PFC gate; lossy: pfifo_head_drop), u32 on the DSCP",
                 "link_delay_us_requested": delay,
                 "link_delay_us_applied": applied if applied is not None else 0.0,
                 "link_delay_missing": applied is None}

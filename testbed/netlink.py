@@ -21,8 +21,7 @@ import ctypes
 import os
 import socket
 import struct
-from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 NETLINK_ROUTE = 0
 RTM_NEWQDISC, RTM_GETQDISC = 36, 38
@@ -52,8 +51,7 @@ def _attr(kind: int, payload: bytes) -> bytes:
     return data + b"\0" * (_align(len(data)) - len(data))
 
 
-@dataclass(frozen=True)
-class QueueStats:
+class QueueStats(NamedTuple):
     backlog: int  # bytes waiting
     qlen: int  # packets waiting
     drops: int
@@ -76,6 +74,7 @@ class QdiscSampler:
             self.keys[(index[name], handle)] = (name, handle)
         self.seq = 0
         self.buf = bytearray(1 << 18)  # one recv() holds many replies
+        self.offsets: Dict[Tuple[str, int], Optional[int]] = {}
 
     def close(self) -> None:
         self.sock.close()
@@ -92,42 +91,53 @@ class QdiscSampler:
         out: Dict[Tuple[str, int], QueueStats] = {}
         while True:
             n = self.sock.recv_into(self.buf)
-            if parse_qdisc_dump(memoryview(self.buf)[:n], self.keys, out):
+            if parse_qdisc_dump(memoryview(self.buf)[:n], self.keys, out, self.offsets):
                 return out
 
 
-def parse_qdisc_dump(view, keys, out) -> bool:
-    """Decode one recv() of a qdisc dump into ``out``; True once the dump is complete."""
+def parse_qdisc_dump(view, keys, out, offsets=None) -> bool:
+    """Decode one recv() of a qdisc dump into ``out``; True once the dump is complete.
+
+    ``offsets`` caches where each wanted qdisc's ``TCA_STATS`` sits in its message (the
+    layout of one qdisc's reply does not change between dumps), so the attribute walk runs
+    once per qdisc, not once per sample.
+    """
+    offsets = {} if offsets is None else offsets
     off, n = 0, len(view)
     while off + NLMSGHDR.size <= n:
         length, mtype, _flags, _seq, _pid = NLMSGHDR.unpack_from(view, off)
         if length < NLMSGHDR.size:
             raise OSError("malformed netlink message in a qdisc dump")
-        if mtype == NLMSG_DONE:
-            return True
-        if mtype == NLMSG_ERROR:
-            err = -struct.unpack_from("=i", view, off + NLMSGHDR.size)[0]
-            raise OSError(err, f"qdisc dump failed: {os.strerror(err)}")
         if mtype == RTM_NEWQDISC:
             _fam, ifindex, handle, _parent, _info = TCMSG.unpack_from(view, off + 16)
             key = keys.get((ifindex, handle))
             if key is not None:
-                stats = _find_tc_stats(view, off + 16 + TCMSG.size, off + length)
-                if stats is not None:
-                    out[key] = stats
-        off += _align(length)
+                rel = offsets.get(key)
+                if rel is None or rel + RTATTR.size + TC_STATS.size > length or \
+                        RTATTR.unpack_from(view, off + rel)[1] != TCA_STATS:
+                    rel = _find_tc_stats(view, off, off + 16 + TCMSG.size, off + length)
+                    offsets[key] = rel
+                if rel is not None:
+                    _b, packets, drops, _o, _bps, _pps, qlen, backlog = TC_STATS.unpack_from(
+                        view, off + rel + RTATTR.size)
+                    out[key] = QueueStats(backlog, qlen, drops, packets)
+        elif mtype == NLMSG_DONE:
+            return True
+        elif mtype == NLMSG_ERROR:
+            err = -struct.unpack_from("=i", view, off + NLMSGHDR.size)[0]
+            raise OSError(err, f"qdisc dump failed: {os.strerror(err)}")
+        off += (length + 3) & ~3
     return False
 
 
-def _find_tc_stats(view, off: int, end: int) -> Optional[QueueStats]:
+def _find_tc_stats(view, msg: int, off: int, end: int) -> Optional[int]:
+    """Offset, from the message start ``msg``, of the ``TCA_STATS`` attribute (or None)."""
     while off + RTATTR.size <= end:
         alen, kind = RTATTR.unpack_from(view, off)
         if alen < RTATTR.size:
             return None
         if kind == TCA_STATS:
-            b, packets, drops, _ovl, _bps, _pps, qlen, backlog = TC_STATS.unpack_from(
-                view, off + RTATTR.size)
-            return QueueStats(backlog, qlen, drops, packets)
+            return off - msg
         off += _align(alen)
     return None
 

@@ -5,6 +5,7 @@ import ctypes
 import os
 import signal
 import socket
+import subprocess
 
 PR_SET_PDEATHSIG = 1
 
@@ -31,3 +32,15 @@ def cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return ""
+
+
+def stop_process(proc, timeout: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout`` s; returns once the process is reaped."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)

@@ -1,7 +1,7 @@
 """Egress queue counters of the fabric, read once at the end of a run.
 
-Each switch port's and GPU NIC's buffer is a bfifo whose kernel counters say how many packets
-left through it and how many it dropped (tail drop). Switches live in the root namespace (one
+Each class buffer of each switch port and GPU NIC is a FIFO whose kernel counters say how many
+packets left through it and how many it dropped. Switches live in the root namespace (one
 dump covers them all); each GPU NIC is read in its host's namespace.
 """
 from __future__ import annotations
@@ -9,15 +9,16 @@ from __future__ import annotations
 import json
 from typing import Dict
 
+from .shaping import FIFO_KINDS
 from .topology import FabricPlan
 
 
 def parse_tc_json(text: str) -> Dict[str, dict]:
     """``tc -s -j qdisc show`` output -> {interface: counters summed over its class buffers
-    (bfifos), with each buffer's counters under ``classes`` by handle}."""
+    (the FIFOs of ``testbed.shaping``), with each buffer's counters under ``classes``}."""
     out: Dict[str, dict] = {}
     for q in json.loads(text or "[]"):
-        if q.get("kind") != "bfifo" or "dev" not in q:
+        if q.get("kind") not in FIFO_KINDS or "dev" not in q:
             continue
         one = {"packets": q.get("packets", 0), "bytes": q.get("bytes", 0),
                "drops": q.get("drops", 0), "backlog": q.get("backlog", 0)}
@@ -30,7 +31,7 @@ def parse_tc_json(text: str) -> Dict[str, dict]:
 
 
 def egress_stats(fabric) -> Dict[str, dict]:
-    """{interface: bfifo counters} for every switch port and GPU NIC of a running fabric."""
+    """{interface: FIFO counters} for every switch port and GPU NIC of a running fabric."""
     plan: FabricPlan = fabric.plan
     wanted = set(plan.interface_names())
     stats: Dict[str, dict] = {}

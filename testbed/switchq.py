@@ -41,7 +41,7 @@ from controllers.pfc import PfcState, Queue
 from .errors import FabricError
 
 from .netlink import QdiscSampler, send_and_check, socket_in_netns, tbf_message, tc_handle
-from .procutil import die_with_parent
+from .procutil import die_with_parent, stop_process
 from .results import write_json_atomic
 from .shaping import gate_handle, gate_params, gate_parent
 from .topology import FabricPlan
@@ -50,6 +50,42 @@ from .topology import FabricPlan
 # Broadcast, from a MAC no GPU has, local experimental EtherType: dropped by every policy.
 KICK_FRAME = (b"\xff" * 6 + bytes.fromhex("020000000000") + b"\x88\xb5"
               + b"testbed: resume".ljust(46, b"\0"))
+
+
+class Outbox:
+    """Events for the controller, never blocking the sampling loop.
+
+    Only the latest state matters (marking on or off per port, the latest load), so pending
+    changes are merged and written when the socket takes them; a slow controller delays
+    marking changes instead of stopping PFC.
+    """
+
+    def __init__(self, path: str):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.sock.setblocking(False)
+        self.ecn: Dict[Tuple[int, int], bool] = {}
+        self.load: Optional[Dict[int, Dict[int, int]]] = None
+        self.pending = b""
+
+    def flush(self) -> bool:
+        """Send what is pending; False if some of it must wait for the next sample."""
+        if not self.pending and (self.ecn or self.load):
+            event = {}
+            if self.ecn:
+                event["ecn"] = [[d, p, m] for (d, p), m in sorted(self.ecn.items())]
+            if self.load:
+                event["load"] = {str(d): {str(p): b for p, b in ports.items()}
+                                 for d, ports in self.load.items()}
+            self.pending = (json.dumps(event) + "\n").encode()
+            self.ecn, self.load = {}, None
+        while self.pending:
+            try:
+                sent = self.sock.send(self.pending)
+            except BlockingIOError:
+                return False
+            self.pending = self.pending[sent:]
+        return True
 
 
 class Emulator:
@@ -79,14 +115,17 @@ class Emulator:
         self.marking_ns: Dict[str, int] = {}
         self.toggles: Dict[str, int] = {}
         self.pfc = PfcState(self.plan, self.pfc_class.pfc) if self.pfc_class else None
+        self.queue_of = {intf: Queue(node, intf) for intf, (node, _d, _p) in self.ports.items()}
         self.pause_msgs: Dict[Queue, Tuple[socket.socket, bytes, bytes]] = {}
         self.kick_socks: Dict[Queue, socket.socket] = {}
         self.watch: Optional[Dict[int, List[int]]] = (
             {int(d): ports for d, ports in cfg["watch"].items()} if cfg.get("watch") else None)
         self.last_load: Dict[int, Dict[int, int]] = {}
-        self.max_backlog: Dict[Tuple[str, int], int] = {}
+        self.max_backlog: Dict[Tuple[str, int], int] = {}  # (interface, qdisc handle)
         self.counters = {"samples": 0, "late": 0, "ecn_events": 0, "load_events": 0,
-                         "pauses_sent": 0, "resumes_sent": 0}
+                         "pauses_sent": 0, "resumes_sent": 0, "events_deferred": 0}
+        # Adaptive routing needs the trend, not every sample: report load every ~5 ms.
+        self.load_every = max(1, 5000 // int(cfg["interval_us"]))
         self.sample_ns: List[int] = []
         self.events = None
         self.sockets = []
@@ -102,8 +141,7 @@ class Emulator:
     # --- set-up -----------------------------------------------------------------------------
     def open(self) -> None:
         if self.cfg.get("events") and (self.ecn_class or self.watch):
-            self.events = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.events.connect(self.cfg["events"])
+            self.events = Outbox(self.cfg["events"])
         if self.pfc_class:
             self._prepare_pauses()
 
@@ -149,25 +187,37 @@ class Emulator:
     # --- one sample ---------------------------------------------------------------------------
     def step(self, now: int) -> None:
         stats = self.sampler.sample()
-        for (intf, handle), s in stats.items():
-            key = (intf, handle >> 16)
-            if s.backlog > self.max_backlog.get(key, 0):
-                self.max_backlog[key] = s.backlog
-        if self.ecn_class:
-            self._ecn(stats, now)
-        if self.pfc:
-            self._pfc(stats, now)
-        if self.watch and self.events:
-            self._load(stats)
-        self._record(stats, now)
+        top = self.max_backlog
+        for key, s in stats.items():
+            if s.backlog > top.get(key, 0):
+                top[key] = s.backlog
+        per_class: Dict[int, Dict[str, int]] = {}
 
-    def _record(self, stats, now: int) -> None:
+        def backlog(cls: TrafficClass) -> Dict[str, int]:
+            if cls.minor not in per_class:
+                handle = cls.minor << 16
+                per_class[cls.minor] = {intf: stats[(intf, handle)].backlog
+                                        if (intf, handle) in stats else 0
+                                        for intf in self.port_order}
+            return per_class[cls.minor]
+
+        if self.ecn_class:
+            self._ecn(backlog(self.ecn_class), now)
+        if self.pfc:
+            self._pfc(backlog(self.pfc_class), now)
+        if self.watch and self.events:
+            self._load(backlog(self.load_class))
+        if self.events:
+            self.counters["events_deferred"] += not self.events.flush()
+        self._record(backlog(self.load_class), now)
+
+    def _record(self, backlog: Dict[str, int], now: int) -> None:
         if not self.window_start:
             self.window_start = now
-        for intf in self.port_order:
-            b = self._backlog(stats, intf, self.load_class)
-            if b > self.window_max.get(intf, 0):
-                self.window_max[intf] = b
+        window = self.window_max
+        for intf, b in backlog.items():
+            if b > window.get(intf, 0):
+                window[intf] = b
         if self.pfc:
             self.window_paused.update(q.intf for q in self.pfc.paused_since)
         if now - self.window_start >= self.window_ns:
@@ -194,14 +244,10 @@ class Emulator:
                 w.writerow([t] + values + [paused])
         os.replace(tmp, path)
 
-    def _backlog(self, stats, intf: str, cls: TrafficClass) -> int:
-        s = stats.get((intf, cls.minor << 16))
-        return s.backlog if s else 0
-
-    def _ecn(self, stats, now: int) -> None:
+    def _ecn(self, backlog: Dict[str, int], now: int) -> None:
         rule = self.ecn_class.ecn
         for intf, (_node, dpid, port) in self.ports.items():
-            p = rule.probability(self._backlog(stats, intf, self.ecn_class))
+            p = rule.probability(backlog[intf])
             want = p >= 1.0 or (p > 0.0 and self.rng.random() < p)
             if want == self.marking.get(intf, False):
                 continue
@@ -212,13 +258,13 @@ class Emulator:
             else:
                 self.marking_ns[intf] = (self.marking_ns.get(intf, 0) + now
                                          - self.marking_since.pop(intf, now))
-            self._event({"ecn": [dpid, port, want]})
+            if self.events:
+                self.events.ecn[(dpid, port)] = want
             self.counters["ecn_events"] += 1
 
-    def _pfc(self, stats, now: int) -> None:
-        backlog = {Queue(node, intf): self._backlog(stats, intf, self.pfc_class)
-                   for intf, (node, _d, _p) in self.ports.items()}
-        pause, resume = self.pfc.update(backlog, now)
+    def _pfc(self, backlog: Dict[str, int], now: int) -> None:
+        queue_of = self.queue_of
+        pause, resume = self.pfc.update({queue_of[i]: b for i, b in backlog.items()}, now)
         self._apply(pause, 1)
         self._apply(resume, 2)
         self.counters["pauses_sent"] += len(pause)
@@ -237,8 +283,10 @@ class Emulator:
                 if q in self.kick_socks:
                     self.kick_socks[q].sendto(KICK_FRAME, (q.intf, 0))
 
-    def _load(self, stats) -> None:
-        load = {dpid: {port: self._backlog(stats, intf, self.load_class)
+    def _load(self, backlog: Dict[str, int]) -> None:
+        if self.counters["samples"] % self.load_every:
+            return
+        load = {dpid: {port: backlog[intf]
                        for intf, (_n, d, port) in self.ports.items() if d == dpid and
                        port in ports}
                 for dpid, ports in self.watch.items()}
@@ -246,13 +294,8 @@ class Emulator:
                       for d, ports in load.items() for p, b in ports.items())
         if changed:
             self.last_load = load
-            self._event({"load": {str(d): {str(p): b for p, b in ports.items()}
-                                  for d, ports in load.items()}})
+            self.events.load = load
             self.counters["load_events"] += 1
-
-    def _event(self, event: dict) -> None:
-        if self.events is not None:
-            self.events.sendall((json.dumps(event) + "\n").encode())
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self, stop) -> None:
@@ -279,10 +322,10 @@ class Emulator:
         for intf in list(self.marking_since):
             self.marking_ns[intf] = self.marking_ns.get(intf, 0) + now - self.marking_since[intf]
         ns = sorted(self.sample_ns) or [0]
-        by_minor = {c.minor: c.name for c in self.classes}
+        by_handle = {c.minor << 16: c.name for c in self.classes}
         max_backlog: Dict[str, Dict[str, int]] = {}
-        for (intf, minor), b in sorted(self.max_backlog.items()):
-            max_backlog.setdefault(intf, {})[by_minor.get(minor, hex(minor))] = b
+        for (intf, handle), b in sorted(self.max_backlog.items()):
+            max_backlog.setdefault(intf, {})[by_handle.get(handle, hex(handle))] = b
         pfc = self.pfc.report() if self.pfc else {}
         return {
             "interval_us": self.interval_ns / 1000,
@@ -300,7 +343,7 @@ class Emulator:
         }
 
     def close(self) -> None:
-        for s in self.sockets + [self.sampler.sock] + ([self.events] if self.events else []):
+        for s in self.sockets + [self.sampler.sock] + ([self.events.sock] if self.events else []):
             s.close()
 
 
@@ -396,13 +439,7 @@ class EmulatorProcess:
         """Stop it; returns its report (None if it wrote none)."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        stop_process(self.proc, timeout=10)
         if self.proc.stdout:
             self.proc.stdout.close()
         try:

@@ -23,7 +23,6 @@ import json
 import os
 import select
 import socket
-import struct
 import sys
 import time
 from collections import defaultdict
@@ -33,15 +32,10 @@ from typing import Dict, List
 from testbed.procutil import die_with_parent
 
 from . import roce
+from .rxsocket import ANCILLARY_BYTES, ancillary, open_rx
 from .schedule import COLLECTIVES
 
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
-SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
-ETH_P_ALL = 0x0003
-RCVBUF_BYTES = 8 << 20
-TIMESPEC = struct.Struct("@qq")
 ECN_CE = 0b11
-U32 = struct.Struct("@I")
 
 PACKET_FIELDS = ("src", "dst", "psn", "bytes", "tx_ns", "rx_ns", "iteration", "step", "ecn")
 STEP_FIELDS = ("rank", "iteration", "step", "peer_to", "peer_from", "start_ns", "sent_ns",
@@ -99,16 +93,9 @@ class Agent:
         tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # kernel minimum: ~2 frames
         tx.bind((self.cfg["intf"], 0))
         tx.setblocking(False)
-        rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
-        rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        rx.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
-        rx.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)  # ECN bits of each packet
-        rx.bind((self.cfg["ip"], roce.ROCE_UDP_PORT))
-        rx.setblocking(False)
-        self.tx, self.rx = tx, rx
+        self.tx, self.rx = tx, open_rx(self.cfg["ip"], roce.ROCE_UDP_PORT)
         self.poller = select.poll()
-        self.poller.register(rx, select.POLLIN)
+        self.poller.register(self.rx, select.POLLIN)
 
     def close(self) -> None:
         for s in (self.tx, self.rx):
@@ -121,18 +108,13 @@ class Agent:
         rx, record, counters = self.rx, self.packets.append, self.counters
         while True:
             try:
-                data, anc, _flags, addr = rx.recvmsg(9216, 128)
+                data, anc, _flags, addr = rx.recvmsg(9216, ANCILLARY_BYTES)
             except BlockingIOError:
                 return
-            rx_ns = ecn = 0
-            for level, kind, value in anc:
-                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                    sec, nsec = TIMESPEC.unpack_from(value)
-                    rx_ns = sec * 1_000_000_000 + nsec
-                elif level == socket.IPPROTO_IP and kind == socket.IP_TOS:
-                    ecn = value[0] & 0b11
-                elif level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL:
-                    counters["rx_socket_drops"] = U32.unpack_from(value)[0]
+            rx_ns, tos, dropped = ancillary(anc)
+            ecn = tos & 0b11
+            if dropped >= 0:
+                counters["rx_socket_drops"] = dropped
             pkt = roce.parse_udp_payload(data)
             src = self.rank_by_ip.get(addr[0])
             if pkt is None or src is None:

@@ -29,10 +29,9 @@ from typing import Dict
 from testbed.procutil import die_with_parent
 
 from . import roce
+from .rxsocket import ANCILLARY_BYTES, ancillary, open_rx
 
 UDP_PROBE_PORT = 5001
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
-TIMESPEC = struct.Struct("@qq")
 STAMP = struct.Struct("!Q")
 
 
@@ -80,12 +79,7 @@ def send_udp(cfg: dict) -> dict:
 def receive(cfg: dict, stop) -> dict:
     socks = {}
     for port in (roce.ROCE_UDP_PORT, UDP_PROBE_PORT):
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-        s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        s.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
-        s.bind((cfg["ip"], port))
-        s.setblocking(False)
+        s = open_rx(cfg["ip"], port)
         socks[s.fileno()] = (s, "roce" if port == roce.ROCE_UDP_PORT else "udp")
     print("ready", flush=True)
     flows: Dict[str, dict] = {}
@@ -98,16 +92,10 @@ def receive(cfg: dict, stop) -> dict:
             s, kind = socks[fd]
             while True:
                 try:
-                    data, anc, _f, addr = s.recvmsg(9216, 128)
+                    data, anc, _f, addr = s.recvmsg(9216, ANCILLARY_BYTES)
                 except BlockingIOError:
                     break
-                rx_ns = tos = 0
-                for level, typ, value in anc:
-                    if level == socket.SOL_SOCKET and typ == SO_TIMESTAMPNS:
-                        sec, nsec = TIMESPEC.unpack_from(value)
-                        rx_ns = sec * 1_000_000_000 + nsec
-                    elif level == socket.IPPROTO_IP and typ == socket.IP_TOS:
-                        tos = value[0]
+                rx_ns, tos, _dropped = ancillary(anc)
                 if kind == "roce":
                     pkt = roce.parse_udp_payload(data)
                     tx_ns = pkt.tx_ns if pkt else 0

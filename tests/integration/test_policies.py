@@ -90,7 +90,8 @@ def test_enterprise_isolates_tenants_uses_one_spine_and_prioritises_interactive(
     # Inter-leaf traffic crossed exactly one spine: sp2 is blocked by the spanning tree.
     carried = {s: sum(after[p] - before.get(p, 0) for p in after if p.startswith(s + "-"))
                for s in ("sp1", "sp2")}
-    assert carried["sp2"] == 0 and carried["sp1"] >= 50 + 400
+    crossed = to_a["packets"] + roce["packets"] + interactive["packets"]  # all inter-leaf
+    assert carried["sp2"] == 0 and carried["sp1"] >= crossed
     assert report["max_backlog"]["lf1-eth3"]["best-effort"] > 50_000  # RoCE did queue
     assert interactive["packets"] == 100
     roce_p50 = percentile(roce["latency_us"], 0.5)

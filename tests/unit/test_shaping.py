@@ -16,7 +16,7 @@ def test_single_class_htb_rate_and_bfifo_buffer():
     assert "rate 40000kbit ceil 40000kbit" in cmds[1]
     assert "classid 1:10 htb rate 40000000bit ceil 40000000bit" in cmds[2]
     assert "quantum 4210 prio 0" in cmds[2]
-    assert cmds[3].endswith("parent 1:10 handle 10: bfifo limit 64000")
+    assert cmds[3].endswith("parent 1:10 handle 10: pfifo_head_drop limit 15")  # 64000 / 4210
     assert not any("netem" in c or "filter" in c for c in cmds)
 
 
@@ -48,7 +48,7 @@ def test_netem_only_when_the_kernel_has_it():
     assert not any("netem" in c for c in tc_commands("x", with_delay, netem=False))
     cmds = tc_commands("x", with_delay, netem=True)
     assert any("handle 30: netem delay 50us" in c for c in cmds)
-    assert cmds[-1].endswith("parent 30:1 handle 10: bfifo limit 64000")
+    assert cmds[-1].endswith("parent 30:1 handle 10: pfifo_head_drop limit 42")  # 1514-B frames
     assert delay_applied(50, netem=False) is None  # asked for, not possible: say so
     assert delay_applied(50, netem=True) == 50 and delay_applied(0, netem=False) == 0.0
 
@@ -62,3 +62,11 @@ def test_every_switch_port_and_nic_is_shaped():
     assert shapes["gpu1-eth0"].rate_mbit == 10 and shapes["gpu1-eth0"].buffer(classes[1]) == 9000
     assert shapes["lf1-eth1"].buffer(classes[1]) == 128000
     assert shapes["lf1-eth3"].rate_mbit == shapes["sp1-eth1"].rate_mbit == 20
+
+
+def test_switch_lossy_classes_drop_oldest_frames_but_nics_keep_byte_fifos():
+    switch = tc_commands("lf1-eth1", Shape(40, TWO), netem=False, mtu=4196)
+    nic = tc_commands("gpu1-eth0", Shape(40, TWO, nic_queue_bytes=256000), netem=False,
+                      mtu=4196)
+    assert any("handle 11: pfifo_head_drop limit 30" in c for c in switch)  # 128000 / 4210
+    assert any("handle 11: bfifo limit 256000" in c for c in nic)
