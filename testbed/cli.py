@@ -26,10 +26,10 @@ def _progress(quiet: bool):
 
 def cmd_run(args) -> int:
     from . import runner
-    from .config import ALL_POLICIES, DEFAULT
+    from .config import ALL_POLICIES, DEFAULT, load_file
     from .results import summary_table
 
-    scenario = DEFAULT
+    scenario = load_file(args.scenario) if args.scenario else DEFAULT
     if args.iterations is not None:
         scenario = scenario.override({"workload": {"iterations": args.iterations}})
     if args.policy:
@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     r = sub.add_parser("run", help="run the scenario and print the comparison")
+    r.add_argument("--scenario", metavar="FILE",
+                   help="YAML scenario (keys as in results.json's 'scenario'; default: built in)")
     r.add_argument("--policy", help="comma-separated policies, or all (default: all: "
                                     "enterprise, hyperscale, lossless)")
     r.add_argument("--iterations", type=int, help="collectives to replay (default: 10)")

@@ -105,6 +105,27 @@ class Scenario:
         return Scenario.from_dict(_merge(self.to_dict(), changes))
 
 
+def load_file(path: str) -> Scenario:
+    """A scenario from a YAML file (safe loading: plain data only), validated."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it: {e.strerror}")
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}")
+    if data is None:
+        data = {}
+    try:
+        return Scenario.from_dict(data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}")
+
+
 def _policy_params(params) -> Dict[str, Dict[str, Any]]:
     """Check per-policy overrides against each policy's declared parameters."""
     from controllers.params import params_class  # the policies own their parameters

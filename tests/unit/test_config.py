@@ -79,3 +79,27 @@ def test_override_is_validated_and_keeps_the_rest():
     assert s.workload.iterations == 3 and s.workload.size_bytes == DEFAULT.workload.size_bytes
     with pytest.raises(ConfigError, match="workload.iterations: must be >= 1"):
         DEFAULT.override({"workload": {"iterations": 0}})
+
+
+def test_scenario_files_load_safely_and_report_the_file(tmp_path):
+    from testbed.config import load_file
+    good = tmp_path / "s.yaml"
+    good.write_text("policies: [lossless]\npolicy_params:\n  lossless: {pfc_xoff_bytes: 60000}\n"
+                    "workload: {iterations: 2}\n")
+    s = load_file(str(good))
+    assert s.policies == ("lossless",) and s.workload.iterations == 2
+    assert s.policy_params["lossless"]["pfc_xoff_bytes"] == 60000
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("topology: {leaves: 0}\n")
+    with pytest.raises(ConfigError, match="bad.yaml: topology.leaves: must be >= 1, got 0"):
+        load_file(str(bad))
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("!!python/object/apply:os.system ['true']\n")
+    with pytest.raises(ConfigError, match="evil.yaml: not valid YAML"):
+        load_file(str(evil))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("topology: {leaves: [\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml: not valid YAML \(line 2"):
+        load_file(str(broken))
+    with pytest.raises(ConfigError, match="cannot read it"):
+        load_file(str(tmp_path / "missing.yaml"))
