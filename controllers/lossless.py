@@ -34,6 +34,7 @@ FLOWLET_FIELDS = ("ipv4_src", "ipv4_dst", "udp_src", "udp_dst")
 class LosslessPolicy(Policy):
     name = "lossless"
     cookie = 0x4C4C  # "LL"
+    default_congestion_control = "dcqcn"
 
     def __init__(self, plan, params=None, context=None):
         super().__init__(plan, params, context)
@@ -41,6 +42,9 @@ class LosslessPolicy(Policy):
         self.slots: Dict[int, List[int]] = {
             leaf.dpid: [uplinks[i % len(uplinks)] for i in range(AR_SLOTS)]
             for leaf in plan.leaves}
+
+    def dscp(self):
+        return self.params.roce_dscp, self.params.cnp_dscp
 
     @property
     def wants_queue_load(self) -> bool:

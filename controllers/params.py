@@ -8,7 +8,10 @@ with link rate"), never below two frames. A value given in the scenario
 
 Ordering kept by the lossless defaults, as in real deployments: ECN marks before PFC pauses
 (Kmin < Kmax <= XOFF), and the RoCE class buffer is XOFF plus the headroom that absorbs what
-arrives while a pause takes effect, so the class never drops.
+arrives while a pause takes effect, so the class never drops. Kmin is eight 4 KB frames: the
+emulated queues wander by a few frames even without contention (Open vSwitch forwards in
+bursts on a busy CPU), and a threshold below that would mark - and throttle senders - for
+nothing.
 """
 from __future__ import annotations
 
@@ -31,17 +34,17 @@ def _bytes(default, doc, **extra):
 class HyperscaleParams:
     """Tomahawk-class: ECMP, shallow buffers, tail drop, optional DCTCP-style ECN."""
 
-    buffer_bytes: int = _bytes(64_000, "egress buffer per port (shallow, tail drop)")
+    buffer_bytes: int = _bytes(96_000, "egress buffer per port (shallow, drop when full)")
     ecn: str = field(default="off", metadata={
         "choices": ("off", "step"), "doc": "ECN marking: off, or DCTCP-style step marking"})
-    ecn_k_bytes: int = _bytes(24_000, "step marking threshold K")
+    ecn_k_bytes: int = _bytes(32_000, "step marking threshold K")
 
 
 @dataclass(frozen=True)
 class EnterpriseParams:
     """Trident-class: one spanning tree, L2 learning, tenants, strict-priority interactive."""
 
-    buffer_bytes: int = _bytes(128_000, "best-effort (RoCE) buffer per port: a moderate share")
+    buffer_bytes: int = _bytes(192_000, "best-effort (RoCE) buffer per port: a moderate share")
     interactive_buffer_bytes: int = _bytes(32_000, "interactive class buffer per port")
     interactive_dscp: int = field(default=46, metadata={
         "min": 0, "max": 63, "doc": "DSCP of the strict-priority interactive class (EF)"})
@@ -57,15 +60,15 @@ class LosslessParams:
     """InfiniBand / Spectrum-X-class: lossless RoCE class (PFC), ECN for DCQCN, adaptive
     routing and spraying, CNPs in the highest priority."""
 
-    pfc_xoff_bytes: int = _bytes(48_000, "RoCE class backlog that pauses the upstream queues")
-    pfc_xon_bytes: int = _bytes(24_000, "RoCE class backlog below which they resume")
+    pfc_xoff_bytes: int = _bytes(128_000, "RoCE class backlog that pauses the upstream queues")
+    pfc_xon_bytes: int = _bytes(96_000, "RoCE class backlog below which they resume")
     pfc_headroom_bytes: int = _bytes(0, "RoCE buffer beyond XOFF (0: computed from the link "
                                         "rate, the reaction time and the feeding ports)")
-    ecn_kmin_bytes: int = _bytes(12_000, "RED-like marking starts (REFERENCE: Kmin)")
-    ecn_kmax_bytes: int = _bytes(40_000, "every ECT packet is marked above (Kmax)")
+    ecn_kmin_bytes: int = _bytes(32_000, "RED-like marking starts (REFERENCE: Kmin)")
+    ecn_kmax_bytes: int = _bytes(96_000, "every ECT packet is marked above (Kmax)")
     ecn_pmax: float = field(default=0.2, metadata={
         "min": 0.0, "max": 1.0, "doc": "marking probability at Kmax (Pmax)"})
-    other_buffer_bytes: int = _bytes(64_000, "buffer of the lossy best-effort class")
+    other_buffer_bytes: int = _bytes(96_000, "buffer of the lossy best-effort class")
     roce_dscp: int = field(default=26, metadata={"min": 0, "max": 63,
                                                  "doc": "DSCP of the lossless RoCE class"})
     cnp_dscp: int = field(default=48, metadata={"min": 0, "max": 63,

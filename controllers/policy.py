@@ -50,6 +50,7 @@ class Policy(ABC):
     cookie: ClassVar[int]  # marks this policy's flows (visible in ovs-ofctl dump-flows)
     wants_queue_load: bool = False  # send queue_load events (adaptive routing)
     wants_packet_in: bool = False  # switches send some packets to the controller
+    default_congestion_control: str = "none"  # what senders run when the scenario says auto
 
     def __init__(self, plan: FabricPlan, params=None, context: FabricContext = None):
         self.plan = plan
@@ -67,6 +68,10 @@ class Policy(ABC):
     @abstractmethod
     def switch_connected(self, dpid: int) -> List[Message]:
         """Messages that program switch ``dpid`` (sent when it connects)."""
+
+    def dscp(self) -> Tuple[int, int]:
+        """(DSCP of RoCE data, DSCP of CNPs) the GPUs mark their packets with."""
+        return 26, 48
 
     def may_reach(self, src: str, dst: str) -> bool:
         """Whether GPU ``src`` may send to GPU ``dst`` (False: e.g. other tenants)."""

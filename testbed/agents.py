@@ -23,27 +23,33 @@ from .topology import FabricPlan
 START_MARGIN_S = 0.2  # agents start together this long after the go
 
 
-def step_timeout_s(scenario: Scenario) -> float:
-    """How long a rank waits for a step's data before giving up on it.
+def transport_config(scenario: Scenario, policy) -> dict:
+    """The NIC settings every agent of a run gets (RC, congestion control, entropy)."""
+    tr = scenario.transport
+    cc = tr.congestion_control
+    if cc == "auto":
+        cc = policy.default_congestion_control
+    rto_ns = int(tr.rto_ms * 1e6)
+    roce_dscp, cnp_dscp = policy.dscp()
+    return {"congestion_control": cc, "qps_per_peer": tr.qps_per_peer, "entropy": tr.entropy,
+            "ack_every": tr.ack_every, "rto_ns": rto_ns, "max_rto_ns": 8 * rto_ns,
+            "retry_limit": tr.retry_limit,
+            "reorder_ns": rto_ns // 2 if tr.entropy == "per-packet" else 0,
+            "dcqcn_timer_ns": int(tr.dcqcn_timer_ms * 1e6),
+            "dcqcn_byte_counter": tr.dcqcn_byte_counter,
+            "cnp_interval_ns": int(tr.cnp_interval_ms * 1e6),
+            "roce_tos": (roce_dscp << 2) | 0b10, "ack_tos": roce_dscp << 2,
+            "cnp_tos": cnp_dscp << 2}
 
-    Explicit in the scenario, or 20 times the time a chunk takes at the host link rate
-    (at least 0.5 s): long enough never to fire on a healthy fabric.
-    """
-    w, t = scenario.workload, scenario.topology
-    if w.step_timeout_ms > 0:
-        return w.step_timeout_ms / 1000.0
-    chunk_bits = w.size_bytes / t.gpus * 8 * 1.1  # ~10% header overhead
-    return max(0.5, 20 * chunk_bits / (t.host_rate_mbit * 1e6))
 
-
-def agent_configs(plan: FabricPlan, scenario: Scenario, out_dir: str) -> List[dict]:
+def agent_configs(plan: FabricPlan, scenario: Scenario, out_dir: str, policy) -> List[dict]:
     w = scenario.workload
-    timeout = step_timeout_s(scenario)
+    transport = transport_config(scenario, policy)
     peers = [{"rank": h.rank, "host": h.name, "ip": h.ip, "mac": h.mac} for h in plan.hosts]
     return [{"rank": h.rank, "host": h.name, "intf": h.intf, "ip": h.ip, "mac": h.mac,
              "ranks": len(plan.hosts), "collective": w.collective, "size": w.size_bytes,
-             "iterations": w.iterations, "mtu": w.mtu, "step_timeout_s": timeout,
-             "out_dir": out_dir,
+             "iterations": w.iterations, "mtu": w.mtu, "transport": transport,
+             "link_rate_bps": scenario.topology.host_rate_mbit * 1e6, "out_dir": out_dir,
              "peers": [p for p in peers if p["rank"] != h.rank]}
             for h in plan.hosts]
 
@@ -57,16 +63,16 @@ def expected_duration_s(scenario: Scenario) -> float:
 
 
 class AgentGroup:
-    def __init__(self, fabric, plan: FabricPlan, scenario: Scenario, records_dir: str,
+    def __init__(self, fabric, policy, scenario: Scenario, records_dir: str,
                  log_dir: str, ledger: Ledger, tag: str):
-        self.fabric, self.plan, self.scenario = fabric, plan, scenario
+        self.fabric, self.policy, self.plan, self.scenario = fabric, policy, policy.plan, scenario
         self.records_dir, self.log_dir, self.ledger, self.tag = records_dir, log_dir, ledger, tag
         self.procs: Dict[str, subprocess.Popen] = {}
         self.lines: Dict[str, str] = {}
 
     def start(self, ready_timeout: float = 30.0) -> None:
         os.makedirs(self.records_dir, exist_ok=True)
-        for cfg in agent_configs(self.plan, self.scenario, self.records_dir):
+        for cfg in agent_configs(self.plan, self.scenario, self.records_dir, self.policy):
             path = os.path.join(self.records_dir, f"{cfg['host']}.agent.json")
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(cfg, f)
@@ -92,7 +98,9 @@ class AgentGroup:
 
     def wait(self, timeout: float, on_iteration: Callable[[int], None] = lambda i: None,
              alive: Callable[[], None] = lambda: None) -> None:
-        """Follow the agents until all print ``done``; ``alive`` checks the controller."""
+        """Follow the agents: once every one has ``finished`` its collective (they keep
+        answering their peers until then), tell them to ``stop`` and wait for ``done``.
+        ``alive`` checks the controller and the queue emulator."""
         deadline = time.monotonic() + timeout
         pending = set(self.procs)
         reported = -1
@@ -103,7 +111,7 @@ class AgentGroup:
                 slow = ", ".join(sorted(pending))
                 raise AgentError(f"agents did not finish within {timeout:.0f} s: {slow}")
             for host, line in self._read_lines(pending, 0.2):
-                if line == "done":
+                if line == "finished":
                     pending.discard(host)
                 elif line.startswith("iter "):
                     iters[host] = int(line.split()[1])
@@ -111,6 +119,13 @@ class AgentGroup:
                     if slowest > reported:
                         reported = slowest
                         on_iteration(slowest)
+        for host, proc in self.procs.items():
+            try:
+                proc.stdin.write(b"stop\n")
+                proc.stdin.flush()
+            except BrokenPipeError:
+                self._died(host)
+        self._expect_all("done", 60.0)
         for host, proc in self.procs.items():
             if proc.wait(timeout=10) != 0:
                 self._died(host)

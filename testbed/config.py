@@ -54,9 +54,37 @@ class WorkloadConfig:
                                                   "doc": "collectives replayed back to back"})
     mtu: int = field(default=4096, metadata={
         "choices": (256, 512, 1024, 2048, 4096), "unit": "B", "doc": "RoCE path MTU"})
-    step_timeout_ms: float = field(default=0.0, metadata={
-        "min": 0.0, "max": 600_000.0, "unit": "ms",
-        "doc": "give up waiting for a step's data after this long (0: derived from the rate)"})
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    congestion_control: str = field(default="auto", metadata={
+        "choices": ("auto", "dcqcn", "none"),
+        "doc": "sender rate control; auto: the policy's default (lossless: dcqcn, else none)"})
+    qps_per_peer: int = field(default=1, metadata={
+        "min": 1, "max": 64, "doc": "queue pairs per peer; a message is split over them"})
+    entropy: str = field(default="per-qp", metadata={
+        "choices": ("per-qp", "per-packet"),
+        "doc": "UDP source port: derived from the QP, or a new one per packet (spraying)"})
+    ack_every: int = field(default=16, metadata={
+        "min": 1, "max": 4096, "unit": "packets", "doc": "responder ACK coalescing"})
+    rto_ms: float = field(default=250.0, metadata={
+        "min": 1.0, "max": 600_000.0, "unit": "ms",
+        "doc": "retransmission timeout (doubles per retry, up to 8x); longer than the deepest "
+               "emulated queues take to drain"})
+    retry_limit: int = field(default=7, metadata={
+        "min": 1, "max": 64, "doc": "retransmissions of one PSN before the QP fails"})
+    dcqcn_timer_ms: float = field(default=20.0, metadata={
+        "min": 0.1, "max": 60_000.0, "unit": "ms",
+        "doc": "DCQCN alpha-update and rate-increase timers (paper: 55 us, about ten base "
+               "RTTs; the emulated base RTT is about 2 ms)"})
+    dcqcn_byte_counter: int = field(default=256_000, metadata={
+        "min": 1000, "max": 1 << 30, "unit": "B",
+        "doc": "DCQCN rate-increase byte counter (paper: 10 MB, scaled like the ECN "
+               "thresholds)"})
+    cnp_interval_ms: float = field(default=20.0, metadata={
+        "min": 0.1, "max": 60_000.0, "unit": "ms",
+        "doc": "a receiver sends at most one CNP per QP per interval (REFERENCE: ~50 us)"})
 
 
 @dataclass(frozen=True)
@@ -76,6 +104,7 @@ class Scenario:
     policies: Tuple[str, ...] = ALL_POLICIES
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
     policy_params: Dict[str, Dict[str, Any]] = field(default_factory=dict, metadata={
         "doc": "per policy, parameters that replace its defaults (see the policy reference)"})

@@ -5,8 +5,9 @@ Layout of a run directory (``results/<run-id>/``)::
     results.json                 the figures below, per policy (schema RESULTS_SCHEMA)
     controller-<policy>.log      the os-ken controller's log
     agent-<policy>-<host>.log    each traffic agent's log
-    records/<policy>/<host>.packets.csv   one row per received packet
+    records/<policy>/<host>.packets.csv   one row per data packet that arrived
     records/<policy>/<host>.steps.csv     one row per collective step of each rank
+    records/<policy>/<host>.qps.csv       DCQCN: each QP's rate over time, bytes sent
     records/<policy>/<host>.summary.json  the agent's counters
 
 ``results.json`` is written atomically (temporary file + rename), so a reader never sees half
@@ -30,35 +31,60 @@ def read_csv(path: str) -> List[dict]:
         return list(csv.DictReader(f))
 
 
+def load_tx_times(records_dir: str, host: str) -> Dict[int, int]:
+    """sent_ns -> kernel transmit time of the data packets a GPU sent (its tx file)."""
+    path = os.path.join(records_dir, f"{host}.tx.csv")
+    if not os.path.exists(path):
+        return {}
+    return {int(r["sent_ns"]): int(r["tx_ns"]) for r in read_csv(path)}
+
+
 def collect(records_dir: str, size_bytes: int) -> dict:
-    """Per-policy figures from the records the agents wrote into ``records_dir``."""
+    """Per-policy figures from the records the agents wrote into ``records_dir``.
+
+    One-way latency of a packet = the receiver's kernel receive time - the sender's kernel
+    transmit time (joined on the send time the packet carries); for a packet whose transmit
+    time is missing, the send time itself stands in (counted in ``latency_app_clock``).
+    """
     all_latency = []
     steps: List[dict] = []
     counters: Dict[str, int] = {}
     per_gpu: Dict[str, dict] = {}
-    summaries = sorted(glob.glob(os.path.join(records_dir, "*.summary.json")))
-    for path in summaries:
+    summaries = []
+    for path in sorted(glob.glob(os.path.join(records_dir, "*.summary.json"))):
         with open(path, encoding="utf-8") as f:
-            summary = json.load(f)
+            summaries.append(json.load(f))
+    tx_times = {s["rank"]: load_tx_times(records_dir, s["host"]) for s in summaries}
+    app_clock = 0
+    for summary in summaries:
         host = summary["host"]
         for key, value in summary["counters"].items():
             counters[key] = counters.get(key, 0) + value
         rows = read_csv(os.path.join(records_dir, f"{host}.packets.csv"))
-        latency = metrics.latency_us([int(r["tx_ns"]) for r in rows],
-                                     [int(r["rx_ns"]) for r in rows])
+        sent_at = []
+        for r in rows:
+            sent = int(r["sent_ns"])
+            tx = tx_times.get(int(r["src"]), {}).get(sent)
+            if tx is None:
+                app_clock += 1
+                tx = sent
+            sent_at.append(tx)
+        latency = metrics.latency_us(sent_at, [int(r["rx_ns"]) for r in rows])
         all_latency.append(latency)
         lat = metrics.percentiles(latency) or {}
+        mine = summary["counters"]
         per_gpu[host] = {"rank": summary["rank"],
-                         "packets_sent": summary["counters"].get("tx_packets", 0),
+                         "packets_sent": mine.get("tx_packets", 0) + mine.get("retransmitted", 0),
                          "packets_received": len(rows),
                          "latency_us_p50": lat.get("p50"), "latency_us_p99": lat.get("p99")}
         steps += read_csv(os.path.join(records_dir, f"{host}.steps.csv"))
     latency = metrics.percentiles(metrics.concat(all_latency))
     cct_summary = metrics.cct_summary(metrics.iteration_cct_us(steps))
-    sent = counters.get("tx_packets", 0)
+    sent = counters.get("tx_packets", 0) + counters.get("retransmitted", 0)
     received = sum(g["packets_received"] for g in per_gpu.values())
     return {
         "agents_reporting": len(summaries),
+        "latency_app_clock": app_clock,
         "latency_us": latency,
         "cct_us": cct_summary,
         "algbw_gbps_emulated": (round(metrics.algbw_gbps(size_bytes, cct_summary["p50"]), 6)
@@ -66,8 +92,13 @@ def collect(records_dir: str, size_bytes: int) -> dict:
         "packets_sent": sent,
         "packets_received": received,
         "drops": sent - received,
+        "retransmitted_packets": counters.get("retransmitted", 0),
+        "naks": counters.get("naks_sent", 0),
+        "rto_timeouts": counters.get("timeouts", 0),
+        "out_of_order_dropped": counters.get("resp_out_of_order_dropped", 0),
         "ecn_marked_packets": counters.get("rx_ce", 0),
-        "step_timeouts": counters.get("step_timeouts", 0),
+        "cnps_sent": counters.get("cnps_sent", 0),
+        "cnps_received": counters.get("cnps_received", 0),
         "rx_socket_drops": counters.get("rx_socket_drops", 0),
         "rx_invalid": counters.get("rx_invalid", 0),
         "rx_no_timestamp": counters.get("rx_no_timestamp", 0),
@@ -115,7 +146,9 @@ def summary_table(results: dict) -> str:
         ("CCT p50 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p50"))),
         ("CCT p99 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p99"))),
         ("CCT max (ms)", lambda p: _ms((p.get("cct_us") or {}).get("max"))),
-        ("step timeouts", lambda p: p.get("step_timeouts")),
+        ("retransmitted packets", lambda p: p.get("retransmitted_packets")),
+        ("NAKs / RTO timeouts", lambda p: _pair(p.get("naks"), p.get("rto_timeouts"))),
+        ("CNPs sent", lambda p: p.get("cnps_sent")),
         ("spine load (packets)", lambda p: " / ".join(
             f"{v:,}" for v in (p.get("spine_load_packets") or {}).values()) or None),
     ]
@@ -146,6 +179,10 @@ def _table(header: List[str], rows: List[List[str]]) -> str:
         lines.append("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
                                for i, (c, w) in enumerate(zip(r, widths))))
     return "\n".join(lines)
+
+
+def _pair(a, b):
+    return None if a is None and b is None else f"{_fmt(a)} / {_fmt(b)}"
 
 
 def _ms(us):

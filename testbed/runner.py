@@ -192,7 +192,7 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                 session.controller.check_alive()
                 emu.check_alive()
 
-            agents = AgentGroup(session.fabric, plan, scenario, records, run_dir, ledger, name)
+            agents = AgentGroup(session.fabric, policy, scenario, records, run_dir, ledger, name)
             try:
                 agents.start()
                 say(f"replaying {w.iterations} x ring all-reduce of {w.size_bytes:,} B on "

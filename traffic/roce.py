@@ -17,7 +17,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from scapy.contrib.roce import BTH
+from scapy.contrib.roce import AETH, BTH, CNPPadding
 from scapy.fields import IntField, XIntField, XLongField
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
@@ -145,6 +145,43 @@ class WriteTemplate:
         return buf
 
 
+def ack_packet(src: Endpoint, dst: Endpoint, sport: int, dqpn: int, psn: int, syndrome: int,
+               msn: int, tos: int = ROCE_TOS & 0xFC) -> Packet:
+    """RC ACKNOWLEDGE (opcode 0x11) with an AETH: an ACK or a NAK (REFERENCE.md)."""
+    return (Ether(src=src.mac, dst=dst.mac)
+            / IP(src=src.ip, dst=dst.ip, tos=tos, ttl=64, id=0, flags="DF")
+            / UDP(sport=sport, dport=ROCE_UDP_PORT, chksum=0)
+            / BTH(opcode=RC_ACKNOWLEDGE, pkey=DEFAULT_PKEY, dqpn=dqpn, psn=psn)
+            / AETH(syndrome=syndrome, msn=msn))
+
+
+def cnp_packet(src: Endpoint, dst: Endpoint, sport: int, dqpn: int, tos: int) -> Packet:
+    """Congestion Notification Packet (opcode 0x81, BECN set, 16 reserved bytes)."""
+    return (Ether(src=src.mac, dst=dst.mac)
+            / IP(src=src.ip, dst=dst.ip, tos=tos, ttl=64, id=0, flags="DF")
+            / UDP(sport=sport, dport=ROCE_UDP_PORT, chksum=0)
+            / BTH(opcode=CNP, pkey=DEFAULT_PKEY, becn=1, dqpn=dqpn, psn=0) / CNPPadding())
+
+
+class AckTemplate:
+    """ACK/NAK frames of one connection, patched per packet (PSN, syndrome, MSN, ICRC)."""
+
+    __slots__ = ("buf", "view", "crc_prefix")
+
+    def __init__(self, frame: bytes):
+        self.buf = bytearray(frame)
+        self.view = memoryview(self.buf)
+        self.crc_prefix = zlib.crc32(invariant_prefix(self.buf))
+
+    def fill(self, psn: int, syndrome: int, msn: int) -> bytearray:
+        buf = self.buf
+        struct.pack_into("!II", buf, BTH_OFFSET + 8, psn & PSN_MASK,
+                         (syndrome << 24) | (msn & PSN_MASK))
+        crc = zlib.crc32(self.view[BTH_OFFSET + 8:len(buf) - ICRC_LEN], self.crc_prefix)
+        struct.pack_into("<I", buf, len(buf) - ICRC_LEN, crc)
+        return buf
+
+
 def invariant_prefix(frame) -> bytes:
     """ICRC pseudo header up to (not including) BTH byte 8, variant fields set to ones.
 
@@ -198,6 +235,21 @@ def udp_source_port(qpn: int) -> int:
     spreads consecutive QP numbers over it.
     """
     return 0xC000 | (((qpn * 0x9E3779B1) >> 16) & 0x3FFF)
+
+
+def parse_bth(data):
+    """(opcode, destination QP, PSN, AckReq) of a RoCEv2 UDP payload, or None if too short."""
+    if len(data) < BTH_LEN + ICRC_LEN:
+        return None
+    word = int.from_bytes(data[8:12], "big")
+    return data[0], int.from_bytes(data[5:8], "big"), word & PSN_MASK, bool(word >> 31)
+
+
+def parse_aeth(data):
+    """(syndrome, MSN) of an ACKNOWLEDGE payload, or None."""
+    if len(data) < BTH_LEN + 4 + ICRC_LEN or data[0] != RC_ACKNOWLEDGE:
+        return None
+    return data[12], int.from_bytes(data[13:16], "big")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,13 @@
-"""The receive side shared by the agent and the flow tool: a UDP socket whose every packet
-comes with its kernel receive time (``SO_TIMESTAMPNS``), its IP TOS byte (``IP_RECVTOS``: the
-ECN bits) and the socket's overflow count (``SO_RXQ_OVFL``)."""
+"""Kernel timestamps for the agent and the flow tool.
+
+* Receive: a UDP socket whose every packet comes with its kernel receive time
+  (``SO_TIMESTAMPNS``), its IP TOS byte (``IP_RECVTOS``: the ECN bits) and the socket's overflow
+  count (``SO_RXQ_OVFL``).
+* Send: an AF_PACKET socket with ``SO_TIMESTAMPING`` software TX timestamps, taken when the
+  driver (veth) transmits the frame - after the NIC's shaped queue, i.e. when it leaves the
+  host. Each send gets a key (``OPT_ID``: 0, 1, 2, ... per socket); the timestamps come back on
+  the socket's error queue (``read_tx_timestamps``).
+"""
 from __future__ import annotations
 
 import socket
@@ -40,3 +47,50 @@ def ancillary(anc) -> Tuple[int, int, int]:
         elif level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL:
             dropped = U32.unpack_from(value)[0]
     return rx_ns, tos, dropped
+
+
+SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37)
+SOF_TIMESTAMPING_TX_SOFTWARE = 1 << 1
+SOF_TIMESTAMPING_SOFTWARE = 1 << 4
+SOF_TIMESTAMPING_OPT_ID = 1 << 7
+SOF_TIMESTAMPING_OPT_TSONLY = 1 << 11
+SOL_IP_RECVERR = (0, 11)  # (SOL_IP, IP_RECVERR)
+SOL_PACKET = 263
+PACKET_TX_TIMESTAMP = 16
+SCM_TIMESTAMPING = struct.Struct("@qqqqqq")
+SOCK_EXTENDED_ERR = struct.Struct("@IBBBBII")  # errno, origin, type, code, pad, info, data
+SO_EE_ORIGIN_TIMESTAMPING = 4
+
+
+def open_tx(intf: str) -> socket.socket:
+    """A non-blocking AF_PACKET socket on ``intf`` that blocks - like a NIC - when the NIC queue
+    holds a frame, and reports each frame's kernel transmit time."""
+    tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)  # protocol 0: send only
+    tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # kernel minimum: ~2 frames
+    tx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)  # for the timestamps
+    tx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING,
+                  SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE
+                  | SOF_TIMESTAMPING_OPT_ID | SOF_TIMESTAMPING_OPT_TSONLY)
+    tx.bind((intf, 0))
+    tx.setblocking(False)
+    return tx
+
+
+def read_tx_timestamps(tx: socket.socket):
+    """Yield (key, kernel transmit time in ns) for every timestamp waiting on ``tx``."""
+    while True:
+        try:
+            _data, anc, _flags, _addr = tx.recvmsg(64, 256, socket.MSG_ERRQUEUE)
+        except BlockingIOError:
+            return
+        ts = key = None
+        for level, kind, value in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING:
+                sec, nsec = SCM_TIMESTAMPING.unpack_from(value)[:2]
+                ts = sec * 1_000_000_000 + nsec
+            elif level == SOL_PACKET and kind == PACKET_TX_TIMESTAMP:
+                err = SOCK_EXTENDED_ERR.unpack_from(value)
+                if err[1] == SO_EE_ORIGIN_TIMESTAMPING:
+                    key = err[6]
+        if ts is not None and key is not None:
+            yield key, ts

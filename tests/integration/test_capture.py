@@ -24,34 +24,36 @@ SCENARIO = DEFAULT.override({"topology": {"spines": 2, "leaves": 2, "gpus_per_le
                              "workload": {"iterations": 1, "size_bytes": 64 * 1024}})
 
 
-@pytest.mark.skipif(not shutil.which("tcpdump") or not shutil.which("tshark"),
-                    reason="needs tcpdump and tshark (scripts/install.sh)")
-def test_captured_agent_traffic_is_valid_rocev2(tmp_path):
-    plan = runner.validate(SCENARIO)
-    policy = make_policy("hyperscale", plan, SCENARIO)
+NEEDS_TOOLS = pytest.mark.skipif(not shutil.which("tcpdump") or not shutil.which("tshark"),
+                                 reason="needs tcpdump and tshark (scripts/install.sh)")
+
+
+def capture_a_run(tmp_path, scenario, host, bpf):
+    """Replay the scenario's collective (hyperscale) while tcpdump captures ``bpf`` on the NIC
+    of ``host``; returns the pcap path."""
+    plan = runner.validate(scenario.with_policies(["hyperscale"]))
+    policy = make_policy("hyperscale", plan, scenario)
     ledger = Ledger(runner.new_run_id())
     ledger.acquire(str(tmp_path))
-    pcap = tmp_path / "gpu2.pcap"
+    pcap = tmp_path / f"{host}.pcap"
     try:
-        with runner.fabric_up(policy, SCENARIO, detect(), str(tmp_path), ledger) as s:
-            gpu2 = s.fabric.host("gpu2")
-            dump = gpu2.popen(["tcpdump", "-i", "gpu2-eth0", "-U", "--immediate-mode", "-n",
-                               "-w", str(pcap),
-                               "udp", "dst", "port", "4791", "and", "dst", "host",
-                               plan.host("gpu2").ip],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        with runner.fabric_up(policy, scenario, detect(), str(tmp_path), ledger) as s, \
+                runner.queue_emulation(policy, scenario, s, str(tmp_path), ledger):
+            dump = s.fabric.host(host).popen(
+                ["tcpdump", "-i", plan.host(host).intf, "-U", "--immediate-mode", "-n", "-w",
+                 str(pcap)] + bpf, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             ledger.add_pid(dump.pid)
             try:
                 deadline = time.monotonic() + 10
                 while not (pcap.exists() and pcap.stat().st_size > 0):
                     assert time.monotonic() < deadline, "tcpdump did not start"
                     time.sleep(0.05)
-                agents = AgentGroup(s.fabric, plan, SCENARIO, str(tmp_path / "rec"),
+                agents = AgentGroup(s.fabric, policy, scenario, str(tmp_path / "rec"),
                                     str(tmp_path), ledger, "capture")
                 try:
                     agents.start()
                     agents.go()
-                    agents.wait(timeout=60)
+                    agents.wait(timeout=300)
                 finally:
                     agents.stop()
             finally:
@@ -60,13 +62,20 @@ def test_captured_agent_traffic_is_valid_rocev2(tmp_path):
     finally:
         ledger.teardown()
         ledger.close()
+    return pcap
 
+
+@NEEDS_TOOLS
+def test_captured_agent_traffic_is_valid_rocev2(tmp_path):
+    pcap = capture_a_run(tmp_path, SCENARIO, "gpu2",
+                         ["udp", "dst", "port", "4791", "and", "dst", "host", "10.0.2.1"])
     frames = [bytes(p) for p in rdpcap(str(pcap))]
+    assert all(roce.icrc_ok(f) for f in frames)  # data and the ACKs for gpu2's own sends
+    data = [f for f in frames if f[roce.BTH_OFFSET] != roce.RC_ACKNOWLEDGE]
     n_packets = 2 * len(roce.packet_payloads(SCENARIO.workload.size_bytes // 2,
                                              SCENARIO.workload.mtu))
-    assert len(frames) == n_packets
-    assert all(roce.icrc_ok(f) for f in frames)
-    rows = tshark_fields(pcap)
+    assert len(data) == n_packets
+    rows = [r for r in tshark_fields(pcap) if r["infiniband.bth.opcode"] != "17"]
     # BTH carries the destination QP: gpu2's (rank 1) QP for its connection from rank 0
     assert {int(r["infiniband.bth.destqp"], 16) for r in rows} == {qp_number(1, 0)}
     psns = [int(r["infiniband.bth.psn"]) for r in rows]
@@ -77,3 +86,29 @@ def test_captured_agent_traffic_is_valid_rocev2(tmp_path):
     assert all(int(r["infiniband.reth.dmalen"]) == SCENARIO.workload.size_bytes // 2
                for r in firsts)
     assert os.path.getsize(pcap) > 0
+
+
+LOSSY = DEFAULT.override({
+    "topology": {"host_rate_mbit": 40, "fabric_rate_mbit": 20},
+    "workload": {"iterations": 1},
+    "transport": {"congestion_control": "dcqcn"},
+    "policy_params": {"hyperscale": {"ecn": "step", "buffer_bytes": 48000}}})
+
+
+@NEEDS_TOOLS
+def test_tshark_dissects_the_acks_naks_and_cnps_of_a_lossy_run(tmp_path):
+    pcap = capture_a_run(tmp_path, LOSSY, "gpu3", ["udp", "port", "4791"])
+    frames = [bytes(p) for p in rdpcap(str(pcap))]
+    assert frames and all(roce.icrc_ok(f) for f in frames)
+    out = subprocess.run(["tshark", "-r", str(pcap), "-T", "fields", "-E", "separator=|",
+                          "-e", "infiniband.bth.opcode", "-e", "infiniband.aeth.syndrome",
+                          "-e", "infiniband.bth.psn"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = [line.split("|") for line in out.strip().splitlines()]
+    opcodes = {int(r[0]) for r in rows}
+    syndromes = {int(r[1], 0) for r in rows if r[0] == "17" and r[1]}  # tshark: decimal
+    assert 17 in opcodes, "no ACKNOWLEDGE dissected"
+    assert 0x1F in syndromes, "no ACK (syndrome 0x1f)"
+    assert 0x60 in syndromes, "no NAK (PSN sequence error, syndrome 0x60)"
+    assert 129 in opcodes, "no CNP (opcode 0x81)"
+    assert {6, 7, 8} <= opcodes  # and the data: WRITE FIRST, MIDDLE, LAST

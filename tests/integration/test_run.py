@@ -33,7 +33,8 @@ def test_ring_all_reduce_on_a_real_fabric(tmp_path):
         assert g["packets_received"] == per_gpu_expected, host
         assert g["packets_sent"] == per_gpu_expected, host
     assert hs["drops"] == 0 and hs["switch_queue_drops"] == 0 and hs["unexplained_drops"] == 0
-    assert hs["step_timeouts"] == 0 and hs["rx_invalid"] == 0 and hs["rx_no_timestamp"] == 0
+    assert hs["retransmitted_packets"] == 0 and hs["rx_invalid"] == 0 and hs["rx_no_timestamp"] == 0
+    assert hs["latency_app_clock"] == 0  # every latency from two kernel timestamps
     assert hs["warnings"] == []
 
     # Kernel timestamps give positive one-way latencies, and the shaped links bound the

@@ -1,29 +1,50 @@
-from testbed.agents import agent_configs, expected_duration_s, step_timeout_s
+from controllers.policy import make_policy
+from testbed.agents import agent_configs, expected_duration_s, transport_config
 from testbed.config import Scenario
 from testbed.topology import FabricPlan
 from traffic.agent import qp_number
 
+PLAN = FabricPlan(2, 4, 2)
+
 
 def test_one_config_per_gpu_with_all_peers():
     s = Scenario.from_dict({})
-    plan = FabricPlan(2, 4, 2)
-    cfgs = agent_configs(plan, s, "/tmp/x")
-    assert [c["host"] for c in cfgs] == [h.name for h in plan.hosts]
+    cfgs = agent_configs(PLAN, s, "/tmp/x", make_policy("hyperscale", PLAN, s))
+    assert [c["host"] for c in cfgs] == [h.name for h in PLAN.hosts]
     c = cfgs[2]
     assert (c["rank"], c["ip"], c["intf"], c["ranks"]) == (2, "10.0.2.1", "gpu3-eth0", 8)
     assert len(c["peers"]) == 7 and all(p["rank"] != 2 for p in c["peers"])
     assert c["size"] == 1 << 20 and c["mtu"] == 4096 and c["out_dir"] == "/tmp/x"
+    assert c["link_rate_bps"] == 40e6
 
 
-def test_timeouts_scale_with_the_link_rate():
+def test_congestion_control_follows_the_policy_unless_the_scenario_says_otherwise():
+    s = Scenario.from_dict({})
+    assert transport_config(s, make_policy("lossless", PLAN, s))["congestion_control"] == "dcqcn"
+    assert transport_config(s, make_policy("hyperscale", PLAN, s))["congestion_control"] == "none"
+    forced = Scenario.from_dict({"transport": {"congestion_control": "none"}})
+    assert transport_config(forced, make_policy("lossless", PLAN, forced))[
+        "congestion_control"] == "none"
+
+
+def test_transport_settings_in_emulated_units():
+    s = Scenario.from_dict({"transport": {"rto_ms": 100, "entropy": "per-packet",
+                                          "qps_per_peer": 4}})
+    t = transport_config(s, make_policy("lossless", PLAN, s))
+    assert t["rto_ns"] == 100_000_000 and t["max_rto_ns"] == 800_000_000
+    assert t["reorder_ns"] == 50_000_000 and t["qps_per_peer"] == 4
+    assert t["roce_tos"] == (26 << 2) | 2 and t["ack_tos"] == 26 << 2 and t["cnp_tos"] == 48 << 2
+    assert t["dcqcn_timer_ns"] == 20_000_000 and t["cnp_interval_ns"] == 20_000_000
+
+
+def test_expected_duration_grows_as_links_slow_down():
     fast = Scenario.from_dict({"topology": {"host_rate_mbit": 1000, "fabric_rate_mbit": 1000}})
     slow = Scenario.from_dict({"topology": {"host_rate_mbit": 1, "fabric_rate_mbit": 1}})
-    assert step_timeout_s(fast) == 0.5
-    assert step_timeout_s(slow) > 20 * (1 << 20) / 8 * 8 / 1e6
-    assert step_timeout_s(Scenario.from_dict({"workload": {"step_timeout_ms": 250}})) == 0.25
-    assert expected_duration_s(slow) > expected_duration_s(fast)
+    assert expected_duration_s(slow) > 100 * expected_duration_s(fast)
 
 
-def test_qp_numbers_are_unique_per_direction():
-    qps = {qp_number(a, b) for a in range(16) for b in range(16) if a != b}
-    assert len(qps) == 16 * 15 and all(q < 1 << 24 for q in qps)
+def test_qp_numbers_are_unique_per_host_and_match_across_the_connection():
+    q = 4
+    for local in range(8):
+        mine = {qp_number(local, r, i, q) for r in range(8) if r != local for i in range(q)}
+        assert len(mine) == 7 * q and min(mine) >= 0x100 and max(mine) < 1 << 24

@@ -89,4 +89,4 @@ def test_policies_lists_classes_and_every_parameter(capsys):
         assert f"\n{name}: " in "\n" + out
         for f in dataclasses.fields(cls):
             assert f"  {f.name} = " in out
-    assert "class roce (priority 1): DSCP 26" in out and "PFC XOFF 48,000" in out
+    assert "class roce (priority 1): DSCP 26" in out and "PFC XOFF 128,000" in out

@@ -74,10 +74,10 @@ def test_unknown_destination_is_dropped_not_flooded(plan):
 
 def test_one_shallow_class_and_optional_step_ecn(plan):
     (cls,) = HyperscalePolicy(plan).traffic_classes()
-    assert cls.ecn is None and cls.pfc is None and cls.buffer_bytes == 64_000
+    assert cls.ecn is None and cls.pfc is None and cls.buffer_bytes == 96_000
     marked = HyperscalePolicy(plan, resolve("hyperscale", {"ecn": "step"}, 40, 4096))
     (cls,) = marked.traffic_classes()
-    assert cls.ecn.kind == "step" and cls.ecn.kmin == 24_000
+    assert cls.ecn.kind == "step" and cls.ecn.kmin == 32_000
 
 
 def test_ecn_marking_sets_ce_on_ect_packets_through_that_port_only(plan):

@@ -23,7 +23,7 @@ def test_classes_cnp_first_roce_lossless_with_ecn_then_best_effort(plan):
     cnp, roce, other = LosslessPolicy(plan).traffic_classes()
     assert (cnp.name, cnp.priority, cnp.dscp) == ("cnp", 0, (48,))
     assert (roce.name, roce.priority, roce.dscp) == ("roce", 1, (26,))
-    assert roce.lossless and roce.pfc.xoff == 48_000 and roce.pfc.xon == 24_000
+    assert roce.lossless and roce.pfc.xoff == 128_000 and roce.pfc.xon == 96_000
     assert roce.ecn.kind == "red" and roce.ecn.kmin < roce.ecn.kmax <= roce.pfc.xoff
     assert roce.buffer_bytes > roce.pfc.xoff  # headroom
     assert other.dscp == () and not other.lossless

@@ -60,7 +60,7 @@ def test_every_switch_port_and_nic_is_shaped():
     shapes = egress_shapes(plan, topo, classes)
     assert set(shapes) == set(plan.interface_names())
     assert shapes["gpu1-eth0"].rate_mbit == 10 and shapes["gpu1-eth0"].buffer(classes[1]) == 9000
-    assert shapes["lf1-eth1"].buffer(classes[1]) == 128000
+    assert shapes["lf1-eth1"].buffer(classes[1]) == 192000
     assert shapes["lf1-eth3"].rate_mbit == shapes["sp1-eth1"].rate_mbit == 20
 
 

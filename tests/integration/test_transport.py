@@ -1,0 +1,143 @@
+"""The RoCE transport on live fabrics: go-back-N under drops, DCQCN, QP scaling, spraying."""
+import csv
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from testbed import runner
+from testbed.config import DEFAULT
+from traffic.schedule import ring_allreduce
+
+pytestmark = pytest.mark.integration
+
+OVERSUBSCRIBED = {"topology": {"host_rate_mbit": 40, "fabric_rate_mbit": 20}}
+
+
+def run(tmp_path, policies, **changes):
+    scenario = DEFAULT.override(dict(changes, policies=policies))
+    results, run_dir = runner.run(scenario, out_root=str(tmp_path))
+    assert results["status"] == "complete"
+    return scenario, results, run_dir
+
+
+def delivered_bytes(run_dir, policy):
+    """{(receiver rank, sender rank, iteration, step): payload bytes delivered in order}."""
+    got = {}
+    for path in glob.glob(os.path.join(run_dir, "records", policy, "*.packets.csv")):
+        with open(path) as f:
+            for r in csv.DictReader(f):
+                if r["delivered"] == "1":
+                    key = (int(r["dst"]), int(r["src"]), int(r["iteration"]), int(r["step"]))
+                    got[key] = got.get(key, 0) + int(r["bytes"])
+    return got
+
+
+def expected_bytes(scenario):
+    n, w = scenario.topology.gpus, scenario.workload
+    return {(r, (r - 1) % n, it, st.index): st.recv_bytes
+            for r in range(n) for it in range(w.iterations)
+            for st in ring_allreduce(r, n, w.size_bytes)}
+
+
+def test_drops_cost_go_back_n_retransmissions_and_lossless_has_none(tmp_path):
+    scenario, results, run_dir = run(
+        tmp_path, ["hyperscale", "lossless"], workload={"iterations": 1},
+        policy_params={"hyperscale": {"buffer_bytes": 48000}}, **OVERSUBSCRIBED)
+    hs, ll = results["policies"]["hyperscale"], results["policies"]["lossless"]
+    # Every byte of every step arrived, in order, despite the drops.
+    assert delivered_bytes(run_dir, "hyperscale") == expected_bytes(scenario)
+    assert delivered_bytes(run_dir, "lossless") == expected_bytes(scenario)
+    assert hs["switch_queue_drops"] > 0 and hs["retransmitted_packets"] > 0
+    assert hs["naks"] > 0  # gaps were NAKed ...
+    assert hs["drops"] == hs["packets_sent"] - hs["packets_received"] > 0
+    assert ll["drops"] == 0 and ll["retransmitted_packets"] == 0 and ll["naks"] == 0
+    assert ll["rto_timeouts"] == 0
+    # Recovery is part of the collective: the lossy fabric's CCT pays for it.
+    assert hs["cct_us"]["p50"] > ll["cct_us"]["p50"]
+
+
+def backlog_mean(run_dir, policy, ports):
+    with open(os.path.join(run_dir, f"switchq-{policy}.timeline.csv")) as f:
+        rows = list(csv.DictReader(f))
+    values = [int(r[p]) for r in rows for p in ports]
+    return sum(values) / len(values)
+
+
+def test_dcqcn_cuts_rates_on_cnps_and_keeps_queues_shorter(tmp_path):
+    common = dict(workload={"iterations": 1, "size_bytes": 4 << 20}, **OVERSUBSCRIBED)
+    _s, with_cc, dir_cc = run(tmp_path / "dcqcn", ["lossless"],
+                              transport={"congestion_control": "dcqcn"}, **common)
+    _s, without, dir_none = run(tmp_path / "none", ["lossless"],
+                                transport={"congestion_control": "none"}, **common)
+    cc, none = with_cc["policies"]["lossless"], without["policies"]["lossless"]
+    assert cc["ecn_marked_packets"] > 0 and cc["cnps_sent"] > 0 and cc["cnps_received"] > 0
+    assert none["cnps_sent"] == 0
+    rates = []
+    for path in glob.glob(os.path.join(dir_cc, "records", "lossless", "*.qps.csv")):
+        with open(path) as f:
+            rates += [float(r["rate_bps"]) for r in csv.DictReader(f)]
+    assert min(rates) < 0.6 * 40e6  # senders slowed down on CNPs
+    uplinks = [f"lf{leaf}-eth{p}" for leaf in (1, 2, 3, 4) for p in (3, 4)]
+    assert backlog_mean(dir_cc, "lossless", uplinks) < backlog_mean(dir_none, "lossless",
+                                                                      uplinks)
+    assert cc["drops"] == none["drops"] == 0
+
+
+def test_qps_per_peer_spread_one_message_over_the_spines(tmp_path):
+    _s, results, _d = run(tmp_path, ["hyperscale"], workload={"iterations": 2},
+                          transport={"qps_per_peer": 8})
+    load = results["policies"]["hyperscale"]["spine_load_packets"]
+    assert min(load.values()) >= 0.3 * sum(load.values()), load
+
+
+def test_sprayed_packets_are_reordered_without_spurious_naks(tmp_path):
+    _s, results, run_dir = run(tmp_path, ["lossless"], workload={"iterations": 2},
+                               transport={"entropy": "per-packet"})
+    ll = results["policies"]["lossless"]
+    load = ll["spine_load_packets"]
+    assert max(load.values()) <= 1.2 * min(load.values()), load
+    assert ll["naks"] == 0 and ll["retransmitted_packets"] == 0 and ll["drops"] == 0
+
+
+PACING = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+from benchmarks.send_rate import make_agent
+from traffic.dcqcn import ReactionPoint
+import subprocess
+for cmd in ("ip link add bench0 type veth peer name bench1", "ip link set bench0 up",
+            "ip link set bench1 up", "ip addr add 10.0.1.1/16 dev bench0"):
+    subprocess.run(cmd.split(), check=True)
+agent = make_agent(1024)
+agent.transport["congestion_control"] = "dcqcn"
+qp = agent.qp(1, 0)
+qp.rp = ReactionPoint(agent.dcqcn, now_ns=time.time_ns())
+qp.rp.on_cnp(time.time_ns())  # 40 -> 20 Mb/s
+qp.rp.on_cnp(time.time_ns())  # -> about 10 Mb/s
+rate = qp.rp.rate
+qp.req.post((0, 0), 400 * 1024, time.time_ns())
+agent.active.append(qp)
+while qp.req.pending():
+    agent.send_data(); agent.drain(); agent._wait(agent.next_wake(time.time_ns()))
+agent.drain()
+ts = sorted(t for _s, t in agent.tx_log)
+frame_bits = len(qp.conn.template(7, 1024).buf) * 8
+print(json.dumps({{"dcqcn_rate": rate, "achieved": (len(ts) - 1) * frame_bits * 1e9 /
+                   (ts[-1] - ts[0]), "packets": len(ts)}}))
+"""
+
+
+def test_pacing_holds_the_dcqcn_rate():
+    """On an unshaped veth only the agent's pacing limits the rate: the kernel's transmit
+    timestamps must show the DCQCN rate, not the wire's."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(["unshare", "--net", sys.executable, "-c", PACING.format(root=root)],
+                         capture_output=True, text=True, timeout=120, cwd=root)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["packets"] == 400
+    assert 0.85 * r["dcqcn_rate"] <= r["achieved"] <= 1.05 * r["dcqcn_rate"], r

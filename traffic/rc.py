@@ -1,0 +1,276 @@
+"""RoCEv2 Reliable Connection as pure state machines: a requester and a responder per QP.
+
+No sockets here: the agent feeds packets and clock readings in and sends what comes out. The
+rules follow the InfiniBand RC transport (IBTA vol. 1, ch. 9.7) as RoCE NICs implement them
+(REFERENCE.md):
+
+* Requester: RDMA WRITE messages are cut into MTU packets with consecutive 24-bit PSNs
+  (FIRST/MIDDLE/LAST or ONLY; AckReq on the last). ACKs are cumulative. A NAK "PSN sequence
+  error" rewinds the send pointer to the NAKed PSN (go-back-N). When the oldest packet stays
+  unacknowledged for the retransmission timeout, it rewinds to it and doubles the timeout
+  (exponential back-off) up to a retry limit. A message completes when its last PSN is
+  acknowledged.
+* Responder: delivers packets in PSN order; acknowledges every ``ack_every`` packets and on
+  AckReq (coalesced ACKs carry the MSN, the count of completed messages). On a gap it sends one
+  NAK for the expected PSN and drops packets until that PSN arrives. A duplicate is dropped and
+  re-acknowledged. With ``reorder_ns`` (for packet spraying) packets ahead of the expected PSN
+  are placed instead of dropped, and a gap is NAKed only when it persists that long.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Deque, Dict, List, Optional, Tuple
+
+from . import roce
+
+PSN_MOD = 1 << 24
+SYNDROME_ACK = 0x1F  # ACK, credit field "invalid" (no end-to-end credits)
+SYNDROME_NAK_SEQ = 0x60  # NAK: PSN sequence error
+MAX_AHEAD = 1 << 14  # packets a reordering responder places beyond a gap
+
+
+def psn_diff(a: int, b: int) -> int:
+    """a - b in 24-bit PSN space, in -2^23 .. 2^23-1."""
+    d = (a - b) % PSN_MOD
+    return d - PSN_MOD if d >= PSN_MOD // 2 else d
+
+
+@dataclass
+class Message:
+    """One posted RDMA WRITE: its packets (opcode, payload length) and bookkeeping."""
+
+    tag: object  # what the caller wants back on completion
+    size: int
+    first_psn: int
+    opcodes: List[int]
+    payloads: List[int]
+    va: int = 0
+    posted_ns: int = 0
+
+    @property
+    def last_psn(self) -> int:
+        return (self.first_psn + len(self.opcodes) - 1) % PSN_MOD
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A data packet the requester wants on the wire now."""
+
+    psn: int
+    opcode: int
+    payload: int
+    ackreq: bool
+    message: Message
+    index: int  # packet index within the message
+    retransmit: bool
+
+
+class RetryExceeded(Exception):
+    """The retry limit was reached: the QP goes to error, as an RNIC's would."""
+
+
+class Requester:
+    def __init__(self, mtu: int, rto_ns: int, max_rto_ns: int, retry_limit: int = 7,
+                 first_psn: int = 0):
+        self.mtu, self.rto0, self.max_rto, self.retry_limit = mtu, rto_ns, max_rto_ns, retry_limit
+        self.next_psn = first_psn  # PSN of the next new packet to create
+        self.send_psn = first_psn  # PSN of the next packet to put on the wire
+        self.una = first_psn  # oldest unacknowledged PSN
+        self.messages: Deque[Message] = deque()  # posted, not yet completed
+        self.rto = rto_ns
+        self.retries = 0
+        self.progress_ns = 0  # last time una moved (or the first send)
+        self.highest_sent = (first_psn - 1) % PSN_MOD
+        self.counters = {"tx_packets": 0, "retransmitted": 0, "naks": 0, "timeouts": 0,
+                         "acks": 0, "stale_acks": 0}
+
+    # --- posting and sending ------------------------------------------------------------------
+    def post(self, tag, size: int, now: int, va: int = 0) -> Message:
+        payloads = roce.packet_payloads(size, self.mtu)
+        msg = Message(tag, size, self.next_psn, roce.opcodes_for(len(payloads)), payloads, va,
+                      now)
+        self.next_psn = (self.next_psn + len(payloads)) % PSN_MOD
+        if not self.messages and self.una == self.send_psn:
+            self.progress_ns = now
+        self.messages.append(msg)
+        return msg
+
+    def pending(self) -> bool:
+        """Packets wait to be sent (new, or rewound for retransmission)."""
+        return self.send_psn != self.next_psn
+
+    def outstanding(self) -> bool:
+        return self.una != self.next_psn
+
+    def peek(self) -> Optional[Outgoing]:
+        """The next packet to send, without sending it (None: nothing to send)."""
+        if self.send_psn == self.next_psn:
+            return None
+        psn = self.send_psn
+        msg, index = self._locate(psn)
+        return Outgoing(psn, msg.opcodes[index], msg.payloads[index],
+                        index == len(msg.opcodes) - 1, msg, index,
+                        psn_diff(psn, self.highest_sent) <= 0)
+
+    def commit(self, o: Outgoing, now: int) -> None:
+        """``o`` (from ``peek``) went on the wire."""
+        self.send_psn = (o.psn + 1) % PSN_MOD
+        if o.retransmit:
+            self.counters["retransmitted"] += 1
+        else:
+            self.highest_sent = o.psn
+            self.counters["tx_packets"] += 1
+            if self.una == o.psn:
+                self.progress_ns = now  # the timer runs from the first transmission
+
+    def next(self, now: int) -> Optional[Outgoing]:
+        """``peek`` and ``commit`` in one (the packet is assumed sent)."""
+        o = self.peek()
+        if o is not None:
+            self.commit(o, now)
+        return o
+
+    def _locate(self, psn: int) -> Tuple[Message, int]:
+        for msg in self.messages:
+            offset = psn_diff(psn, msg.first_psn)
+            if 0 <= offset < len(msg.opcodes):
+                return msg, offset
+        raise KeyError(f"PSN {psn} belongs to no posted message")
+
+    # --- acknowledgements -------------------------------------------------------------------
+    def on_ack(self, psn: int, syndrome: int, now: int) -> List[Message]:
+        """An ACK (cumulative up to ``psn``) or a NAK; returns the messages now complete."""
+        if syndrome >> 5 == 0b011:  # NAK
+            self.counters["naks"] += 1
+            if syndrome == SYNDROME_NAK_SEQ:
+                done = self._acked_before(psn, now)  # a NAK acks everything before it
+                if 0 <= psn_diff(self.send_psn, psn):
+                    self.send_psn = psn  # go back N
+                return done
+            return []
+        self.counters["acks"] += 1
+        return self._acked_before((psn + 1) % PSN_MOD, now)
+
+    def _acked_before(self, psn: int, now: int) -> List[Message]:
+        """Everything before ``psn`` is acknowledged."""
+        ahead = psn_diff(psn, self.una)
+        if ahead <= 0 or psn_diff(self.next_psn, psn) < 0:
+            if ahead < 0 or psn_diff(self.next_psn, psn) < 0:
+                self.counters["stale_acks"] += 1
+            return []
+        self.una = psn
+        if psn_diff(self.send_psn, psn) < 0:
+            self.send_psn = psn
+        self.progress_ns = now
+        self.rto, self.retries = self.rto0, 0
+        done = []
+        while self.messages and psn_diff(psn, self.messages[0].last_psn) > 0:
+            done.append(self.messages.popleft())
+        return done
+
+    # --- timers -------------------------------------------------------------------------------
+    def deadline(self) -> Optional[int]:
+        """When the retransmission timer fires (None: nothing unacknowledged in flight)."""
+        if self.una == self.send_psn and self.una == self.next_psn:
+            return None
+        if self.una == self.send_psn:
+            return None  # nothing sent yet beyond what is acked: sending, not waiting
+        return self.progress_ns + self.rto
+
+    def check_timeout(self, now: int) -> bool:
+        """Fire the retransmission timer if due: rewind to the oldest unacked PSN."""
+        deadline = self.deadline()
+        if deadline is None or now < deadline:
+            return False
+        self.retries += 1
+        if self.retries > self.retry_limit:
+            raise RetryExceeded(f"PSN {self.una} unacknowledged after {self.retry_limit} "
+                                "retries")
+        self.counters["timeouts"] += 1
+        self.send_psn = self.una
+        self.progress_ns = now
+        self.rto = min(self.rto * 2, self.max_rto)
+        return True
+
+
+@dataclass(frozen=True)
+class Response:
+    """An ACK or NAK for the requester: AETH syndrome, the PSN it refers to, the MSN."""
+
+    syndrome: int
+    psn: int
+    msn: int
+
+
+@dataclass
+class Responder:
+    ack_every: int = 16
+    reorder_ns: int = 0  # > 0: tolerate reordering for this long (sprayed packets)
+    epsn: int = 0  # expected PSN
+    msn: int = 0  # messages completed
+    unacked: int = 0  # delivered since the last ACK
+    nak_sent: bool = False  # one NAK per gap
+    gap_since: Optional[int] = None  # when the current gap appeared (reordering mode)
+    ahead: Dict[int, Tuple[int, bool]] = field(default_factory=dict)  # psn -> (opcode, ackreq)
+    counters: Dict[str, int] = field(default_factory=lambda: {
+        "delivered": 0, "out_of_order_dropped": 0, "duplicates": 0, "naks_sent": 0,
+        "acks_sent": 0, "placed_ahead": 0})
+
+    def on_packet(self, psn: int, opcode: int, ackreq: bool, now: int
+                  ) -> Tuple[List[int], Optional[Response]]:
+        """A data packet arrived: (PSNs delivered in order, ACK/NAK to send or None)."""
+        d = psn_diff(psn, self.epsn)
+        if d < 0:  # duplicate: drop it, tell the requester where we are
+            self.counters["duplicates"] += 1
+            return [], self._ack()
+        if d > 0:  # a gap
+            if self.reorder_ns and d < MAX_AHEAD:
+                if psn not in self.ahead:
+                    self.ahead[psn] = (opcode, ackreq)
+                    self.counters["placed_ahead"] += 1
+                if self.gap_since is None:
+                    self.gap_since = now
+                return [], self._nak_if_gap_old(now)
+            self.counters["out_of_order_dropped"] += 1
+            if self.nak_sent:
+                return [], None
+            self.nak_sent = True
+            self.counters["naks_sent"] += 1
+            return [], Response(SYNDROME_NAK_SEQ, self.epsn, self.msn)
+        delivered = [psn]
+        want_ack = self._deliver(opcode, ackreq)
+        while self.ahead and self.epsn in self.ahead:  # placed packets that are now in order
+            p = self.epsn
+            op, req = self.ahead.pop(p)
+            delivered.append(p)
+            want_ack = self._deliver(op, req) or want_ack
+        self.gap_since = now if self.ahead else None
+        return delivered, (self._ack() if want_ack else None)
+
+    def _deliver(self, opcode: int, ackreq: bool) -> bool:
+        self.epsn = (self.epsn + 1) % PSN_MOD
+        self.nak_sent = False
+        self.counters["delivered"] += 1
+        self.unacked += 1
+        if opcode in (roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY):
+            self.msn = (self.msn + 1) % PSN_MOD
+        return ackreq or self.unacked >= self.ack_every
+
+    def _ack(self) -> Response:
+        self.unacked = 0
+        self.counters["acks_sent"] += 1
+        return Response(SYNDROME_ACK, (self.epsn - 1) % PSN_MOD, self.msn)
+
+    def _nak_if_gap_old(self, now: int) -> Optional[Response]:
+        if self.nak_sent or now - self.gap_since < self.reorder_ns:
+            return None
+        self.nak_sent = True
+        self.counters["naks_sent"] += 1
+        return Response(SYNDROME_NAK_SEQ, self.epsn, self.msn)
+
+    def tick(self, now: int) -> Optional[Response]:
+        """Timer check for a gap that outlived the reorder window (spraying)."""
+        if self.reorder_ns and self.ahead and self.gap_since is not None:
+            return self._nak_if_gap_old(now)
+        return None
