@@ -79,6 +79,8 @@ def collect(records_dir: str, size_bytes: int) -> dict:
                          "latency_us_p50": lat.get("p50"), "latency_us_p99": lat.get("p99")}
         steps += read_csv(os.path.join(records_dir, f"{host}.steps.csv"))
     latency = metrics.percentiles(metrics.concat(all_latency))
+    rates = [float(r["rate_bps"]) for s in summaries
+             for r in _rows_if_any(os.path.join(records_dir, f"{s['host']}.qps.csv"))]
     cct_summary = metrics.cct_summary(metrics.iteration_cct_us(steps))
     sent = counters.get("tx_packets", 0) + counters.get("retransmitted", 0)
     received = sum(g["packets_received"] for g in per_gpu.values())
@@ -99,12 +101,17 @@ def collect(records_dir: str, size_bytes: int) -> dict:
         "ecn_marked_packets": counters.get("rx_ce", 0),
         "cnps_sent": counters.get("cnps_sent", 0),
         "cnps_received": counters.get("cnps_received", 0),
+        "dcqcn_min_rate_mbit": round(min(rates) / 1e6, 3) if rates else None,
         "rx_socket_drops": counters.get("rx_socket_drops", 0),
         "rx_invalid": counters.get("rx_invalid", 0),
         "rx_no_timestamp": counters.get("rx_no_timestamp", 0),
         "nic_backpressure_waits": counters.get("tx_blocked", 0),
         "per_gpu": dict(sorted(per_gpu.items(), key=lambda kv: kv[1]["rank"])),
     }
+
+
+def _rows_if_any(path: str) -> List[dict]:
+    return read_csv(path) if os.path.exists(path) else []
 
 
 def write_json_atomic(path: str, data: dict) -> None:

@@ -61,3 +61,18 @@ def test_atomic_write_leaves_no_temporary_file(tmp_path):
     write_json_atomic(str(path), {"a": 2})
     assert json.loads(path.read_text()) == {"a": 2}
     assert os.listdir(tmp_path) == ["results.json"]
+
+
+def test_latency_joins_the_senders_kernel_transmit_times(tmp_path):
+    d = str(tmp_path)
+    # rank 1 sent at app time 1000 and 2000; the kernel transmitted them at 1500 and 2600
+    _write_agent(d, "gpu1", 0, [(1, 0, 0, 100, 1000, 11000, 0, 0), (1, 0, 1, 100, 2000, 32000,
+                                                                        0, 0)],
+                 [(0, 0, 0, 1, 1, 1000, 40000, 40000, 40000, 100, 1)], tx_packets=0)
+    _write_agent(d, "gpu2", 1, [], [(1, 0, 0, 0, 0, 3000, 50000, 50000, 50000, 200, 1)],
+                 tx_packets=2)
+    with open(os.path.join(d, "gpu2.tx.csv"), "w") as f:
+        f.write("sent_ns,tx_ns\n1000,1500\n2000,2600\n")
+    r = collect(d, size_bytes=300)
+    assert r["latency_app_clock"] == 0
+    assert r["latency_us"]["max"] == 29.4 and r["latency_us"]["count"] == 2  # 32000 - 2600
