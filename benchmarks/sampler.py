@@ -39,7 +39,7 @@ def build(policy_name: str):
 
     scenario = DEFAULT
     t = scenario.topology
-    plan = FabricPlan(t.spines, t.leaves, t.gpus_per_leaf)
+    plan = FabricPlan.for_topology(t)
     policy = make_policy(policy_name, plan, scenario)
     classes = policy.traffic_classes()
     shapes = egress_shapes(plan, t, classes)

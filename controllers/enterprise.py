@@ -117,7 +117,8 @@ class EnterprisePolicy(Policy):
 
 
 def tenants(plan, groups) -> Dict[str, int]:
-    """GPU name -> tenant number (1..); GPUs in no group form one more tenant."""
+    """Host name -> tenant number (1..); GPUs in no group form one more tenant, and
+    neighbour hosts in no group one more after that."""
     names = {h.name for h in plan.hosts}
     tenant_of: Dict[str, int] = {}
     for t, group in enumerate(groups, 1):
@@ -129,6 +130,6 @@ def tenants(plan, groups) -> Dict[str, int]:
                 raise ConfigError(f"policy_params.enterprise.tenants: {name} is in two tenants")
             tenant_of[name] = t
     rest = len(groups) + 1
-    for h in plan.hosts:
-        tenant_of.setdefault(h.name, rest)
+    for h in plan.hosts:  # neighbour hosts are a tenant of their own unless placed
+        tenant_of.setdefault(h.name, rest if h.is_gpu else rest + 1)
     return tenant_of

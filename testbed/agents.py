@@ -23,12 +23,16 @@ from .topology import FabricPlan
 START_MARGIN_S = 0.2  # agents start together this long after the go
 
 
+def congestion_control(scenario: Scenario, policy) -> str:
+    """``dcqcn`` or ``none``: the scenario's choice, or the policy's default for ``auto``."""
+    cc = scenario.transport.congestion_control
+    return policy.default_congestion_control if cc == "auto" else cc
+
+
 def transport_config(scenario: Scenario, policy) -> dict:
     """The NIC settings every agent of a run gets (RC, congestion control, entropy)."""
     tr = scenario.transport
-    cc = tr.congestion_control
-    if cc == "auto":
-        cc = policy.default_congestion_control
+    cc = congestion_control(scenario, policy)
     rto_ns = int(tr.rto_ms * 1e6)
     roce_dscp, cnp_dscp = policy.dscp()
     return {"congestion_control": cc, "qps_per_peer": tr.qps_per_peer, "entropy": tr.entropy,
@@ -42,24 +46,43 @@ def transport_config(scenario: Scenario, policy) -> dict:
             "cnp_tos": cnp_dscp << 2}
 
 
+def workload_specs(scenario: Scenario, plan) -> List[dict]:
+    """The collectives each agent replays: one entry per size (a sweep has several)."""
+    w = scenario.workload
+    return [{"collective": w.collective, "size": size, "iterations": w.iterations,
+             "chunks": w.chunks, "group": plan.gpus_per_leaf} for size in w.run_sizes]
+
+
 def agent_configs(plan: FabricPlan, scenario: Scenario, out_dir: str, policy) -> List[dict]:
     w = scenario.workload
     transport = transport_config(scenario, policy)
-    peers = [{"rank": h.rank, "host": h.name, "ip": h.ip, "mac": h.mac} for h in plan.hosts]
+    workloads = workload_specs(scenario, plan)
+    peers = [{"rank": h.rank, "host": h.name, "ip": h.ip, "mac": h.mac} for h in plan.gpus]
+    st = w.stragglers
+    straggler = {"delay_ns": int(st.delay_ms * 1e6), "distribution": st.distribution,
+                 "probability": st.probability}
     return [{"rank": h.rank, "host": h.name, "intf": h.intf, "ip": h.ip, "mac": h.mac,
-             "ranks": len(plan.hosts), "collective": w.collective, "size": w.size_bytes,
-             "iterations": w.iterations, "mtu": w.mtu, "transport": transport,
+             "ranks": len(plan.gpus), "workloads": workloads, "mtu": w.mtu,
+             "compute": {"ns": int(w.compute_ms * 1e6), "jitter_ns": int(w.compute_jitter_ms * 1e6)},
+             "straggler": straggler if h.rank in st.ranks else None, "seed": w.seed,
+             "transport": transport,
              "link_rate_bps": scenario.topology.host_rate_mbit * 1e6, "out_dir": out_dir,
              "peers": [p for p in peers if p["rank"] != h.rank]}
-            for h in plan.hosts]
+            for h in plan.gpus]
 
 
 def expected_duration_s(scenario: Scenario) -> float:
-    """Rough time of the whole replay at line rate (for timeouts and progress)."""
+    """Rough time of the whole replay at line rate, compute phases and stragglers included
+    (for timeouts and progress)."""
     w, t = scenario.workload, scenario.topology
     n = t.gpus
-    bits = 2 * (n - 1) / n * w.size_bytes * 8 * 1.1 * w.iterations
-    return bits / (min(t.host_rate_mbit, t.fabric_rate_mbit) * 1e6)
+    per_byte = (n - 1) / n if w.collective == "all_to_all" else 2 * (n - 1) / n
+    bits = sum(per_byte * size * 8 * 1.1 for size in w.run_sizes) * w.iterations
+    wire = bits / (min(t.host_rate_mbit, t.fabric_rate_mbit) * 1e6)
+    st = w.stragglers
+    late = st.delay_ms * (3 if st.distribution == "exponential" else 2) if st.ranks else 0.0
+    compute = (w.compute_ms + w.compute_jitter_ms + late) / 1000.0
+    return wire + compute * w.iterations * len(w.run_sizes)
 
 
 class AgentGroup:
@@ -87,7 +110,13 @@ class AgentGroup:
             self.ledger.add_pid(proc.pid)
         self._expect_all("ready", ready_timeout)
 
-    def go(self) -> None:
+    @property
+    def iterations(self) -> int:
+        """Iterations each agent replays (over all sizes of a sweep)."""
+        return self.scenario.workload.iterations * len(self.scenario.workload.run_sizes)
+
+    def go(self) -> int:
+        """Tell every agent when to start; returns that time (ns since the epoch)."""
         start_ns = time.time_ns() + int(START_MARGIN_S * 1e9)
         for host, proc in self.procs.items():
             try:
@@ -95,12 +124,19 @@ class AgentGroup:
                 proc.stdin.flush()
             except BrokenPipeError:
                 self._died(host)
+        return start_ns
 
     def wait(self, timeout: float, on_iteration: Callable[[int], None] = lambda i: None,
              alive: Callable[[], None] = lambda: None) -> None:
-        """Follow the agents: once every one has ``finished`` its collective (they keep
-        answering their peers until then), tell them to ``stop`` and wait for ``done``.
-        ``alive`` checks the controller and the queue emulator."""
+        """Follow the agents until all have ``finished``, then ``collect`` their records."""
+        self.wait_finished(timeout, on_iteration, alive)
+        self.collect()
+
+    def wait_finished(self, timeout: float, on_iteration: Callable[[int], None] = lambda i: None,
+                      alive: Callable[[], None] = lambda: None) -> None:
+        """Follow the agents until every one has ``finished`` its collectives (they keep
+        answering their peers until told to stop). ``alive`` checks the controller and the
+        queue emulator."""
         deadline = time.monotonic() + timeout
         pending = set(self.procs)
         reported = -1
@@ -119,6 +155,9 @@ class AgentGroup:
                     if slowest > reported:
                         reported = slowest
                         on_iteration(slowest)
+
+    def collect(self) -> None:
+        """Tell the agents to ``stop``; wait until they wrote their records (``done``)."""
         for host, proc in self.procs.items():
             try:
                 proc.stdin.write(b"stop\n")

@@ -26,12 +26,16 @@ def _progress(quiet: bool):
 
 def cmd_run(args) -> int:
     from . import runner
-    from .config import ALL_POLICIES, DEFAULT, load_file
-    from .results import summary_table
+    from .config import ALL_POLICIES, DEFAULT, load_file, parse_sizes
+    from .report import fidelity_warnings, summary_table
 
     scenario = load_file(args.scenario) if args.scenario else DEFAULT
     if args.iterations is not None:
         scenario = scenario.override({"workload": {"iterations": args.iterations}})
+    if args.sizes:
+        scenario = scenario.override({"workload": {"sizes": list(parse_sizes(args.sizes))}})
+    if args.collective:
+        scenario = scenario.override({"workload": {"collective": args.collective}})
     if args.policy:
         names = [p.strip() for p in args.policy.split(",") if p.strip()]
         if not names:
@@ -45,6 +49,8 @@ def cmd_run(args) -> int:
     else:
         print(summary_table(results))
         print(f"\nresults: {os.path.join(run_dir, 'results.json')}")
+    for line in fidelity_warnings(results):
+        print(line, file=sys.stderr)
     return 0
 
 
@@ -97,7 +103,7 @@ def policies_reference() -> str:
     from .topology import FabricPlan
 
     t = DEFAULT.topology
-    plan = FabricPlan(t.spines, t.leaves, t.gpus_per_leaf)
+    plan = FabricPlan.for_topology(t)
     out = []
     for name in policy_names():
         policy = make_policy(name, plan, DEFAULT)
@@ -146,7 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="YAML scenario (keys as in results.json's 'scenario'; default: built in)")
     r.add_argument("--policy", help="comma-separated policies, or all (default: all: "
                                     "enterprise, hyperscale, lossless)")
-    r.add_argument("--iterations", type=int, help="collectives to replay (default: 10)")
+    r.add_argument("--iterations", type=int,
+                   help="training iterations to replay (at each size; default: 10)")
+    r.add_argument("--collective", help="ring, halving_doubling, double_binary_tree, "
+                                        "hierarchical or all_to_all (default: ring)")
+    r.add_argument("--sizes", metavar="FROM:TO|LIST",
+                   help="message-size sweep like nccl-tests: 64K:4M doubles from 64 KiB to "
+                        "4 MiB; 64K,1M runs exactly those")
     r.add_argument("--out", default="results",
                    help="directory that receives the run directory (default: ./results)")
     r.add_argument("--json", action="store_true", help="print results.json to stdout")

@@ -32,6 +32,9 @@ class TopologyConfig:
         "min": 0.1, "max": 1000.0, "unit": "Mbit/s", "doc": "leaf-spine link rate"})
     nic_queue_bytes: int = field(default=256_000, metadata={
         "min": 3000, "max": 64_000_000, "unit": "B", "doc": "GPU NIC transmit queue"})
+    neighbours_per_leaf: int = field(default=0, metadata={
+        "min": 0, "max": 253, "doc": "non-GPU hosts under each leaf: a noisy-neighbour tenant "
+                                      "(see background)"})
     link_delay_us: float = field(default=0.0, metadata={
         "min": 0.0, "max": 1_000_000.0, "unit": "us",
         "doc": "one-way propagation delay per link (netem; only where the kernel has it)"})
@@ -44,16 +47,59 @@ class TopologyConfig:
         return self.leaves * self.gpus_per_leaf
 
 
+COLLECTIVE_NAMES = ("ring", "halving_doubling", "double_binary_tree", "hierarchical",
+                    "all_to_all", "ring_allreduce")
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    ranks: Tuple[int, ...] = field(default=(), metadata={
+        "item": int, "doc": "ranks (0-based) whose compute phase runs late"})
+    delay_ms: float = field(default=5.0, metadata={
+        "min": 0.0, "max": 600_000.0, "unit": "ms",
+        "doc": "how late: the delay itself (fixed), or the mean of the distribution"})
+    distribution: str = field(default="fixed", metadata={
+        "choices": ("fixed", "uniform", "exponential"),
+        "doc": "fixed: delay_ms every time; uniform: 0..2 x delay_ms; exponential: mean delay_ms"})
+    probability: float = field(default=1.0, metadata={
+        "min": 0.0, "max": 1.0, "doc": "chance that a straggler rank is late in an iteration"})
+
+
 @dataclass(frozen=True)
 class WorkloadConfig:
-    collective: str = field(default="ring_allreduce", metadata={
-        "choices": ("ring_allreduce",), "doc": "collective to replay"})
+    collective: str = field(default="ring", metadata={
+        "choices": COLLECTIVE_NAMES,
+        "doc": "ring, halving_doubling (power-of-two GPUs), double_binary_tree, hierarchical "
+               "(rail-aligned), all_to_all (MoE); ring_allreduce is ring's old name"})
     size_bytes: int = field(default=1 << 20, metadata={
-        "min": 1, "max": 1 << 30, "unit": "B", "doc": "all-reduce buffer size per GPU"})
-    iterations: int = field(default=10, metadata={"min": 1, "max": 100_000,
-                                                  "doc": "collectives replayed back to back"})
+        "min": 1, "max": 1 << 30, "unit": "B", "doc": "buffer size per GPU"})
+    sizes: Tuple[int, ...] = field(default=(), metadata={
+        "item": int, "unit": "B",
+        "doc": "message-size sweep (like nccl-tests): run the iterations at each size in turn; "
+               "replaces size_bytes"})
+    iterations: int = field(default=10, metadata={
+        "min": 1, "max": 100_000, "doc": "training iterations (at each size of a sweep)"})
+    chunks: int = field(default=4, metadata={
+        "min": 1, "max": 64,
+        "doc": "pipelining: each ring block / tree half is sent in this many pieces"})
     mtu: int = field(default=4096, metadata={
         "choices": (256, 512, 1024, 2048, 4096), "unit": "B", "doc": "RoCE path MTU"})
+    compute_ms: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 600_000.0, "unit": "ms",
+        "doc": "compute phase before each collective (emulated time)"})
+    compute_jitter_ms: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 600_000.0, "unit": "ms",
+        "doc": "each rank's compute phase varies uniformly by up to this much either way"})
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+    seed: int = field(default=1, metadata={"min": 0, "max": 2**31,
+                                           "doc": "seed of the jitter and straggler draws"})
+    extrapolate_gpus: int = field(default=10_000, metadata={
+        "min": 2, "max": 10_000_000,
+        "doc": "cluster size for the 'same tail on N GPUs' GPU-seconds extrapolation"})
+
+    @property
+    def run_sizes(self) -> Tuple[int, ...]:
+        return self.sizes or (self.size_bytes,)
 
 
 @dataclass(frozen=True)
@@ -88,6 +134,67 @@ class TransportConfig:
 
 
 @dataclass(frozen=True)
+class NoisyNeighbourConfig:
+    rate_mbit: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 1000.0, "unit": "Mbit/s",
+        "doc": "per neighbour host; 0 = off. Each neighbour host sends to one on the next leaf"})
+    tool: str = field(default="flows", metadata={
+        "choices": ("flows", "iperf3"), "doc": "the agents' own UDP flows, or iperf3 -u"})
+    packet_bytes: int = field(default=1400, metadata={
+        "min": 64, "max": 8900, "unit": "B", "doc": "UDP payload per packet"})
+    dscp: int = field(default=0, metadata={"min": 0, "max": 63, "doc": "DSCP of its packets"})
+
+
+@dataclass(frozen=True)
+class IncastConfig:
+    bursts_per_s: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 1000.0, "doc": "synchronised bursts per second; 0 = off"})
+    burst_bytes: int = field(default=64_000, metadata={
+        "min": 1000, "max": 64_000_000, "unit": "B", "doc": "what each sender sends per burst"})
+    senders: Tuple[str, ...] = field(default=(), metadata={
+        "item": str, "doc": "hosts that burst (default: the neighbour hosts, else the GPUs "
+                            "on other leaves than the target)"})
+    target: str = field(default="", metadata={
+        "empty": True, "doc": "host that receives (default: the last GPU)"})
+
+
+@dataclass(frozen=True)
+class BackgroundConfig:
+    """Other traffic on the same fabric, only between the emulated hosts, only while the
+    collectives run (and never longer than ``max_s``)."""
+
+    noisy_neighbour: NoisyNeighbourConfig = field(default_factory=NoisyNeighbourConfig)
+    incast: IncastConfig = field(default_factory=IncastConfig)
+    start_ms: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 3_600_000.0, "unit": "ms", "doc": "after the collectives start"})
+    max_s: float = field(default=600.0, metadata={
+        "min": 0.1, "max": 86_400.0, "unit": "s", "doc": "hard bound on background traffic"})
+
+    @property
+    def enabled(self) -> bool:
+        return self.noisy_neighbour.rate_mbit > 0 or self.incast.bursts_per_s > 0
+
+
+@dataclass(frozen=True)
+class FidelityConfig:
+    """Tolerances of the fidelity monitor (Mininet-HiFi: trust a result only where the
+    emulator kept its timing invariants)."""
+
+    inter_dequeue_tolerance: float = field(default=0.1, metadata={
+        "min": 0.0, "max": 10.0,
+        "doc": "a busy NIC's gap between frames may differ from the frame's serialization time "
+               "by this fraction of one MTU frame's serialization time"})
+    inter_dequeue_within: float = field(default=0.9, metadata={
+        "min": 0.0, "max": 1.0, "doc": "... for at least this share of the gaps"})
+    overhead_share: float = field(default=0.25, metadata={
+        "min": 0.0, "max": 10.0,
+        "doc": "idle-path latency overhead and agent timer lag may each be at most this share "
+               "of one MTU frame's serialization time at the host rate"})
+    cpu_busy_max: float = field(default=0.9, metadata={
+        "min": 0.1, "max": 1.0, "doc": "the machine's CPUs may be at most this busy (p90)"})
+
+
+@dataclass(frozen=True)
 class EmulationConfig:
     sample_interval_us: int = field(default=1000, metadata={
         "min": 200, "max": 100_000, "unit": "us",
@@ -106,6 +213,8 @@ class Scenario:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
+    background: BackgroundConfig = field(default_factory=BackgroundConfig)
+    fidelity: FidelityConfig = field(default_factory=FidelityConfig)
     policy_params: Dict[str, Dict[str, Any]] = field(default_factory=dict, metadata={
         "doc": "per policy, parameters that replace its defaults (see the policy reference)"})
 
@@ -132,6 +241,41 @@ class Scenario:
     def override(self, changes: Mapping[str, Any]) -> "Scenario":
         """A copy with ``changes`` (a partial scenario mapping) applied and validated."""
         return Scenario.from_dict(_merge(self.to_dict(), changes))
+
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``64K`` -> 65536 (K, M, G are powers of 1024, as in nccl-tests)."""
+    t = text.strip().upper()
+    unit = t[-1] if t and t[-1] in "KMGB" else ""
+    number = t[:-1] if unit else t
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        raise ConfigError(f"--sizes: {text!r} is not a size (like 64K, 1M or 4096)")
+    if value < 1 or value != int(value):
+        raise ConfigError(f"--sizes: {text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def parse_sizes(text: str) -> Tuple[int, ...]:
+    """``64K:4M`` -> 64K, 128K, ..., 4M (doubling, like nccl-tests -b 64K -e 4M -f 2);
+    ``64K,1M`` -> exactly those."""
+    if ":" in text:
+        lo_text, _, hi_text = text.partition(":")
+        lo, hi = parse_size(lo_text), parse_size(hi_text)
+        if hi < lo:
+            raise ConfigError(f"--sizes: {text!r} ends below where it starts")
+        sizes = [lo]
+        while sizes[-1] * 2 <= hi:
+            sizes.append(sizes[-1] * 2)
+        return tuple(sizes)
+    sizes = tuple(parse_size(p) for p in text.split(",") if p.strip())
+    if not sizes:
+        raise ConfigError("--sizes: give sizes like 64K:4M or 64K,1M")
+    return sizes
 
 
 def load_file(path: str) -> Scenario:

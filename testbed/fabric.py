@@ -36,13 +36,13 @@ LOG = logging.getLogger(__name__)
 
 
 class LeafSpineTopo(Topo):
-    """Leaf-spine topology: ``spines`` x ``leaves`` full mesh, ``hosts_per_leaf`` GPUs each.
+    """Leaf-spine topology: ``spines`` x ``leaves`` full mesh, hosts under each leaf.
 
     Names, DPIDs, ports and addresses come from ``FabricPlan`` (see ``testbed.topology``).
     """
 
-    def build(self, spines: int = 2, leaves: int = 4, hosts_per_leaf: int = 2):
-        self.plan = FabricPlan(spines, leaves, hosts_per_leaf)
+    def build(self, plan: FabricPlan):
+        self.plan = plan
         for sw in self.plan.switches:
             self.addSwitch(sw.name, dpid=sw.dpid_hex)
         for h in self.plan.hosts:
@@ -104,7 +104,7 @@ class Fabric:
                         interfaces=[name for name, _ in plan.switch_interfaces()])
         switch_cls = type("RunOVSSwitch", (TaggedOVSSwitch,), {"run_id": self.ledger.run_id})
         self.net = Mininet(
-            topo=LeafSpineTopo(plan.n_spines, plan.n_leaves, plan.hosts_per_leaf),
+            topo=LeafSpineTopo(plan),
             switch=partial(switch_cls, datapath=self.caps.datapath, protocols="OpenFlow13",
                            failMode="secure"),
             link=Link, controller=None, build=False, autoSetMacs=False, autoStaticArp=False,

@@ -5,10 +5,13 @@ Layout of a run directory (``results/<run-id>/``)::
     results.json                 the figures below, per policy (schema RESULTS_SCHEMA)
     controller-<policy>.log      the os-ken controller's log
     agent-<policy>-<host>.log    each traffic agent's log
-    records/<policy>/<host>.packets.csv   one row per data packet that arrived
-    records/<policy>/<host>.steps.csv     one row per collective step of each rank
-    records/<policy>/<host>.qps.csv       DCQCN: each QP's rate over time, bytes sent
-    records/<policy>/<host>.summary.json  the agent's counters
+    records/<policy>/<host>.packets.csv     one row per data packet that arrived
+    records/<policy>/<host>.tx.csv          kernel transmit time of every frame it sent
+    records/<policy>/<host>.iterations.csv  one row per iteration: compute, collective start
+                                            and end
+    records/<policy>/<host>.ops.csv         one row per transfer sent or received
+    records/<policy>/<host>.qps.csv         DCQCN: each QP's rate over time, bytes sent
+    records/<policy>/<host>.summary.json    the agent's counters and timer lag
 
 ``results.json`` is written atomically (temporary file + rename), so a reader never sees half
 of it.
@@ -19,9 +22,12 @@ import csv
 import glob
 import json
 import os
-from typing import Dict, List
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
-from traffic import metrics
+import numpy as np
+
+from traffic import collectives, metrics
 
 RESULTS_SCHEMA = "ai-fabric-testbed/results/1"
 
@@ -31,66 +37,99 @@ def read_csv(path: str) -> List[dict]:
         return list(csv.DictReader(f))
 
 
+def _rows_if_any(path: str) -> List[dict]:
+    return read_csv(path) if os.path.exists(path) else []
+
+
 def load_tx_times(records_dir: str, host: str) -> Dict[int, int]:
     """sent_ns -> kernel transmit time of the data packets a GPU sent (its tx file)."""
-    path = os.path.join(records_dir, f"{host}.tx.csv")
-    if not os.path.exists(path):
-        return {}
-    return {int(r["sent_ns"]): int(r["tx_ns"]) for r in read_csv(path)}
+    return {int(r["sent_ns"]): int(r["tx_ns"])
+            for r in _rows_if_any(os.path.join(records_dir, f"{host}.tx.csv"))
+            if r.get("kind", "d") == "d"}
 
 
-def collect(records_dir: str, size_bytes: int) -> dict:
+@dataclass
+class Mechanisms:
+    """Which counters mean something under a policy: absent ones are reported as null."""
+
+    ecn: bool = True
+    pfc: bool = True
+    cnp: bool = True
+
+
+@dataclass
+class RunContext:
+    """What ``collect`` needs to know about the run besides the records."""
+
+    ranks: int
+    workloads: List[dict]  # as the agents got them (testbed.agents.workload_specs)
+    time_scale: float = 1.0
+    extrapolate_gpus: int = 10_000
+    mechanisms: Mechanisms = field(default_factory=Mechanisms)
+
+
+class Packets:
+    """Every data packet the GPUs received, as columns (numpy), latency joined."""
+
+    def __init__(self, src, dst, sent, latency, iteration, payload, delivered):
+        self.src, self.dst, self.sent, self.latency = src, dst, sent, latency
+        self.iteration, self.payload, self.delivered = iteration, payload, delivered
+
+    def select(self, mask) -> "Packets":
+        return Packets(*(a[mask] for a in (self.src, self.dst, self.sent, self.latency,
+                                           self.iteration, self.payload, self.delivered)))
+
+    def ipdv_us(self) -> np.ndarray:
+        """RFC 3393 IPDV over every flow (src -> dst), consecutive packets in send order."""
+        if self.src.size < 2:
+            return np.zeros(0)
+        order = np.lexsort((self.sent, self.dst, self.src))
+        flow = self.src[order] * 1_000_000 + self.dst[order]
+        same = flow[1:] == flow[:-1]
+        return metrics.ipdv_us(self.latency[order])[same]
+
+    def path_minima_us(self) -> Dict[tuple, float]:
+        """(src, dst) -> the lowest one-way latency seen on that GPU pair."""
+        out: Dict[tuple, float] = {}
+        for s, d, lat in zip(self.src.tolist(), self.dst.tolist(), self.latency.tolist()):
+            if lat < out.get((s, d), float("inf")):
+                out[(s, d)] = lat
+        return out
+
+    def latency_figures(self) -> dict:
+        latency = metrics.percentiles(self.latency)
+        return {"latency_us": latency,
+                "jitter_us": metrics.jitter_summary(self.ipdv_us(), latency),
+                "tail_ratio_p99_p50": metrics.tail_ratio(latency)}
+
+
+def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
     """Per-policy figures from the records the agents wrote into ``records_dir``.
 
     One-way latency of a packet = the receiver's kernel receive time - the sender's kernel
     transmit time (joined on the send time the packet carries); for a packet whose transmit
     time is missing, the send time itself stands in (counted in ``latency_app_clock``).
     """
-    all_latency = []
-    steps: List[dict] = []
-    counters: Dict[str, int] = {}
-    per_gpu: Dict[str, dict] = {}
     summaries = []
     for path in sorted(glob.glob(os.path.join(records_dir, "*.summary.json"))):
         with open(path, encoding="utf-8") as f:
             summaries.append(json.load(f))
-    tx_times = {s["rank"]: load_tx_times(records_dir, s["host"]) for s in summaries}
-    app_clock = 0
+    packets, per_gpu, app_clock = _load_packets(records_dir, summaries)
+    iterations = [r for s in summaries
+                  for r in _rows_if_any(os.path.join(records_dir, f"{s['host']}.iterations.csv"))]
+    counters: Dict[str, int] = {}
     for summary in summaries:
-        host = summary["host"]
         for key, value in summary["counters"].items():
             counters[key] = counters.get(key, 0) + value
-        rows = read_csv(os.path.join(records_dir, f"{host}.packets.csv"))
-        sent_at = []
-        for r in rows:
-            sent = int(r["sent_ns"])
-            tx = tx_times.get(int(r["src"]), {}).get(sent)
-            if tx is None:
-                app_clock += 1
-                tx = sent
-            sent_at.append(tx)
-        latency = metrics.latency_us(sent_at, [int(r["rx_ns"]) for r in rows])
-        all_latency.append(latency)
-        lat = metrics.percentiles(latency) or {}
-        mine = summary["counters"]
-        per_gpu[host] = {"rank": summary["rank"],
-                         "packets_sent": mine.get("tx_packets", 0) + mine.get("retransmitted", 0),
-                         "packets_received": len(rows),
-                         "latency_us_p50": lat.get("p50"), "latency_us_p99": lat.get("p99")}
-        steps += read_csv(os.path.join(records_dir, f"{host}.steps.csv"))
-    latency = metrics.percentiles(metrics.concat(all_latency))
     rates = [float(r["rate_bps"]) for s in summaries
              for r in _rows_if_any(os.path.join(records_dir, f"{s['host']}.qps.csv"))]
-    cct_summary = metrics.cct_summary(metrics.iteration_cct_us(steps))
     sent = counters.get("tx_packets", 0) + counters.get("retransmitted", 0)
-    received = sum(g["packets_received"] for g in per_gpu.values())
-    return {
+    received = int(packets.src.size)
+    m = ctx.mechanisms
+    figures = {
         "agents_reporting": len(summaries),
         "latency_app_clock": app_clock,
-        "latency_us": latency,
-        "cct_us": cct_summary,
-        "algbw_gbps_emulated": (round(metrics.algbw_gbps(size_bytes, cct_summary["p50"]), 6)
-                                if cct_summary else None),
+        **packets.latency_figures(),
         "packets_sent": sent,
         "packets_received": received,
         "drops": sent - received,
@@ -98,20 +137,131 @@ def collect(records_dir: str, size_bytes: int) -> dict:
         "naks": counters.get("naks_sent", 0),
         "rto_timeouts": counters.get("timeouts", 0),
         "out_of_order_dropped": counters.get("resp_out_of_order_dropped", 0),
-        "ecn_marked_packets": counters.get("rx_ce", 0),
-        "cnps_sent": counters.get("cnps_sent", 0),
-        "cnps_received": counters.get("cnps_received", 0),
+        "ecn_marked_packets": counters.get("rx_ce", 0) if m.ecn else None,
+        "cnps_sent": counters.get("cnps_sent", 0) if m.cnp else None,
+        "cnps_received": counters.get("cnps_received", 0) if m.cnp else None,
         "dcqcn_min_rate_mbit": round(min(rates) / 1e6, 3) if rates else None,
         "rx_socket_drops": counters.get("rx_socket_drops", 0),
         "rx_invalid": counters.get("rx_invalid", 0),
+        "rx_unexpected_messages": counters.get("rx_unexpected_messages", 0),
         "rx_no_timestamp": counters.get("rx_no_timestamp", 0),
         "nic_backpressure_waits": counters.get("tx_blocked", 0),
+        "agent_loop_lag_us": _pooled_lag(summaries),
+        "collectives": [_workload_figures(i, spec, ctx, packets, iterations)
+                        for i, spec in enumerate(ctx.workloads)],
         "per_gpu": dict(sorted(per_gpu.items(), key=lambda kv: kv[1]["rank"])),
+    }
+    if len(figures["collectives"]) == 1:  # the usual case: its figures at the top as well
+        only = figures["collectives"][0]
+        for key in ("cct_us", "algbw_gbps_emulated", "busbw_gbps_emulated",
+                    "busbw_gbps_modelled", "straggler_idle_us", "extrapolation"):
+            figures[key] = only[key]
+    return figures, packets
+
+
+def _load_packets(records_dir: str, summaries: List[dict]):
+    tx_times = {s["rank"]: load_tx_times(records_dir, s["host"]) for s in summaries}
+    cols: Dict[str, list] = {k: [] for k in ("src", "dst", "sent", "latency", "iteration",
+                                             "payload", "delivered")}
+    per_gpu: Dict[str, dict] = {}
+    app_clock = 0
+    for summary in summaries:
+        host = summary["host"]
+        rows = read_csv(os.path.join(records_dir, f"{host}.packets.csv"))
+        sent_at, rx = [], []
+        for r in rows:
+            sent = int(r["sent_ns"])
+            tx = tx_times.get(int(r["src"]), {}).get(sent)
+            if tx is None:
+                app_clock += 1
+                tx = sent
+            sent_at.append(tx)
+            rx.append(int(r["rx_ns"]))
+        latency = metrics.latency_us(sent_at, rx)
+        cols["latency"].append(latency)
+        cols["sent"].append(np.asarray(sent_at, dtype=np.int64))
+        for key, name, kind in (("src", "src", np.int64), ("dst", "dst", np.int64),
+                                ("iteration", "iteration", np.int64),
+                                ("payload", "bytes", np.int64),
+                                ("delivered", "delivered", np.int64)):
+            cols[key].append(np.asarray([int(r.get(name) or 0) for r in rows], dtype=kind))
+        lat = metrics.percentiles(latency) or {}
+        mine = summary["counters"]
+        per_gpu[host] = {"rank": summary["rank"],
+                         "packets_sent": mine.get("tx_packets", 0) + mine.get("retransmitted", 0),
+                         "packets_received": len(rows),
+                         "latency_us_p50": lat.get("p50"), "latency_us_p99": lat.get("p99"),
+                         "loop_lag_us_p99": (summary.get("loop_lag") or {}).get("p99_us")}
+    joined = {k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64))
+              for k, v in cols.items()}
+    joined["latency"] = joined["latency"].astype(float)
+    return (Packets(joined["src"], joined["dst"], joined["sent"], joined["latency"],
+                    joined["iteration"], joined["payload"], joined["delivered"]),
+            per_gpu, app_clock)
+
+
+def _workload_figures(index: int, spec: dict, ctx: RunContext, packets: Packets,
+                      iterations: List[dict]) -> dict:
+    """The figures of one collective at one size: CCT, bandwidths, latency, stragglers."""
+    rows = [r for r in iterations if int(r["workload"]) == index]
+    its = sorted({int(r["iteration"]) for r in rows})
+    size = spec["size"]
+    coll = collectives.build(spec["collective"], ctx.ranks, size, spec.get("chunks", 1),
+                             spec.get("group", 1))
+    cct = metrics.cct_summary(metrics.iteration_cct_us(rows))
+    factor = collectives.bus_bandwidth_factor(coll.kind, ctx.ranks)
+    algbw = metrics.algbw_gbps(size, cct["p50"]) if cct else None
+    ready: Dict[int, List[int]] = {}
+    for r in rows:
+        ready.setdefault(int(r["iteration"]), []).append(int(r["start_ns"]))
+    complete = {i: v for i, v in ready.items() if len(v) == ctx.ranks}
+    idle = metrics.straggler_idle(complete)
+    mine = packets.select(np.isin(packets.iteration, its)) if its else packets.select(
+        np.zeros(packets.src.size, dtype=bool))
+    delivered = mine.select(mine.delivered == 1)
+    moved = {}
+    for rank in range(ctx.ranks):
+        total = int(delivered.payload[delivered.src == rank].sum())
+        moved[str(rank)] = round(total / len(its)) if its else None
+    expected = {str(r): coll.bytes_sent(r) for r in range(ctx.ranks)}
+    return {
+        "collective": coll.name,
+        "size_bytes": size,
+        "iterations": len(its),
+        "ranks": ctx.ranks,
+        "cct_us": cct,
+        "algbw_gbps_emulated": _round(algbw),
+        "busbw_gbps_emulated": _round(algbw * factor if algbw else None),
+        "algbw_gbps_modelled": _round(algbw * ctx.time_scale if algbw else None),
+        "busbw_gbps_modelled": _round(algbw * factor * ctx.time_scale if algbw else None),
+        "busbw_factor": round(factor, 6),
+        "bytes_sent_per_rank": {"expected": expected, "measured": moved},
+        **mine.latency_figures(),
+        "straggler_idle_us": idle,
+        "extrapolation": (metrics.extrapolate_idle(idle["mean"], ctx.ranks,
+                                                   ctx.extrapolate_gpus, ctx.time_scale)
+                          if idle else None),
     }
 
 
-def _rows_if_any(path: str) -> List[dict]:
-    return read_csv(path) if os.path.exists(path) else []
+def _pooled_lag(summaries: List[dict]) -> Optional[dict]:
+    """How late the agents woke for their timers, over all agents."""
+    hists = [metrics.LagHistogram(s["loop_lag"]["counts"]) for s in summaries
+             if (s.get("loop_lag") or {}).get("counts")]
+    if not hists:
+        return None
+    pooled = hists[0]
+    for h in hists[1:]:
+        pooled = pooled.merge(h)
+    d = pooled.to_dict()
+    del d["counts"]
+    first = [s["first_start_lag_us"] for s in summaries if "first_start_lag_us" in s]
+    d["first_start_lag_us_max"] = max(first) if first else None
+    return d
+
+
+def _round(x, digits: int = 6):
+    return None if x is None else round(float(x), digits)
 
 
 def write_json_atomic(path: str, data: dict) -> None:
@@ -122,75 +272,3 @@ def write_json_atomic(path: str, data: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def _fmt(value, digits=1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool) or isinstance(value, str):
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return f"{value:,}"
-
-
-def summary_table(results: dict) -> str:
-    """The comparison printed at the end of a run: one column per policy, then per GPU."""
-    policies = results.get("policies", {})
-    rows = [
-        ("GPUs", lambda p: p.get("gpus")),
-        ("packets sent", lambda p: p.get("packets_sent")),
-        ("packets received", lambda p: p.get("packets_received")),
-        ("drops (sent - received)", lambda p: p.get("drops")),
-        ("  of which switch queue drops", lambda p: p.get("switch_queue_drops")),
-        ("ECN-marked packets received", lambda p: p.get("ecn_marked_packets")),
-        ("PFC pause events", lambda p: p.get("pfc_pause_events")),
-        ("PFC paused time (ms)", lambda p: p.get("pfc_paused_ms")),
-        ("latency p50 (us)", lambda p: (p.get("latency_us") or {}).get("p50")),
-        ("latency p99 (us)", lambda p: (p.get("latency_us") or {}).get("p99")),
-        ("latency p99.9 (us)", lambda p: (p.get("latency_us") or {}).get("p999")),
-        ("latency max (us)", lambda p: (p.get("latency_us") or {}).get("max")),
-        ("CCT p50 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p50"))),
-        ("CCT p99 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p99"))),
-        ("CCT max (ms)", lambda p: _ms((p.get("cct_us") or {}).get("max"))),
-        ("retransmitted packets", lambda p: p.get("retransmitted_packets")),
-        ("NAKs / RTO timeouts", lambda p: _pair(p.get("naks"), p.get("rto_timeouts"))),
-        ("CNPs sent", lambda p: p.get("cnps_sent")),
-        ("spine load (packets)", lambda p: " / ".join(
-            f"{v:,}" for v in (p.get("spine_load_packets") or {}).values()) or None),
-    ]
-    names = list(policies)
-    out = [_table(["per policy"] + names,
-                  [[label] + [_fmt(get(policies[n])) for n in names] for label, get in rows])]
-    for name in names:
-        gpus = policies[name].get("per_gpu") or {}
-        out.append(_table(
-            [f"{name}: per GPU", "rank", "sent", "received", "rx p50 (us)", "rx p99 (us)"],
-            [[host, _fmt(g["rank"]), _fmt(g["packets_sent"]), _fmt(g["packets_received"]),
-              _fmt(g["latency_us_p50"]), _fmt(g["latency_us_p99"])]
-             for host, g in gpus.items()]))
-    scale = results.get("time_scale")
-    if scale:
-        modelled = results.get("scenario", {}).get("topology", {}).get("modelled_rate_gbit")
-        out.append(f"time scale: emulated links run {scale:,.0f}x slower than the modelled "
-                   f"{modelled:g} Gbit/s fabric; latencies and CCTs are emulated time")
-    return "\n\n".join(out)
-
-
-def _table(header: List[str], rows: List[List[str]]) -> str:
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    lines = ["  ".join(str(h).ljust(w) if i == 0 else str(h).rjust(w)
-                       for i, (h, w) in enumerate(zip(header, widths)))]
-    lines.append("-" * len(lines[0]))
-    for r in rows:
-        lines.append("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
-                               for i, (c, w) in enumerate(zip(r, widths))))
-    return "\n".join(lines)
-
-
-def _pair(a, b):
-    return None if a is None and b is None else f"{_fmt(a)} / {_fmt(b)}"
-
-
-def _ms(us):
-    return None if us is None else us / 1000.0

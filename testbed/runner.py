@@ -18,7 +18,11 @@ from typing import Callable, List, Optional
 from controllers.policy import Policy, make_policy, policy_names
 
 from . import __version__
-from .agents import AgentGroup, expected_duration_s
+from traffic.collectives import ScheduleError
+from traffic.collectives import build as build_collective
+
+from .agents import AgentGroup, congestion_control, expected_duration_s, workload_specs
+from .background import Background, background_plan
 from .capabilities import Capabilities, detect
 from .config import Scenario
 from .controller import ControllerProcess
@@ -27,7 +31,8 @@ from .fabric import Fabric
 from .ledger import Ledger
 from .ovs_buffers import needed_bytes, ovs_socket_buffers, raised_socket_defaults
 from .queues import egress_stats, queue_drops, spine_load
-from .results import RESULTS_SCHEMA, collect, write_json_atomic
+from .fidelity import CpuSampler, evaluate
+from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, write_json_atomic
 from .switchq import EmulatorProcess
 from .topology import FabricPlan
 
@@ -46,27 +51,45 @@ def validate(scenario: Scenario) -> FabricPlan:
             raise ConfigError(f"policies: unknown policy {p!r} (known: {', '.join(known)})")
     if len(set(scenario.policies)) != len(scenario.policies):
         raise ConfigError("policies: each policy may appear once")
-    t = scenario.topology
-    plan = FabricPlan(t.spines, t.leaves, t.gpus_per_leaf)
-    if len(plan.hosts) < 2:
+    plan = FabricPlan.for_topology(scenario.topology)
+    n = len(plan.gpus)
+    if n < 2:
         raise ConfigError("topology: a collective needs at least 2 GPUs "
-                          f"(leaves x gpus_per_leaf = {len(plan.hosts)})")
-    if scenario.workload.size_bytes < len(plan.hosts):
-        raise ConfigError(f"workload.size_bytes: must be >= the number of GPUs "
-                          f"({len(plan.hosts)}), got {scenario.workload.size_bytes}")
+                          f"(leaves x gpus_per_leaf = {n})")
+    _validate_workload(scenario, plan)
+    background_plan(plan, scenario)  # ConfigError for impossible background traffic
     for name in scenario.policy_params:
         if name not in scenario.policies:
             raise ConfigError(f"policy_params.{name}: {name} is not among the policies run "
                               f"({', '.join(scenario.policies)})")
     for name in scenario.policies:
         policy = make_policy(name, plan, scenario)  # parameters that need the plan
-        ring = [h.name for h in plan.hosts]
+        ring = [h.name for h in plan.gpus]
         apart = [(a, b) for a, b in zip(ring, ring[1:] + ring[:1]) if not policy.may_reach(a, b)]
         if apart:
             raise ConfigError(f"policy_params.{name}: {apart[0][0]} may not reach {apart[0][1]} "
                               "(tenants), but the collective runs over all GPUs; put them in "
                               "one tenant")
     return plan
+
+
+def _validate_workload(scenario: Scenario, plan: FabricPlan) -> None:
+    w, n = scenario.workload, len(plan.gpus)
+    where = "workload.sizes" if w.sizes else "workload.size_bytes"
+    for size in w.run_sizes:
+        if size < n:
+            raise ConfigError(f"{where}: must be >= the number of GPUs ({n}), got {size}")
+    if len(set(w.sizes)) != len(w.sizes):
+        raise ConfigError("workload.sizes: each size may appear once")
+    for spec in workload_specs(scenario, plan):
+        try:
+            build_collective(spec["collective"], n, spec["size"], spec["chunks"], spec["group"])
+        except ScheduleError as e:
+            raise ConfigError(f"workload.collective: {e}")
+    for r in w.stragglers.ranks:
+        if not 0 <= r < n:
+            raise ConfigError(f"workload.stragglers.ranks: rank {r} does not exist "
+                              f"(ranks 0..{n - 1})")
 
 
 def run(scenario: Scenario, out_root: str = "results", progress: Progress = lambda s: None,
@@ -141,7 +164,8 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
         fabric = Fabric(plan, t, caps, ctl.port, ledger, classes,
                         mtu=link_mtu(scenario.workload.mtu))
         stack.callback(_shielded_call, fabric.stop)
-        say(f"building fabric: {t.spines} spines, {t.leaves} leaves, {len(plan.hosts)} GPUs, "
+        extra = f" + {len(plan.neighbours)} neighbour hosts" if plan.neighbours else ""
+        say(f"building fabric: {t.spines} spines, {t.leaves} leaves, {len(plan.gpus)} GPUs{extra}, "
             f"{t.host_rate_mbit:g}/{t.fabric_rate_mbit:g} Mbit/s host/fabric links, "
             f"OVS {caps.datapath} datapath, classes {', '.join(c.name for c in classes)}")
         # Userspace OVS sizes its packet sockets when it creates them: during the build and
@@ -180,8 +204,9 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                ledger: Ledger, say: Progress, results: dict) -> dict:
     plan, name = policy.plan, policy.name
     records = os.path.join(run_dir, "records", name)
-    w = scenario.workload
     t0 = time.monotonic()
+    cpu = CpuSampler()
+    background_report: dict = {}
     with fabric_up(policy, scenario, caps, run_dir, ledger, say) as session:
         results.setdefault("link_emulation", session.fabric.applied())
         with queue_emulation(policy, scenario, session, run_dir, ledger) as (emu, queues):
@@ -193,45 +218,93 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                 emu.check_alive()
 
             agents = AgentGroup(session.fabric, policy, scenario, records, run_dir, ledger, name)
+            background = Background(session.fabric, plan, scenario, policy,
+                                    os.path.join(run_dir, "background", name), ledger)
+            expected = expected_duration_s(scenario)
             try:
                 agents.start()
-                say(f"replaying {w.iterations} x ring all-reduce of {w.size_bytes:,} B on "
-                    f"{len(plan.hosts)} GPUs (about {expected_duration_s(scenario):.1f} s at "
-                    "line rate)")
-                agents.go()
+                if not background.empty:
+                    background.start_receivers()
+                say(f"replaying {_workload_text(scenario, len(plan.gpus))} "
+                    f"(about {expected:.1f} s at line rate)")
+                start_ns = agents.go()
+                if not background.empty:
+                    background.start_senders(start_ns, 30 + 10 * expected)
+                    say(f"background traffic: {background.describe()}")
                 t_traffic = time.monotonic()
-                agents.wait(timeout=30 + 10 * expected_duration_s(scenario),
-                            on_iteration=lambda i: say(
-                                f"iteration {i + 1}/{w.iterations} "
-                                f"({time.monotonic() - t_traffic:.1f} s)"),
-                            alive=alive)
+                total = agents.iterations
+                with cpu:  # while the traffic runs
+                    agents.wait_finished(timeout=30 + 10 * expected,
+                                         on_iteration=lambda i: say(
+                                             f"iteration {i + 1}/{total} "
+                                             f"({time.monotonic() - t_traffic:.1f} s)"),
+                                         alive=alive)
+                if not background.empty:
+                    with shielded():
+                        background_report = background.stop()
+                agents.collect()
             finally:
+                if not background.empty:
+                    with shielded():
+                        background_report = background.stop()
                 _shielded_call(agents.stop)
         stats = egress_stats(session.fabric)
+        delay_us = session.fabric.applied().get("link_delay_us_applied", 0.0)
         say("tearing down the fabric")
-    figures = collect(records, w.size_bytes)
+    classes = policy.traffic_classes()
+    cc = congestion_control(scenario, policy)
+    ctx = RunContext(ranks=len(plan.gpus), workloads=workload_specs(scenario, plan),
+                     time_scale=scenario.time_scale,
+                     extrapolate_gpus=scenario.workload.extrapolate_gpus,
+                     mechanisms=Mechanisms(ecn=any(c.ecn for c in classes),
+                                           pfc=any(c.pfc for c in classes),
+                                           cnp=cc == "dcqcn"))
+    figures, packets = collect(records, ctx)
     switch_drops, nic_drops, per_port = queue_drops(plan, stats)
+    pfc = ctx.mechanisms.pfc
     figures.update({
-        "gpus": len(plan.hosts),
+        "gpus": len(plan.gpus),
         "params": policy.params_dict(),
-        "traffic_classes": [c.name for c in policy.traffic_classes()],
+        "traffic_classes": [c.name for c in classes],
+        "congestion_control": cc,
         "switch_queue_drops": switch_drops,
         "nic_queue_drops": nic_drops,
         "drops_by_port": per_port,
         "unexplained_drops": max(0, figures["drops"] - switch_drops - nic_drops
                                  - figures["rx_socket_drops"]),
         "spine_load_packets": spine_load(plan, stats),
-        "pfc_pause_events": queues.get("pfc_pause_events", 0),
-        "pfc_paused_ms": queues.get("pfc_paused_ms", 0.0),
+        "pfc_pause_events": queues.get("pfc_pause_events", 0) if pfc else None,
+        "pfc_paused_ms": queues.get("pfc_paused_ms", 0.0) if pfc else None,
         "switch_queues": queues,
         "reaction_time_us": scenario.emulation.sample_interval_us,
+        "background": background_report or None,
         "warnings": session.warnings,
         "duration_s": round(time.monotonic() - t0, 2),
     })
+    figures["fidelity"] = evaluate(records, plan, figures, packets.path_minima_us(), delay_us,
+                                   cpu.samples, scenario)
     say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "
-        f"received, {figures['drops']:,} dropped, {figures['ecn_marked_packets']:,} "
-        f"ECN-marked, {figures['pfc_pause_events']:,} PFC pauses")
+        f"received, {figures['drops']:,} dropped, {_count(figures['ecn_marked_packets'])} "
+        f"ECN-marked, {_count(figures['pfc_pause_events'])} PFC pauses; fidelity "
+        f"{figures['fidelity']['verdict']}")
     return figures
+
+
+def _count(value) -> str:
+    return "no" if value is None else f"{value:,}"
+
+
+def _workload_text(scenario: Scenario, gpus: int) -> str:
+    w = scenario.workload
+    sizes = (", ".join(f"{s:,}" for s in w.sizes) + " B") if w.sizes else f"{w.size_bytes:,} B"
+    extra = []
+    if w.compute_ms:
+        extra.append(f"{w.compute_ms:g} ms compute")
+    if w.stragglers.ranks:
+        extra.append(f"stragglers {', '.join(map(str, w.stragglers.ranks))} "
+                     f"+{w.stragglers.delay_ms:g} ms ({w.stragglers.distribution})")
+    return (f"{w.iterations} x {w.collective} of {sizes} on {gpus} GPUs"
+            + (f" ({'; '.join(extra)})" if extra else ""))
 
 
 def link_mtu(roce_mtu: int) -> int:

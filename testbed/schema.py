@@ -1,6 +1,7 @@
 """Typed settings from plain mappings: frozen dataclasses whose fields declare their rules.
 
-A field's ``metadata`` may hold ``min``, ``max``, ``choices``, ``unit`` and ``doc``. ``build``
+A field's ``metadata`` may hold ``min``, ``max``, ``choices``, ``unit`` and ``doc``
+(and ``empty`` for a string that may be empty). ``build``
 turns a mapping into the dataclass, checking every key and value and raising one
 ``ConfigError`` that names the path and what is allowed. Used by the scenario and by the
 policies' parameters, so both report errors the same way.
@@ -73,7 +74,7 @@ def scalar(kind, value, where, meta):
             raise ConfigError(f"{where}: must be a number, got {value!r}")
         value = float(value)
     elif kind is str:
-        if not isinstance(value, str) or not value:
+        if not isinstance(value, str) or not (value or meta.get("empty")):
             raise ConfigError(f"{where}: must be a non-empty string, got {value!r}")
     if "choices" in meta and value not in meta["choices"]:
         allowed = ", ".join(str(c) for c in meta["choices"])

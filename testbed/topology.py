@@ -9,9 +9,15 @@ spine s    ``sp<s>``              DPID ``0x2_0000 + s``; port ``l`` goes to leaf
 leaf l     ``lf<l>``              DPID ``0x1_0000 + l``; ports ``1..H`` go to its GPUs,
                                   port ``H + s`` goes up to spine ``s``
 GPU        ``gpu<n>``             rank ``n - 1``; the ``i``-th GPU of leaf ``l`` has rank
-                                  ``(l-1)*H + (i-1)``, IP ``10.0.<l>.<i>/16``,
+                                  ``(l-1)*G + (i-1)``, IP ``10.0.<l>.<i>/16``,
                                   MAC ``02:00:0a:00:<l>:<i>`` (hex), NIC ``gpu<n>-eth0``
+neighbour  ``nb<k>``              a non-GPU host (noisy-neighbour tenant); the ``j``-th of
+                                  leaf ``l`` sits on leaf port ``G + j``, with the address
+                                  scheme of that port; no rank
 =========  =====================  ==========================================================
+
+``G`` is the number of GPUs per leaf and ``H`` the number of hosts per leaf (GPUs, then
+neighbours): leaf ports ``1..H`` go down, ``H + s`` up.
 
 All GPUs share one IP subnet (10.0.0.0/16) with static ARP entries, so no ARP or flooding is
 needed; switches route on the destination IP (leaf ``l`` owns 10.0.<l>.0/24). Interfaces are
@@ -48,11 +54,16 @@ class Switch:
 @dataclass(frozen=True)
 class Host:
     name: str
-    rank: int
+    rank: int  # -1 for a neighbour host
     leaf: int  # 1-based leaf index
     index: int  # 1-based position on its leaf (= its leaf port)
     ip: str
     mac: str
+    role: str = "gpu"  # "gpu" | "neighbour"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.role == "gpu"
 
     @property
     def intf(self) -> str:
@@ -89,22 +100,36 @@ def leaf_subnet(leaf: int) -> str:
 class FabricPlan:
     """The pure description of a leaf-spine fabric: no Mininet, no I/O."""
 
-    def __init__(self, spines: int, leaves: int, hosts_per_leaf: int):
+    def __init__(self, spines: int, leaves: int, gpus_per_leaf: int,
+                 neighbours_per_leaf: int = 0):
         for name, value, top in (("spines", spines, MAX_SPINES), ("leaves", leaves, MAX_LEAVES),
-                                 ("hosts_per_leaf", hosts_per_leaf, MAX_HOSTS_PER_LEAF)):
+                                 ("gpus_per_leaf", gpus_per_leaf, MAX_HOSTS_PER_LEAF)):
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
                 raise ConfigError(f"topology.{name}: must be an integer in 1..{top}, got {value!r}")
+        top = MAX_HOSTS_PER_LEAF - gpus_per_leaf
+        if not isinstance(neighbours_per_leaf, int) or not 0 <= neighbours_per_leaf <= top:
+            raise ConfigError(f"topology.neighbours_per_leaf: must be an integer in 0..{top} "
+                              f"with {gpus_per_leaf} GPUs per leaf, got {neighbours_per_leaf!r}")
         self.n_spines = spines
         self.n_leaves = leaves
-        self.hosts_per_leaf = hosts_per_leaf
+        self.gpus_per_leaf = gpus_per_leaf
+        self.neighbours_per_leaf = neighbours_per_leaf
+        self.hosts_per_leaf = gpus_per_leaf + neighbours_per_leaf  # leaf ports going down
         self.spines = [Switch(f"sp{s}", SPINE_DPID_BASE + s, "spine", s)
                        for s in range(1, spines + 1)]
         self.leaves = [Switch(f"lf{lf}", LEAF_DPID_BASE + lf, "leaf", lf)
                        for lf in range(1, leaves + 1)]
-        self.hosts = [
-            Host(name=f"gpu{(lf - 1) * hosts_per_leaf + i}", rank=(lf - 1) * hosts_per_leaf + i - 1,
+        g, m = gpus_per_leaf, neighbours_per_leaf
+        self.gpus = [
+            Host(name=f"gpu{(lf - 1) * g + i}", rank=(lf - 1) * g + i - 1,
                  leaf=lf, index=i, ip=f"10.0.{lf}.{i}", mac="02:00:0a:00:%02x:%02x" % (lf, i))
-            for lf in range(1, leaves + 1) for i in range(1, hosts_per_leaf + 1)]
+            for lf in range(1, leaves + 1) for i in range(1, g + 1)]
+        self.neighbours = [
+            Host(name=f"nb{(lf - 1) * m + j}", rank=-1, leaf=lf, index=g + j,
+                 ip=f"10.0.{lf}.{g + j}", mac="02:00:0a:00:%02x:%02x" % (lf, g + j),
+                 role="neighbour")
+            for lf in range(1, leaves + 1) for j in range(1, m + 1)]
+        self.hosts = self.gpus + self.neighbours
         self.links = (
             [Link(h.name, 0, f"lf{h.leaf}", h.index, "host") for h in self.hosts]
             + [Link(f"lf{lf}", self.uplink_port(s), f"sp{s}", lf, "fabric")
@@ -128,7 +153,7 @@ class FabricPlan:
         raise KeyError(name)
 
     def hosts_on_leaf(self, leaf: int) -> List[Host]:
-        return [h for h in self.hosts if h.leaf == leaf]
+        return sorted((h for h in self.hosts if h.leaf == leaf), key=lambda h: h.index)
 
     def uplink_port(self, spine: int) -> int:
         """Leaf port that goes up to spine ``spine`` (1-based)."""
@@ -158,12 +183,20 @@ class FabricPlan:
     # --- serialisation (the controller gets the plan as JSON) -------------------------------
     def to_dict(self) -> dict:
         return {"spines": self.n_spines, "leaves": self.n_leaves,
-                "hosts_per_leaf": self.hosts_per_leaf}
+                "gpus_per_leaf": self.gpus_per_leaf,
+                "neighbours_per_leaf": self.neighbours_per_leaf}
 
     @classmethod
     def from_dict(cls, data: dict) -> "FabricPlan":
-        return cls(data["spines"], data["leaves"], data["hosts_per_leaf"])
+        return cls(data["spines"], data["leaves"], data["gpus_per_leaf"],
+                   data.get("neighbours_per_leaf", 0))
+
+    @classmethod
+    def for_topology(cls, t) -> "FabricPlan":
+        """The plan of a scenario's ``topology`` section."""
+        return cls(t.spines, t.leaves, t.gpus_per_leaf, t.neighbours_per_leaf)
 
     def __repr__(self) -> str:
         return (f"FabricPlan(spines={self.n_spines}, leaves={self.n_leaves}, "
-                f"hosts_per_leaf={self.hosts_per_leaf})")
+                f"gpus_per_leaf={self.gpus_per_leaf}, "
+                f"neighbours_per_leaf={self.neighbours_per_leaf})")

@@ -6,8 +6,11 @@
   socket, as fast as the NIC takes them (the socket blocks like a NIC) or paced by
   ``interval_us``; ``sport`` fixed, or ``"per-packet"`` for Ultra-Ethernet-style entropy;
   ``dscp`` and ``ecn`` set the IP TOS;
-* ``"kind": "udp"`` - small datagrams from a kernel UDP socket (e.g. interactive traffic),
-  with ``dscp`` and a pacing interval.
+  with ``bursts``, synchronised bursts (incast) until a deadline;
+* ``"kind": "udp"`` - datagrams from a kernel UDP socket (interactive or background traffic),
+  with ``dscp`` and a pacing interval, or a rate for a duration.
+
+Senders stop early on SIGTERM and still write their summary.
 
 Each packet carries its send time. ``python -m traffic.flows recv CONFIG.json`` counts what
 arrives on UDP ports 4791 (RoCE) and 5001 (udp flows) until it gets SIGTERM or ``duration_s``
@@ -35,7 +38,10 @@ UDP_PROBE_PORT = 5001
 STAMP = struct.Struct("!Q")
 
 
-def send_roce(cfg: dict) -> dict:
+def send_roce(cfg: dict, stop=lambda: False) -> dict:
+    """RoCE frames: ``packets`` of them back to back (or paced by ``interval_us``), or - with
+    ``bursts`` - ``packets`` per burst, bursts every ``period_us`` from ``start_ns`` until
+    ``duration_s`` has passed (synchronised incast when several senders share a start)."""
     me = roce.Endpoint(cfg["src_mac"], cfg["src_ip"])
     peer = roce.Endpoint(cfg["dst_mac"], cfg["dst_ip"])
     per_packet = cfg.get("sport") == "per-packet"
@@ -46,34 +52,108 @@ def send_roce(cfg: dict) -> dict:
     tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
     tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # block like a NIC
     tx.bind((cfg["intf"], 0))
-    interval = cfg.get("interval_us", 0) / 1e6
+    tx.setblocking(False)
     rng = random.Random(cfg.get("seed", 1))
-    next_at = time.monotonic()
-    for psn in range(cfg["packets"]):
+    psn = 0
+
+    def send_one() -> bool:
+        nonlocal psn
         if per_packet:
             tpl.set_sport(0xC000 | rng.getrandbits(14))
-        tx.send(tpl.fill(psn, False, time.time_ns(), 0, 0))
-        if interval:
-            next_at += interval
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-    tx.close()
-    return {"sent": cfg["packets"]}
+        ok = _send_like_a_nic(tx, tpl.fill(psn & 0xFFFFFF, False, time.time_ns(), 0, 0), stop)
+        psn += ok
+        return ok
+
+    try:
+        bursts = cfg.get("bursts")
+        if bursts:
+            start = bursts["start_ns"]
+            end = start + int(bursts["duration_s"] * 1e9)
+            period = int(bursts["period_us"] * 1000)
+            k = 0
+            while not stop():
+                at = start + k * period
+                if at >= end or not _sleep_until(at, stop):
+                    break
+                for _ in range(bursts["packets"]):
+                    if not send_one():
+                        break
+                k += 1
+            return {"sent": psn, "bursts": k}
+        interval = cfg.get("interval_us", 0) / 1e6
+        next_at = time.monotonic()
+        for _ in range(cfg["packets"]):
+            if not send_one():
+                break
+            if interval:
+                next_at += interval
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+        return {"sent": psn}
+    finally:
+        tx.close()
 
 
-def send_udp(cfg: dict) -> dict:
+def _send_like_a_nic(tx: socket.socket, frame: bytes, stop) -> bool:
+    """Send one frame, waiting while the NIC queue is full; False if told to stop first."""
+    while True:
+        try:
+            tx.send(frame)
+            return True
+        except BlockingIOError:
+            if stop():
+                return False
+            select.select([], [tx], [], 0.1)
+
+
+def _sleep_until(at_ns: int, stop) -> bool:
+    while True:
+        left = (at_ns - time.time_ns()) / 1e9
+        if left <= 0:
+            return True
+        if stop():
+            return False
+        time.sleep(min(left, 0.1))
+
+
+def send_udp(cfg: dict, stop=lambda: False) -> dict:
+    """UDP datagrams with a send-time stamp: ``packets`` of them every ``interval_us``, or -
+    with ``duration_s`` - at ``rate_mbit`` from ``start_ns`` (default now) until it passes."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, (cfg.get("dscp", 0) << 2) | cfg.get("ecn", 0))
     if "sport" in cfg:
         s.bind((cfg["src_ip"], int(cfg["sport"])))
-    pad = bytes(max(0, cfg.get("payload", 64) - STAMP.size))
-    interval = cfg.get("interval_us", 1000) / 1e6
-    for _ in range(cfg["packets"]):
-        s.sendto(STAMP.pack(time.time_ns()) + pad, (cfg["dst_ip"], UDP_PROBE_PORT))
-        time.sleep(interval)
-    s.close()
-    return {"sent": cfg["packets"]}
+    size = cfg.get("payload", 64)
+    pad = bytes(max(0, size - STAMP.size))
+    if "duration_s" in cfg:
+        interval_ns = int((size + 28) * 8e9 / (cfg["rate_mbit"] * 1e6))  # + IP/UDP headers
+        count = None
+    else:
+        interval_ns = int(cfg.get("interval_us", 1000) * 1000)
+        count = cfg["packets"]
+    start = cfg.get("start_ns") or time.time_ns()
+    end = start + int(cfg.get("duration_s", 0) * 1e9)
+    sent = errors = 0
+    try:
+        if not _sleep_until(start, stop):
+            return {"sent": 0, "send_errors": 0}
+        while not stop():
+            if count is not None and sent + errors >= count:
+                break
+            at = start + (sent + errors) * interval_ns
+            if count is None and at >= end:
+                break
+            if not _sleep_until(at, stop):
+                break
+            try:
+                s.sendto(STAMP.pack(time.time_ns()) + pad, (cfg["dst_ip"], UDP_PROBE_PORT))
+                sent += 1
+            except OSError:  # ENOBUFS: the NIC queue was full; the datagram is lost
+                errors += 1
+    finally:
+        s.close()
+    return {"sent": sent, "send_errors": errors}
 
 
 def receive(cfg: dict, stop) -> dict:
@@ -120,12 +200,14 @@ def main(argv=None) -> int:
         return 2
     with open(argv[1], encoding="utf-8") as f:
         cfg = json.load(f)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    stop = lambda: bool(stopping)  # noqa: E731
     if argv[0] == "send":
-        result = send_roce(cfg) if cfg.get("kind", "roce") == "roce" else send_udp(cfg)
+        result = (send_roce(cfg, stop) if cfg.get("kind", "roce") == "roce"
+                  else send_udp(cfg, stop))
     else:
-        stopping = []
-        signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-        result = receive(cfg, lambda: bool(stopping))
+        result = receive(cfg, stop)
     with open(cfg["out"], "w", encoding="utf-8") as f:
         json.dump(result, f)
     return 0

@@ -83,7 +83,7 @@ class Flow:
 def live(policy_name, tmp_path, **changes):
     scenario = DEFAULT.override(changes)
     t = scenario.topology
-    plan = FabricPlan(t.spines, t.leaves, t.gpus_per_leaf)  # no collective: any tenants
+    plan = FabricPlan.for_topology(t)  # no collective: any tenants
     policy = make_policy(policy_name, plan, scenario)
     ledger = Ledger(runner.new_run_id())
     ledger.acquire(str(tmp_path))

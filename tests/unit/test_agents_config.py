@@ -14,7 +14,10 @@ def test_one_config_per_gpu_with_all_peers():
     c = cfgs[2]
     assert (c["rank"], c["ip"], c["intf"], c["ranks"]) == (2, "10.0.2.1", "gpu3-eth0", 8)
     assert len(c["peers"]) == 7 and all(p["rank"] != 2 for p in c["peers"])
-    assert c["size"] == 1 << 20 and c["mtu"] == 4096 and c["out_dir"] == "/tmp/x"
+    assert c["workloads"] == [{"collective": "ring", "size": 1 << 20, "iterations": 10,
+                               "chunks": 4, "group": 2}]
+    assert c["mtu"] == 4096 and c["out_dir"] == "/tmp/x"
+    assert c["compute"] == {"ns": 0, "jitter_ns": 0} and c["straggler"] is None
     assert c["link_rate_bps"] == 40e6
 
 
@@ -48,3 +51,25 @@ def test_qp_numbers_are_unique_per_host_and_match_across_the_connection():
     for local in range(8):
         mine = {qp_number(local, r, i, q) for r in range(8) if r != local for i in range(q)}
         assert len(mine) == 7 * q and min(mine) >= 0x100 and max(mine) < 1 << 24
+
+
+def test_a_sweep_gives_one_workload_per_size_and_stragglers_get_their_delay():
+    s = Scenario.from_dict({"workload": {"sizes": [65536, 131072], "iterations": 3,
+                                         "collective": "double_binary_tree",
+                                         "compute_ms": 2, "compute_jitter_ms": 0.5,
+                                         "stragglers": {"ranks": [3], "delay_ms": 5}}})
+    cfgs = agent_configs(PLAN, s, "/tmp/x", make_policy("hyperscale", PLAN, s))
+    assert [w["size"] for w in cfgs[0]["workloads"]] == [65536, 131072]
+    assert {w["collective"] for w in cfgs[0]["workloads"]} == {"double_binary_tree"}
+    assert cfgs[0]["compute"] == {"ns": 2_000_000, "jitter_ns": 500_000}
+    assert cfgs[3]["straggler"] == {"delay_ns": 5_000_000, "distribution": "fixed",
+                                    "probability": 1.0}
+    assert [c["straggler"] is None for c in cfgs].count(False) == 1
+
+
+def test_neighbour_hosts_get_no_agent():
+    plan = FabricPlan(2, 2, 2, neighbours_per_leaf=1)
+    s = Scenario.from_dict({"topology": {"leaves": 2, "neighbours_per_leaf": 1}})
+    cfgs = agent_configs(plan, s, "/tmp/x", make_policy("hyperscale", plan, s))
+    assert [c["host"] for c in cfgs] == ["gpu1", "gpu2", "gpu3", "gpu4"]
+    assert all(len(c["peers"]) == 3 for c in cfgs)

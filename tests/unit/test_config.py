@@ -33,7 +33,7 @@ def test_values_override_defaults_and_round_trip():
     ({"topology": {"host_rate_mbit": float("nan")}}, "topology.host_rate_mbit: must be a number"),
     ({"topology": {"host_rate_mbit": 5000}}, "topology.host_rate_mbit: must be <= 1000.0"),
     ({"workload": {"mtu": 1500}}, "workload.mtu: must be one of 256, 512, 1024, 2048, 4096"),
-    ({"workload": {"collective": "tree"}}, "workload.collective: must be one of ring_allreduce"),
+    ({"workload": {"collective": "tree"}}, "workload.collective: must be one of ring, halving_doubling"),
     ({"workload": []}, "workload: must be a mapping, got list"),
     ({"policies": []}, "policies: must be a non-empty list"),
     ([], "scenario: must be a mapping"),

@@ -83,3 +83,12 @@ def test_bad_tenants_and_root_are_config_errors(plan):
         tenants(plan, (("gpu1",), ("gpu1", "gpu2")))
     with pytest.raises(ConfigError, match="spanning_tree_root"):
         EnterprisePolicy(plan, resolve("enterprise", {"spanning_tree_root": 3}, 40, 4096))
+
+
+def test_neighbour_hosts_form_their_own_tenant_by_default():
+    plan = FabricPlan(2, 2, 2, neighbours_per_leaf=1)
+    t = tenants(plan, ())
+    assert t["gpu1"] == t["gpu4"] == 1
+    assert t["nb1"] == t["nb2"] == 2
+    t = tenants(plan, (("gpu1", "nb1"),))
+    assert t["nb1"] == t["gpu1"] == 1 and t["gpu2"] == 2 and t["nb2"] == 3

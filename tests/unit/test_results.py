@@ -2,33 +2,47 @@ import csv
 import json
 import os
 
-from testbed.results import collect, summary_table, write_json_atomic
-from traffic.agent import PACKET_FIELDS, STEP_FIELDS
+import pytest
+
+from testbed.report import fidelity_warnings, summary_table, sweep_table
+from testbed.results import Mechanisms, RunContext, collect, write_json_atomic
+from traffic.agent import ITERATION_FIELDS, PACKET_FIELDS
+
+RING = {"collective": "ring", "size": 300, "iterations": 1, "chunks": 1, "group": 1}
 
 
-def _write_agent(d, host, rank, packets, steps, tx_packets):
-    with open(os.path.join(d, f"{host}.packets.csv"), "w", newline="") as f:
+def _csv(path, header, rows):
+    with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(PACKET_FIELDS)
-        w.writerows(packets)
-    with open(os.path.join(d, f"{host}.steps.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(STEP_FIELDS)
-        w.writerows(steps)
+        w.writerow(header)
+        w.writerows(rows)
+
+
+def _agent(d, host, rank, packets, iterations, tx_packets, lag=None):
+    """packets: (src, dst, psn, bytes, sent_ns, rx_ns, iteration); iterations:
+    (iteration, workload, size, start_ns, end_ns)."""
+    _csv(os.path.join(d, f"{host}.packets.csv"), PACKET_FIELDS,
+         [p + (0, 0, 1, 0) for p in packets])
+    _csv(os.path.join(d, f"{host}.iterations.csv"), ITERATION_FIELDS,
+         [(rank, it, w, "ring", size, start, start, end, 0, 0, 0, 0)
+          for it, w, size, start, end in iterations])
     with open(os.path.join(d, f"{host}.summary.json"), "w") as f:
         json.dump({"rank": rank, "host": host, "counters": {"tx_packets": tx_packets},
-                   "rx_packets": len(packets)}, f)
+                   "rx_packets": len(packets), "loop_lag_us": lag}, f)
+
+
+def _two_gpus(d):
+    # gpu1 receives 2 packets from rank 1 (10 us, 30 us); gpu2 receives 1 from rank 0 (20 us)
+    _agent(d, "gpu1", 0, [(1, 0, 0, 100, 1000, 11000, 0), (1, 0, 1, 50, 2000, 32000, 0)],
+           [(0, 0, 300, 1000, 40000)], tx_packets=1)
+    _agent(d, "gpu2", 1, [(0, 1, 0, 150, 5000, 25000, 0)], [(0, 0, 300, 6000, 50000)],
+           tx_packets=3)
 
 
 def test_collect_from_agent_records(tmp_path):
     d = str(tmp_path)
-    # gpu1 receives 2 packets from rank 1 (latency 10 us, 30 us); gpu2 receives 1 (20 us)
-    _write_agent(d, "gpu1", 0, [(1, 0, 0, 100, 1000, 11000, 0, 0), (1, 0, 1, 100, 2000, 32000,
-                                                                        0, 0)],
-                 [(0, 0, 0, 1, 1, 1000, 2000, 40000, 40000, 1, 100, 2, 2, 0)], tx_packets=1)
-    _write_agent(d, "gpu2", 1, [(0, 1, 0, 100, 5000, 25000, 0, 0)],
-                 [(1, 0, 0, 0, 0, 3000, 4000, 50000, 50000, 2, 200, 1, 1, 0)], tx_packets=3)
-    r = collect(d, size_bytes=300)
+    _two_gpus(d)
+    r, _packets = collect(d, RunContext(ranks=2, workloads=[RING], time_scale=2.0))
     assert r["packets_sent"] == 4 and r["packets_received"] == 3 and r["drops"] == 1
     assert r["latency_us"]["max"] == 30.0 and r["latency_us"]["count"] == 3
     assert r["cct_us"]["per_iteration"] == [49.0]  # 50000 - 1000 ns
@@ -36,16 +50,73 @@ def test_collect_from_agent_records(tmp_path):
     assert r["per_gpu"]["gpu1"]["packets_received"] == 2
     assert r["per_gpu"]["gpu2"]["latency_us_p50"] == 20.0
     assert r["agents_reporting"] == 2
+    c = r["collectives"][0]
+    # algbw = 300 B / 49 us; busbw = algbw x 2(n-1)/n = algbw for n = 2
+    assert c["algbw_gbps_emulated"] == pytest.approx(300 * 8 / 49_000, abs=1e-6)
+    assert c["busbw_gbps_emulated"] == pytest.approx(c["algbw_gbps_emulated"])
+    assert c["busbw_gbps_modelled"] == pytest.approx(2 * c["busbw_gbps_emulated"], abs=1e-5)
+    # payload delivered per sender vs the ring's 2(n-1)S/n = 300 B
+    assert c["bytes_sent_per_rank"] == {"expected": {"0": 300, "1": 300},
+                                        "measured": {"0": 150, "1": 150}}
+    # rank 1 reached the collective 5 us after rank 0: 5 us idle in that iteration
+    assert c["straggler_idle_us"] == {"per_iteration": [5.0], "total": 5.0, "mean": 5.0}
+    assert c["extrapolation"]["gpus"] == 10_000
+    assert r["straggler_idle_us"] == c["straggler_idle_us"]
+    # jitter: the one flow with two packets (rank 1 -> 0): IPDV 30 - 10 = 20 us
+    assert r["jitter_us"]["ipdv_abs_max"] == 20.0 and r["jitter_us"]["ipdv_count"] == 1
+    assert r["tail_ratio_p99_p50"] == pytest.approx(r["latency_us"]["p99"] / 20.0, abs=1e-3)
 
 
-def test_summary_table_lists_policies_and_every_gpu():
+def test_absent_mechanisms_are_null_and_present_ones_zero(tmp_path):
+    d = str(tmp_path)
+    _two_gpus(d)
+    none = collect(d, RunContext(2, [RING], mechanisms=Mechanisms(False, False, False)))[0]
+    assert none["ecn_marked_packets"] is None and none["cnps_sent"] is None
+    some = collect(d, RunContext(2, [RING], mechanisms=Mechanisms(True, True, True)))[0]
+    assert some["ecn_marked_packets"] == 0 and some["cnps_sent"] == 0
+
+
+def test_a_sweep_gives_one_entry_per_size(tmp_path):
+    d = str(tmp_path)
+    big = dict(RING, size=600)
+    _agent(d, "gpu1", 0, [(1, 0, 0, 150, 1000, 2000, 0), (1, 0, 1, 300, 9000, 9500, 1)],
+           [(0, 0, 300, 1000, 5000), (1, 1, 600, 6000, 16000)], tx_packets=2)
+    _agent(d, "gpu2", 1, [(0, 1, 0, 150, 1000, 2000, 0), (0, 1, 1, 300, 9000, 9600, 1)],
+           [(0, 0, 300, 1000, 5000), (1, 1, 600, 6000, 16000)], tx_packets=2)
+    r, _ = collect(d, RunContext(2, [RING, big]))
+    assert [c["size_bytes"] for c in r["collectives"]] == [300, 600]
+    assert [c["cct_us"]["p50"] for c in r["collectives"]] == [4.0, 10.0]
+    assert r["collectives"][1]["latency_us"]["count"] == 2
+    assert "cct_us" not in r  # no single CCT for a sweep
+
+
+def test_latency_joins_the_senders_kernel_transmit_times(tmp_path):
+    d = str(tmp_path)
+    # rank 1 sent at app time 1000 and 2000; the kernel transmitted them at 1500 and 2600
+    _agent(d, "gpu1", 0, [(1, 0, 0, 100, 1000, 11000, 0), (1, 0, 1, 100, 2000, 32000, 0)],
+           [(0, 0, 300, 1000, 40000)], tx_packets=0)
+    _agent(d, "gpu2", 1, [], [(0, 0, 300, 3000, 50000)], tx_packets=2)
+    with open(os.path.join(d, "gpu2.tx.csv"), "w") as f:
+        f.write("sent_ns,tx_ns,bytes,kind\n1000,1500,4172,d\n2000,2600,4172,d\n1000,1700,60,c\n")
+    r, packets = collect(d, RunContext(2, [RING]))
+    assert r["latency_app_clock"] == 0
+    assert r["latency_us"]["max"] == 29.4 and r["latency_us"]["count"] == 2  # 32000 - 2600
+    assert packets.path_minima_us() == {(1, 0): 9.5}
+
+
+def test_summary_table_lists_policies_every_gpu_and_absent_counters_as_dashes():
     results = {"time_scale": 2500.0,
-               "scenario": {"topology": {"modelled_rate_gbit": 100.0}},
+               "scenario": {"topology": {"modelled_rate_gbit": 100.0},
+                            "workload": {"collective": "ring", "size_bytes": 1 << 20}},
                "policies": {"hyperscale": {
                    "gpus": 2, "packets_sent": 10, "packets_received": 9, "drops": 1,
+                   "pfc_pause_events": None, "ecn_marked_packets": 0,
                    "latency_us": {"p50": 1.5, "p99": 2.0, "p999": 2.0, "max": 3.0},
                    "cct_us": {"p50": 2000.0, "p99": 2500.0, "max": 2600.0},
+                   "straggler_idle_us": {"mean": 5000.0},
+                   "extrapolation": {"gpus": 10_000, "gpu_seconds_per_step_modelled": 0.02},
                    "spine_load_packets": {"sp1": 3, "sp2": 4},
+                   "fidelity": {"verdict": "ok"},
                    "per_gpu": {"gpu1": {"rank": 0, "packets_sent": 5, "packets_received": 4,
                                         "latency_us_p50": 1.0, "latency_us_p99": 2.0},
                                "gpu2": {"rank": 1, "packets_sent": 5, "packets_received": 5,
@@ -53,6 +124,37 @@ def test_summary_table_lists_policies_and_every_gpu():
     text = summary_table(results)
     assert "hyperscale" in text and "3 / 4" in text and "2.0" in text  # CCT p50 in ms
     assert "gpu1" in text and "gpu2" in text and "2,500x" in text
+    assert "ring, 1M" in text and "0.02 @ 10,000" in text
+    pfc = next(line for line in text.splitlines() if line.startswith("PFC pause events"))
+    ecn = next(line for line in text.splitlines() if line.startswith("ECN-marked"))
+    assert pfc.split()[-1] == "-" and ecn.split()[-1] == "0"
+
+
+def test_sweep_table_has_nccl_tests_columns():
+    entries = [{"collective": "ring", "size_bytes": 65536, "iterations": 5,
+                "cct_us": {"p50": 30000.0}, "algbw_gbps_emulated": 0.0175,
+                "busbw_gbps_emulated": 0.0306, "busbw_gbps_modelled": 76.5,
+                "latency_us": {"p99": 2000.0}},
+               {"collective": "ring", "size_bytes": 1 << 20, "iterations": 5,
+                "cct_us": {"p50": 300000.0}, "algbw_gbps_emulated": 0.028,
+                "busbw_gbps_emulated": 0.049, "busbw_gbps_modelled": 122.5,
+                "latency_us": {"p99": 9000.0}}]
+    text = sweep_table("lossless", entries)
+    lines = text.splitlines()
+    assert "time (us)" in lines[0] and "algbw (Mb/s)" in lines[0] and "busbw (Mb/s)" in lines[0]
+    assert lines[2].split()[:2] == ["64K", "5"] and lines[3].split()[0] == "1M"
+    assert "30.60" in lines[2] and "122.50" in lines[3]
+
+
+def test_fidelity_warnings_name_the_policy_and_the_advice():
+    results = {"policies": {
+        "lossless": {"fidelity": {"verdict": "outside tolerance",
+                                  "problems": ["the CPUs were saturated (p90 busy 99%)"],
+                                  "advice": "rerun with lower link rates"}},
+        "hyperscale": {"fidelity": {"verdict": "ok", "problems": []}}}}
+    lines = fidelity_warnings(results)
+    assert len(lines) == 1 and lines[0].startswith("warning: lossless: fidelity outside")
+    assert "saturated" in lines[0] and "lower link rates" in lines[0]
 
 
 def test_atomic_write_leaves_no_temporary_file(tmp_path):
@@ -61,18 +163,3 @@ def test_atomic_write_leaves_no_temporary_file(tmp_path):
     write_json_atomic(str(path), {"a": 2})
     assert json.loads(path.read_text()) == {"a": 2}
     assert os.listdir(tmp_path) == ["results.json"]
-
-
-def test_latency_joins_the_senders_kernel_transmit_times(tmp_path):
-    d = str(tmp_path)
-    # rank 1 sent at app time 1000 and 2000; the kernel transmitted them at 1500 and 2600
-    _write_agent(d, "gpu1", 0, [(1, 0, 0, 100, 1000, 11000, 0, 0), (1, 0, 1, 100, 2000, 32000,
-                                                                        0, 0)],
-                 [(0, 0, 0, 1, 1, 1000, 40000, 40000, 40000, 100, 1)], tx_packets=0)
-    _write_agent(d, "gpu2", 1, [], [(1, 0, 0, 0, 0, 3000, 50000, 50000, 50000, 200, 1)],
-                 tx_packets=2)
-    with open(os.path.join(d, "gpu2.tx.csv"), "w") as f:
-        f.write("sent_ns,tx_ns\n1000,1500\n2000,2600\n")
-    r = collect(d, size_bytes=300)
-    assert r["latency_app_clock"] == 0
-    assert r["latency_us"]["max"] == 29.4 and r["latency_us"]["count"] == 2  # 32000 - 2600

@@ -6,7 +6,7 @@ from testbed.topology import FabricPlan
 
 
 def test_default_plan_names_addresses_and_ports():
-    plan = FabricPlan(spines=2, leaves=4, hosts_per_leaf=2)
+    plan = FabricPlan(spines=2, leaves=4, gpus_per_leaf=2)
     assert [s.name for s in plan.spines] == ["sp1", "sp2"]
     assert [s.name for s in plan.leaves] == ["lf1", "lf2", "lf3", "lf4"]
     assert [h.name for h in plan.hosts] == [f"gpu{i}" for i in range(1, 9)]
@@ -56,7 +56,7 @@ def test_plan_round_trips_through_its_dict():
 
 
 def test_mininet_topo_follows_the_plan():
-    topo = LeafSpineTopo(2, 4, 2)
+    topo = LeafSpineTopo(FabricPlan(2, 4, 2))
     assert sorted(topo.switches()) == sorted(["sp1", "sp2", "lf1", "lf2", "lf3", "lf4"])
     assert len(topo.hosts()) == 8
     assert topo.nodeInfo("lf2")["dpid"] == "0000000000010002"
@@ -65,3 +65,15 @@ def test_mininet_topo_follows_the_plan():
     assert topo.port("lf1", "sp2") == (4, 1)
     assert topo.port("gpu1", "lf1") == (0, 1)
     assert len(topo.links()) == 8 + 8
+
+
+def test_neighbour_hosts_sit_after_the_gpus_and_have_no_rank():
+    plan = FabricPlan(2, 3, 2, neighbours_per_leaf=1)
+    assert [h.name for h in plan.gpus] == [f"gpu{i}" for i in range(1, 7)]
+    assert [h.name for h in plan.neighbours] == ["nb1", "nb2", "nb3"]
+    nb2 = plan.host("nb2")
+    assert (nb2.leaf, nb2.index, nb2.ip, nb2.rank, nb2.is_gpu) == (2, 3, "10.0.2.3", -1, False)
+    assert plan.uplink_port(1) == 4 and plan.hosts_per_leaf == 3
+    assert [h.name for h in plan.hosts_on_leaf(2)] == ["gpu3", "gpu4", "nb2"]
+    assert FabricPlan.from_dict(plan.to_dict()).to_dict() == plan.to_dict()
+    assert len(plan.links) == 9 + 6

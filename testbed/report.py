@@ -1,0 +1,134 @@
+"""What a run prints: the comparison table, the size sweep, fidelity warnings (pure text)."""
+from __future__ import annotations
+
+from typing import List
+
+
+def _fmt(value, digits=1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or isinstance(value, str):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}"
+
+
+def summary_table(results: dict) -> str:
+    """The comparison printed at the end of a run: one column per policy, then per GPU."""
+    policies = results.get("policies", {})
+    rows = [
+        ("GPUs", lambda p: p.get("gpus")),
+        ("packets sent", lambda p: p.get("packets_sent")),
+        ("packets received", lambda p: p.get("packets_received")),
+        ("drops (sent - received)", lambda p: p.get("drops")),
+        ("  of which switch queue drops", lambda p: p.get("switch_queue_drops")),
+        ("ECN-marked packets received", lambda p: p.get("ecn_marked_packets")),
+        ("PFC pause events", lambda p: p.get("pfc_pause_events")),
+        ("PFC paused time (ms)", lambda p: p.get("pfc_paused_ms")),
+        ("latency p50 (us)", lambda p: (p.get("latency_us") or {}).get("p50")),
+        ("latency p99 (us)", lambda p: (p.get("latency_us") or {}).get("p99")),
+        ("latency p99.9 (us)", lambda p: (p.get("latency_us") or {}).get("p999")),
+        ("latency max (us)", lambda p: (p.get("latency_us") or {}).get("max")),
+        ("jitter |IPDV| p99 (us)", lambda p: (p.get("jitter_us") or {}).get("ipdv_abs_p99")),
+        ("latency p99 / p50", lambda p: p.get("tail_ratio_p99_p50")),
+        ("CCT p50 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p50"))),
+        ("CCT p99 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p99"))),
+        ("CCT max (ms)", lambda p: _ms((p.get("cct_us") or {}).get("max"))),
+        ("busbw (Gbit/s, modelled)", lambda p: p.get("busbw_gbps_modelled")),
+        ("straggler idle / iteration (ms)",
+         lambda p: _ms((p.get("straggler_idle_us") or {}).get("mean"))),
+        ("same tail on N GPUs (GPU-s/step)", lambda p: _gpu_s(p.get("extrapolation"))),
+        ("retransmitted packets", lambda p: p.get("retransmitted_packets")),
+        ("NAKs / RTO timeouts", lambda p: _pair(p.get("naks"), p.get("rto_timeouts"))),
+        ("CNPs sent", lambda p: p.get("cnps_sent")),
+        ("fidelity", lambda p: (p.get("fidelity") or {}).get("verdict")),
+        ("spine load (packets)", lambda p: " / ".join(
+            f"{v:,}" for v in (p.get("spine_load_packets") or {}).values()) or None),
+    ]
+    names = list(policies)
+    w = results.get("scenario", {}).get("workload", {})
+    what = (f"per policy ({w.get('collective')}, {_size(w.get('size_bytes'))})"
+            if w and not w.get("sizes") else "per policy")
+    out = [_table([what] + names,
+                  [[label] + [_fmt(get(policies[n])) for n in names] for label, get in rows])]
+    for name in names:
+        gpus = policies[name].get("per_gpu") or {}
+        out.append(_table(
+            [f"{name}: per GPU", "rank", "sent", "received", "rx p50 (us)", "rx p99 (us)"],
+            [[host, _fmt(g["rank"]), _fmt(g["packets_sent"]), _fmt(g["packets_received"]),
+              _fmt(g["latency_us_p50"]), _fmt(g["latency_us_p99"])]
+             for host, g in gpus.items()]))
+    for name in names:
+        if len(policies[name].get("collectives") or []) > 1:
+            out.append(sweep_table(name, policies[name]["collectives"]))
+    scale = results.get("time_scale")
+    if scale:
+        modelled = results.get("scenario", {}).get("topology", {}).get("modelled_rate_gbit")
+        out.append(f"time scale: emulated links run {scale:,.0f}x slower than the modelled "
+                   f"{modelled:g} Gbit/s fabric; latencies and CCTs are emulated time")
+    return "\n\n".join(out)
+
+
+def _table(header: List[str], rows: List[List[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    lines = ["  ".join(str(h).ljust(w) if i == 0 else str(h).rjust(w)
+                       for i, (h, w) in enumerate(zip(header, widths)))]
+    lines.append("-" * len(lines[0]))
+    for r in rows:
+        lines.append("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                               for i, (c, w) in enumerate(zip(r, widths))))
+    return "\n".join(lines)
+
+
+def _pair(a, b):
+    return None if a is None and b is None else f"{_fmt(a)} / {_fmt(b)}"
+
+
+def _ms(us):
+    return None if us is None else us / 1000.0
+
+
+def _gpu_s(extrapolation):
+    if not extrapolation:
+        return None
+    return f"{extrapolation['gpu_seconds_per_step_modelled']:.3g} @ {extrapolation['gpus']:,}"
+
+
+def sweep_table(policy: str, entries: List[dict]) -> str:
+    """nccl-tests style: one row per message size (time = median CCT, emulated)."""
+    rows = []
+    for e in entries:
+        rows.append([_size(e["size_bytes"]), _fmt(e["iterations"]),
+                     _fmt((e.get("cct_us") or {}).get("p50"), 0),
+                     _fmt(_mbit(e.get("algbw_gbps_emulated")), 2),
+                     _fmt(_mbit(e.get("busbw_gbps_emulated")), 2),
+                     _fmt(e.get("busbw_gbps_modelled"), 2),
+                     _fmt((e.get("latency_us") or {}).get("p99"), 0)])
+    name = entries[0]["collective"] if entries else ""
+    return _table([f"{policy}: {name} sweep", "iters", "time (us)", "algbw (Mb/s)",
+                   "busbw (Mb/s)", "busbw modelled (Gb/s)", "lat p99 (us)"], rows)
+
+
+def fidelity_warnings(results: dict) -> List[str]:
+    """One line per policy whose run was outside the fidelity monitor's tolerances."""
+    out = []
+    for name, p in (results.get("policies") or {}).items():
+        f = p.get("fidelity") or {}
+        if f.get("verdict") == "outside tolerance":
+            out.append(f"warning: {name}: fidelity outside tolerance: "
+                       f"{'; '.join(f.get('problems') or [])}. {f.get('advice', '')}".rstrip())
+    return out
+
+
+def _mbit(gbps):
+    return None if gbps is None else gbps * 1000.0
+
+
+def _size(n) -> str:
+    if n is None:
+        return "-"
+    for unit, div in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return f"{n}B"
