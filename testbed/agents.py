@@ -18,6 +18,7 @@ from typing import Callable, Dict, List
 from .config import Scenario
 from .errors import AgentError
 from .ledger import Ledger
+from .procutil import stop_processes
 from .topology import FabricPlan
 
 START_MARGIN_S = 0.2  # agents start together this long after the go
@@ -210,16 +211,4 @@ class AgentGroup:
         raise AgentError(f"traffic agent on {host} died (exit code {code}): {last}")
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + 5
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-            for stream in (proc.stdin, proc.stdout):
-                if stream:
-                    stream.close()
+        stop_processes(list(self.procs.values()))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .errors import AgentError, CapabilityError, ConfigError
+from .procutil import stop_processes
 from .topology import FabricPlan, Host
 
 IPERF_PORT = 5201
@@ -102,7 +103,8 @@ class Background:
         self.work_dir = work_dir
         self.ledger = ledger
         self.bg = background_plan(plan, scenario)
-        self.procs: List[dict] = []  # {"role", "flow", "proc", "out"}
+        self.procs: List[dict] = []  # {"role", "flow", "proc", "out", "flows"}
+        self.duration_s = scenario.background.max_s
 
     @property
     def empty(self) -> bool:
@@ -144,27 +146,20 @@ class Background:
             if p["role"].endswith("receiver") and p.get("flows"):
                 _expect_ready(p["proc"])
 
-    def start_senders(self, start_ns: int, duration_s: float) -> None:
-        """Senders that start at ``start_ns`` (+ ``background.start_ms``) and stop by
-        themselves after ``duration_s`` (at most ``background.max_s``)."""
+    def start_senders(self, duration_s: float) -> None:
+        """Load the flow-tool senders (they wait for ``go``); each stops by itself after
+        ``duration_s`` (at most ``background.max_s``)."""
         bg = self.scenario.background
-        start_ns += int(bg.start_ms * 1e6)
-        duration_s = min(duration_s, bg.max_s)
+        self.duration_s = min(duration_s, bg.max_s)
         nn = bg.noisy_neighbour
-        for f in self.bg.noisy:
-            src, dst = self.plan.host(f.src), self.plan.host(f.dst)
-            if nn.tool == "iperf3":
-                delay = max(IPERF_GRACE_S, (start_ns - time.time_ns()) / 1e9)
-                cmd = (f"sleep {delay:.3f} && exec iperf3 -c {dst.ip} -B {src.ip} "
-                       f"-p {IPERF_PORT} -u -b {nn.rate_mbit:g}M -l {nn.packet_bytes} "
-                       f"-t {max(1, math.ceil(duration_s))} -S {nn.dscp << 2} -J")
-                self._popen("noisy-sender", f, f.src, ["sh", "-c", cmd],
-                            self._out("iperf3-client", f.src), stdout_to_out=True)
-            else:
+        if nn.tool == "flows":
+            for f in self.bg.noisy:
+                src, dst = self.plan.host(f.src), self.plan.host(f.dst)
                 self._flows("noisy-sender", f, f.src, "send",
                             {"kind": "udp", "src_ip": src.ip, "dst_ip": dst.ip,
                              "payload": nn.packet_bytes, "rate_mbit": nn.rate_mbit,
-                             "dscp": nn.dscp, "start_ns": start_ns, "duration_s": duration_s})
+                             "dscp": nn.dscp, "start": "stdin",
+                             "duration_s": self.duration_s})
         inc = bg.incast
         mtu = self.scenario.workload.mtu
         for f in self.bg.incast:
@@ -173,19 +168,36 @@ class Background:
                 "kind": "roce", "intf": src.intf, "src_mac": src.mac, "src_ip": src.ip,
                 "dst_mac": dst.mac, "dst_ip": dst.ip, "dscp": self.roce_dscp, "ecn": 2,
                 "payload": mtu, "dqpn": 0xFFFF00,  # another job's QP: no agent QP matches
-                "bursts": {"start_ns": start_ns, "duration_s": duration_s,
-                           "period_us": 1e6 / inc.bursts_per_s,
+                "start": "stdin",
+                "bursts": {"duration_s": self.duration_s, "period_us": 1e6 / inc.bursts_per_s,
                            "packets": max(1, math.ceil(inc.burst_bytes / mtu))}})
+        for p in self.procs:
+            if p["role"].endswith("sender"):
+                _expect_ready(p["proc"])
+
+    def go(self, start_ns: int) -> None:
+        """Start the background traffic at ``start_ns`` + ``background.start_ms``."""
+        bg = self.scenario.background
+        start_ns += int(bg.start_ms * 1e6)
+        for p in self.procs:
+            if p["role"].endswith("sender"):
+                p["proc"].stdin.write(f"go {start_ns}\n".encode())
+                p["proc"].stdin.flush()
+        nn = bg.noisy_neighbour
+        if nn.tool == "iperf3":  # a C program starts at once: launched at the go
+            for f in self.bg.noisy:
+                src, dst = self.plan.host(f.src), self.plan.host(f.dst)
+                delay = max(IPERF_GRACE_S, (start_ns - time.time_ns()) / 1e9)
+                cmd = (f"sleep {delay:.3f} && exec iperf3 -c {dst.ip} -B {src.ip} "
+                       f"-p {IPERF_PORT} -u -b {nn.rate_mbit:g}M -l {nn.packet_bytes} "
+                       f"-t {max(1, math.ceil(self.duration_s))} -S {nn.dscp << 2} -J")
+                self._popen("noisy-sender", f, f.src, ["sh", "-c", cmd],
+                            self._out("iperf3-client", f.src), stdout_to_out=True)
 
     def stop(self) -> dict:
         """Stop every background process (senders first) and gather what they reported."""
         for role in ("sender", "receiver"):
-            for p in self.procs:
-                if p["role"].endswith(role) and p["proc"].poll() is None:
-                    p["proc"].terminate()
-            for p in self.procs:
-                if p["role"].endswith(role):
-                    _reap(p["proc"])
+            stop_processes([p["proc"] for p in self.procs if p["role"].endswith(role)])
         return self.report()
 
     def report(self) -> dict:
@@ -202,10 +214,14 @@ class Background:
                                       "flows": flows}
         if self.bg.incast:
             sent = [self._result("incast-sender", f) or {} for f in self.bg.incast]
+            got = self._result("incast-receiver", Flow("incast", "", self.bg.incast_target))
             out["incast"] = {"target": self.bg.incast_target,
                              "senders": [f.src for f in self.bg.incast],
                              "packets_sent": sum(s.get("sent", 0) for s in sent),
-                             "bursts": max((s.get("bursts", 0) for s in sent), default=0)}
+                             "bursts": max((s.get("bursts", 0) for s in sent), default=0),
+                             # a GPU target's agent counts them (filled in by the runner)
+                             "packets_received": (sum(f["packets"] for f in got["flows"].values())
+                                                  if got else None)}
         return out
 
     # --- processes --------------------------------------------------------------------------
@@ -226,7 +242,8 @@ class Background:
         sink = open(out, "wb") if stdout_to_out else None
         try:
             proc = self.fabric.host(host).popen(
-                cmd, stdout=sink if sink else subprocess.PIPE, stderr=log, cwd=os.getcwd())
+                cmd, stdout=sink if sink else subprocess.PIPE, stderr=log, cwd=os.getcwd(),
+                stdin=subprocess.PIPE if flows else subprocess.DEVNULL)
         finally:
             log.close()
             if sink:
@@ -248,11 +265,13 @@ class Background:
 def _noisy_figures(tool: str, f: Flow, sender: Optional[dict], receiver: Optional[dict],
                    src_ip: str) -> dict:
     row = {"src": f.src, "dst": f.dst}
-    if tool == "iperf3":
-        end = (sender or {}).get("end", {}).get("sum", {})
-        row.update({"sent_mbit_s": _r(end.get("bits_per_second", 0) / 1e6) if end else None,
-                    "lost_percent": _r(end.get("lost_percent")) if end else None,
-                    "jitter_ms": _r(end.get("jitter_ms")) if end else None})
+    if tool == "iperf3":  # the client says what it sent, the server what arrived
+        sent = (sender or {}).get("end", {}).get("sum") or {}
+        got = (receiver or {}).get("end", {}).get("sum") or {}
+        row.update({"sent": sent.get("packets"),
+                    "sent_mbit_s": _r(sent["bits_per_second"] / 1e6) if sent else None,
+                    "received": (got["packets"] - got.get("lost_packets", 0)) if got else None,
+                    "jitter_ms": _r(got.get("jitter_ms")) if got else None})
         return row
     sent = (sender or {}).get("sent")
     got = ((receiver or {}).get("flows") or {}).get(f"udp {src_ip}") or {}
@@ -275,13 +294,3 @@ def _expect_ready(proc, timeout: float = 20.0) -> None:
     line = proc.stdout.readline().strip() if ready else b""
     if line != b"ready":
         raise AgentError(f"a background traffic receiver did not start (said {line!r})")
-
-
-def _reap(proc, timeout: float = 5.0) -> None:
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
-    if proc.stdout:
-        proc.stdout.close()

@@ -200,6 +200,11 @@ class EmulationConfig:
         "min": 200, "max": 100_000, "unit": "us",
         "doc": "how often the switch-queue emulator samples every egress queue: the emulated "
                "switches' reaction time for ECN marking, PFC and adaptive routing"})
+    switch_rate_headroom: float = field(default=0.02, metadata={
+        "min": 0.0, "max": 0.2,
+        "doc": "switch ports send this much faster than their nominal rate, so that the "
+               "emulator's bursty forwarding does not pile up as queueing on busy equal-rate "
+               "links (measured: 2% halved the largest backlogs of a ring); 0 disables"})
 
 
 ALL_POLICIES = ("enterprise", "hyperscale", "lossless")

@@ -60,13 +60,17 @@ class TaggedOVSSwitch(OVSSwitch):
         return super().bridgeOpts() + f" external_ids:{OVS_TAG}={self.run_id}"
 
 
-def egress_shapes(plan: FabricPlan, topo: TopologyConfig,
-                  classes: Tuple[TrafficClass, ...]) -> Dict[str, Shape]:
-    """Interface name -> shaping, for every switch port and GPU NIC (pure)."""
+def egress_shapes(plan: FabricPlan, topo: TopologyConfig, classes: Tuple[TrafficClass, ...],
+                  headroom: float = 0.0) -> Dict[str, Shape]:
+    """Interface name -> shaping, for every switch port and GPU NIC (pure).
+
+    Switch ports run ``headroom`` (a fraction) faster than their nominal rate: userspace Open
+    vSwitch forwards in batches, so frames reach the next equal-rate shaper in bursts, and on
+    a link kept busy that jitter would pile up as queueing no real switch has."""
     delay = topo.link_delay_us
-    host = Shape(topo.host_rate_mbit, classes, delay)
+    host = Shape(topo.host_rate_mbit * (1 + headroom), classes, delay)
     nic = Shape(topo.host_rate_mbit, classes, delay, nic_queue_bytes=topo.nic_queue_bytes)
-    fabric = Shape(topo.fabric_rate_mbit, classes, delay)
+    fabric = Shape(topo.fabric_rate_mbit * (1 + headroom), classes, delay)
     shapes = {}
     for link in plan.links:
         if link.kind == "host":
@@ -83,13 +87,14 @@ class Fabric:
 
     def __init__(self, plan: FabricPlan, topo: TopologyConfig, caps: Capabilities,
                  controller_port: int, ledger: Ledger, classes: Tuple[TrafficClass, ...],
-                 mtu: int = 1500):
+                 mtu: int = 1500, headroom: float = 0.0):
         self.plan, self.topo, self.caps = plan, topo, caps
         self.mtu = mtu  # Ethernet MTU of every link
         self.controller_port = controller_port
         self.ledger = ledger
         self.net: Optional[Mininet] = None
-        self.shapes = egress_shapes(plan, topo, classes)
+        self.headroom = headroom
+        self.shapes = egress_shapes(plan, topo, classes, headroom)
 
     def start(self) -> None:
         setLogLevel("error")
@@ -157,6 +162,7 @@ class Fabric:
         return {"datapath": self.caps.datapath, "openflow": "OpenFlow13",
                 "egress_queue": "htb, a FIFO per traffic class (lossless: bfifo behind a tbf "
                                 "PFC gate; lossy: pfifo_head_drop), u32 on the DSCP",
+                "switch_rate_headroom": self.headroom,
                 "link_delay_us_requested": delay,
                 "link_delay_us_applied": applied if applied is not None else 0.0,
                 "link_delay_missing": applied is None}

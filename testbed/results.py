@@ -144,6 +144,7 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
         "rx_socket_drops": counters.get("rx_socket_drops", 0),
         "rx_invalid": counters.get("rx_invalid", 0),
         "rx_unexpected_messages": counters.get("rx_unexpected_messages", 0),
+        "rx_foreign_qp": counters.get("rx_foreign_qp", 0),
         "rx_no_timestamp": counters.get("rx_no_timestamp", 0),
         "nic_backpressure_waits": counters.get("tx_blocked", 0),
         "agent_loop_lag_us": _pooled_lag(summaries),
@@ -191,7 +192,8 @@ def _load_packets(records_dir: str, summaries: List[dict]):
                          "packets_sent": mine.get("tx_packets", 0) + mine.get("retransmitted", 0),
                          "packets_received": len(rows),
                          "latency_us_p50": lat.get("p50"), "latency_us_p99": lat.get("p99"),
-                         "loop_lag_us_p99": (summary.get("loop_lag") or {}).get("p99_us")}
+                         "loop_lag_us_p99": (summary.get("loop_lag") or {}).get("p99_us"),
+                         "rx_foreign_qp": mine.get("rx_foreign_qp", 0)}
     joined = {k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64))
               for k, v in cols.items()}
     joined["latency"] = joined["latency"].astype(float)

@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import os
 import secrets
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -110,7 +111,11 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
     path = os.path.join(run_dir, "results.json")
     write_json_atomic(path, results)
     ledger = Ledger(run_id)
-    ledger.acquire(run_dir)
+    try:
+        ledger.acquire(run_dir)
+    except Exception:  # e.g. another run holds the machine: this run never started
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     try:
         for i, name in enumerate(scenario.policies, 1):
             say = _prefixed(progress, f"[{name} {i}/{len(scenario.policies)}]")
@@ -162,7 +167,8 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
         ctl.start()
         say(f"controller on 127.0.0.1:{ctl.port}")
         fabric = Fabric(plan, t, caps, ctl.port, ledger, classes,
-                        mtu=link_mtu(scenario.workload.mtu))
+                        mtu=link_mtu(scenario.workload.mtu),
+                        headroom=scenario.emulation.switch_rate_headroom)
         stack.callback(_shielded_call, fabric.stop)
         extra = f" + {len(plan.neighbours)} neighbour hosts" if plan.neighbours else ""
         say(f"building fabric: {t.spines} spines, {t.leaves} leaves, {len(plan.gpus)} GPUs{extra}, "
@@ -225,12 +231,13 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                 agents.start()
                 if not background.empty:
                     background.start_receivers()
+                    background.start_senders(30 + 10 * expected)
+                    say(f"background traffic: {background.describe()}")
                 say(f"replaying {_workload_text(scenario, len(plan.gpus))} "
                     f"(about {expected:.1f} s at line rate)")
                 start_ns = agents.go()
                 if not background.empty:
-                    background.start_senders(start_ns, 30 + 10 * expected)
-                    say(f"background traffic: {background.describe()}")
+                    background.go(start_ns)
                 t_traffic = time.monotonic()
                 total = agents.iterations
                 with cpu:  # while the traffic runs
@@ -260,6 +267,9 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                                            pfc=any(c.pfc for c in classes),
                                            cnp=cc == "dcqcn"))
     figures, packets = collect(records, ctx)
+    incast = (background_report or {}).get("incast")
+    if incast and incast["target"] in figures["per_gpu"]:
+        incast["packets_received"] = figures["per_gpu"][incast["target"]]["rx_foreign_qp"]
     switch_drops, nic_drops, per_port = queue_drops(plan, stats)
     pfc = ctx.mechanisms.pfc
     figures.update({

@@ -102,7 +102,7 @@ class Emulator:
         for link in self.plan.links:
             for node, port, intf in ((link.node1, link.port1, link.intf1),
                                      (link.node2, link.port2, link.intf2)):
-                if not node.startswith("gpu"):
+                if not self.plan.is_host(node):
                     dpid = next(s.dpid for s in self.plan.switches if s.name == node)
                     self.ports[intf] = (node, dpid, port)
         self.sampler = QdiscSampler([(intf, c.minor << 16) for intf in self.ports
@@ -159,7 +159,7 @@ class Emulator:
         handle = gate_handle(c) << 16
         parent = tc_handle(gate_parent(c, self.cfg.get("delayed", False)))
         for q in sorted(fed, key=lambda q: (q.node, q.intf)):
-            if q.node.startswith("gpu"):
+            if self.plan.is_host(q.node):
                 if q.node not in host_socks:
                     pid = self.cfg["host_pids"][q.node]
                     host_socks[q.node] = socket_in_netns(pid)

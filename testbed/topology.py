@@ -152,6 +152,10 @@ class FabricPlan:
                 return h
         raise KeyError(name)
 
+    def is_host(self, name: str) -> bool:
+        """Whether ``name`` is a host (GPU or neighbour), not a switch."""
+        return any(h.name == name for h in self.hosts)
+
     def hosts_on_leaf(self, leaf: int) -> List[Host]:
         return sorted((h for h in self.hosts if h.leaf == leaf), key=lambda h: h.index)
 

@@ -454,19 +454,7 @@ class Agent:
             self.first_start_lag_ns = start - ready_at
         else:
             self.lag.add(start - ready_at)
-        self.current = it
-        self.waiting.clear()
-        self.waiters.clear()
-        self.open_sends[it] = len(w.sends)
-        self.open_recvs.setdefault(it, len(w.receives))
-        for t in w.sends:
-            missing = [d for d in t.after if (d[0], it, d[1]) not in self.delivered_ns]
-            if missing:
-                self.waiting[t.tag] = len(missing)
-                for d in missing:
-                    self.waiters[d].append(t)
-            else:
-                self._post(t, it)
+        self.begin_collective(w, it)
         self.pump(lambda: self.open_sends[it] == 0 and self.open_recvs[it] == 0,
                   f"in iteration {it} ({w.name}, {w.size:,} B)")
         end = time.time_ns()
@@ -488,6 +476,23 @@ class Agent:
                 at = self.delivered_ns[(t.src, it, t.tag)]
                 rows.append((self.rank, it, "recv", t.src, t.tag, t.phase, t.nbytes, at, at))
         return rows
+
+    def begin_collective(self, w: Workload, it: int) -> None:
+        """Post every transfer whose inputs are here; the others wait for their deliveries
+        (``_delivered`` posts them)."""
+        self.current = it
+        self.waiting.clear()
+        self.waiters.clear()
+        self.open_sends[it] = len(w.sends)
+        self.open_recvs.setdefault(it, len(w.receives))
+        for t in w.sends:
+            missing = [d for d in t.after if (d[0], it, d[1]) not in self.delivered_ns]
+            if missing:
+                self.waiting[t.tag] = len(missing)
+                for d in missing:
+                    self.waiters[d].append(t)
+            else:
+                self._post(t, it)
 
     def _compute_time(self) -> Tuple[int, int]:
         """(compute phase, straggler delay) of the next iteration, in ns."""

@@ -10,7 +10,8 @@
 * ``"kind": "udp"`` - datagrams from a kernel UDP socket (interactive or background traffic),
   with ``dscp`` and a pacing interval, or a rate for a duration.
 
-Senders stop early on SIGTERM and still write their summary.
+Senders stop early on SIGTERM and still write their summary. With ``"start": "stdin"`` a
+sender prints ``ready`` once loaded and waits for ``go <start_ns>`` on stdin.
 
 Each packet carries its send time. ``python -m traffic.flows recv CONFIG.json`` counts what
 arrives on UDP ports 4791 (RoCE) and 5001 (udp flows) until it gets SIGTERM or ``duration_s``
@@ -203,6 +204,18 @@ def main(argv=None) -> int:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     stop = lambda: bool(stopping)  # noqa: E731
+    if argv[0] == "send" and cfg.get("start") == "stdin":
+        # started ahead of time: say so, then learn the common start time (``go <ns>``)
+        print("ready", flush=True)
+        line = sys.stdin.readline().split()
+        if len(line) != 2 or line[0] != "go":
+            print(f"flows: expected 'go <start_ns>', got {line!r}", file=sys.stderr)
+            return 1
+        start = int(line[1])
+        if cfg.get("bursts"):
+            cfg["bursts"]["start_ns"] = start
+        else:
+            cfg["start_ns"] = start
     if argv[0] == "send":
         result = (send_roce(cfg, stop) if cfg.get("kind", "roce") == "roce"
                   else send_udp(cfg, stop))

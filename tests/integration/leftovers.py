@@ -5,7 +5,8 @@ import subprocess
 from testbed.ledger import read_record, tagged_bridges
 from testbed.topology import FabricPlan
 
-PROCESS_MARKERS = ("traffic.agent", "controllers.launcher", "mininet:")
+PROCESS_MARKERS = ("traffic.agent", "traffic.flows", "testbed.switchq", "controllers.launcher",
+                   "mininet:", "iperf3 -")
 
 
 def testbed_processes(exclude=()):
@@ -30,7 +31,7 @@ def root_interfaces():
 
 def leftovers(plan: FabricPlan = None):
     """Everything testbed-made still present (empty list = clean)."""
-    plan = plan or FabricPlan(2, 4, 2)
+    plan = plan or FabricPlan(2, 4, 2, neighbours_per_leaf=2)
     names = set(plan.interface_names()) | {s.name for s in plan.switches}
     left = [f"bridge {b}" for b in tagged_bridges()]
     left += [f"interface {i}" for i in sorted(root_interfaces() & names)]

@@ -10,7 +10,7 @@ import pytest
 
 from testbed import runner
 from testbed.config import DEFAULT
-from traffic.schedule import ring_allreduce
+from traffic.collectives import build
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,8 @@ def run(tmp_path, policies, **changes):
 
 
 def delivered_bytes(run_dir, policy):
-    """{(receiver rank, sender rank, iteration, step): payload bytes delivered in order}."""
+    """{(receiver rank, sender rank, iteration, transfer tag): payload bytes delivered in
+    order}."""
     got = {}
     for path in glob.glob(os.path.join(run_dir, "records", policy, "*.packets.csv")):
         with open(path) as f:
@@ -38,9 +39,9 @@ def delivered_bytes(run_dir, policy):
 
 def expected_bytes(scenario):
     n, w = scenario.topology.gpus, scenario.workload
-    return {(r, (r - 1) % n, it, st.index): st.recv_bytes
-            for r in range(n) for it in range(w.iterations)
-            for st in ring_allreduce(r, n, w.size_bytes)}
+    coll = build(w.collective, n, w.size_bytes, w.chunks, scenario.topology.gpus_per_leaf)
+    return {(t.dst, t.src, it, t.tag): t.nbytes
+            for it in range(w.iterations) for t in coll.transfers}
 
 
 def test_drops_cost_go_back_n_retransmissions_and_lossless_has_none(tmp_path):
@@ -48,7 +49,7 @@ def test_drops_cost_go_back_n_retransmissions_and_lossless_has_none(tmp_path):
         tmp_path, ["hyperscale", "lossless"], workload={"iterations": 1},
         policy_params={"hyperscale": {"buffer_bytes": 48000}}, **OVERSUBSCRIBED)
     hs, ll = results["policies"]["hyperscale"], results["policies"]["lossless"]
-    # Every byte of every step arrived, in order, despite the drops.
+    # Every byte of every transfer arrived, in order, despite the drops.
     assert delivered_bytes(run_dir, "hyperscale") == expected_bytes(scenario)
     assert delivered_bytes(run_dir, "lossless") == expected_bytes(scenario)
     assert hs["switch_queue_drops"] > 0 and hs["retransmitted_packets"] > 0

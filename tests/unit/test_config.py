@@ -1,3 +1,6 @@
+import glob
+import os
+
 import pytest
 
 from testbed.config import DEFAULT, Scenario
@@ -103,3 +106,42 @@ def test_scenario_files_load_safely_and_report_the_file(tmp_path):
         load_file(str(broken))
     with pytest.raises(ConfigError, match="cannot read it"):
         load_file(str(tmp_path / "missing.yaml"))
+
+
+def test_sizes_parse_like_nccl_tests():
+    from testbed.config import parse_size, parse_sizes
+    assert parse_size("64K") == 65536 and parse_size("4m") == 4 << 20 and parse_size("100") == 100
+    assert parse_sizes("64K:1M") == (65536, 131072, 262144, 524288, 1 << 20)
+    assert parse_sizes("64K,1M") == (65536, 1 << 20)
+    for bad in ("abc", "1M:64K", "0.5", ","):
+        with pytest.raises(ConfigError, match="--sizes"):
+            parse_sizes(bad)
+
+
+def test_workload_sections_validate_and_round_trip():
+    s = Scenario.from_dict({"workload": {
+        "collective": "double_binary_tree", "sizes": [65536, 131072], "chunks": 8,
+        "compute_ms": 2.5, "stragglers": {"ranks": [1, 3], "delay_ms": 5,
+                                          "distribution": "exponential"}},
+        "background": {"noisy_neighbour": {"rate_mbit": 10, "tool": "iperf3"},
+                       "incast": {"bursts_per_s": 5, "senders": ["nb1"], "target": "gpu8"}},
+        "topology": {"neighbours_per_leaf": 1}})
+    assert s.workload.run_sizes == (65536, 131072)
+    assert s.workload.stragglers.ranks == (1, 3)
+    assert s.background.enabled and s.background.incast.senders == ("nb1",)
+    assert Scenario.from_dict(s.to_dict()) == s
+    with pytest.raises(ConfigError, match="workload.stragglers.distribution"):
+        Scenario.from_dict({"workload": {"stragglers": {"distribution": "pareto"}}})
+    with pytest.raises(ConfigError, match=r"workload.sizes\[1\]: must be an integer"):
+        Scenario.from_dict({"workload": {"sizes": [1024, "big"]}})
+
+
+EXAMPLES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "examples",
+                                         "*.yaml")))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=os.path.basename)
+def test_every_example_scenario_is_valid(path):
+    from testbed.config import load_file
+    from testbed.runner import validate
+    validate(load_file(path))

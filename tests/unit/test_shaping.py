@@ -1,3 +1,5 @@
+import pytest
+
 from controllers.classes import PfcRule, TrafficClass
 from controllers.enterprise import EnterprisePolicy
 from testbed.config import TopologyConfig
@@ -70,3 +72,19 @@ def test_switch_lossy_classes_drop_oldest_frames_but_nics_keep_byte_fifos():
                       mtu=4196)
     assert any("handle 11: pfifo_head_drop limit 30" in c for c in switch)  # 128000 / 4210
     assert any("handle 11: bfifo limit 256000" in c for c in nic)
+
+
+def test_switch_ports_get_the_rate_headroom_and_nics_do_not():
+    plan = FabricPlan(2, 4, 2)
+    topo = TopologyConfig(host_rate_mbit=40, fabric_rate_mbit=20)
+    classes = EnterprisePolicy(plan).traffic_classes()
+    shapes = egress_shapes(plan, topo, classes, headroom=0.02)
+    assert shapes["gpu1-eth0"].rate_mbit == 40
+    assert shapes["lf1-eth1"].rate_mbit == pytest.approx(40.8)
+    assert shapes["lf1-eth3"].rate_mbit == shapes["sp1-eth1"].rate_mbit == pytest.approx(20.4)
+
+
+def test_htb_burst_is_a_tenth_of_a_frame_or_50_us_of_the_rate():
+    from testbed.shaping import burst_bytes
+    assert burst_bytes(40, 4096) == 411  # (4096 + 14) // 10
+    assert burst_bytes(1000, 4096) == 6250  # 50 us at 1 Gbit/s

@@ -1,0 +1,113 @@
+"""The fidelity monitor's checks, on hand-made timelines."""
+import numpy as np
+import pytest
+
+from testbed import fidelity as F
+from testbed.config import Scenario
+from testbed.topology import FabricPlan
+
+RATE = 40e6
+FRAME = 4172  # bytes: 4 KiB RoCE payload + headers
+SER_US = FRAME * 8 / 40  # 834.4 us at 40 Mbit/s
+
+
+def _ideal_link(arrivals_us, sizes, rate=RATE):
+    """Departure times of an ideal FIFO serializer."""
+    out, free = [], float("-inf")
+    for a, s in zip(arrivals_us, sizes):
+        dep = max(a, free)
+        out.append(dep)
+        free = dep + s * 8e6 / rate
+    return out
+
+
+def test_a_backlogged_ideal_link_has_no_deviation():
+    arrivals = [0.0] * 50  # all queued at once
+    tx = _ideal_link(arrivals, [FRAME] * 50)
+    d = F.busy_gap_deviation([int(a * 1000) for a in arrivals], [int(t * 1000) for t in tx],
+                             [FRAME] * 50, RATE, SER_US)
+    assert d.size == 49 and np.abs(d).max() < 1e-3
+    assert F.inter_dequeue_check(d, 0.1, 0.9)["ok"]
+
+
+def test_frames_leaving_early_are_caught():
+    tx = [i * SER_US * 0.5 for i in range(20)]  # a link twice too fast
+    d = F.busy_gap_deviation([0] * 20, [int(t * 1000) for t in tx], [FRAME] * 20, RATE, SER_US)
+    c = F.inter_dequeue_check(d, 0.1, 0.9)
+    assert not c["ok"] and c["deviation_p50"] == pytest.approx(-0.5, abs=1e-3)
+
+
+def test_gaps_of_an_idle_link_do_not_count():
+    # each frame arrives long after the previous one left: the link was never busy
+    arrivals = [i * 5000.0 for i in range(10)]
+    d = F.busy_gap_deviation([int(a * 1000) for a in arrivals],
+                             [int(a * 1000) + 5000 for a in arrivals], [FRAME] * 10, RATE, SER_US)
+    assert d.size == 0
+    assert F.inter_dequeue_check(d, 0.1, 0.9)["ok"] is None
+
+
+def test_an_ack_followed_back_to_back_costs_a_small_fraction_of_a_frame():
+    # a 62 B ACK (12 us) and a data frame sent 2 us after it: 10 us early = 1% of a frame
+    sent = [0, 1000, 2000]
+    tx = [0, 2000, 2000 + int(SER_US * 1000)]
+    d = F.busy_gap_deviation(sent, tx, [62, FRAME, FRAME], RATE, SER_US)
+    assert list(np.round(d, 3)) == [-0.012, 0.0]
+
+
+def test_idle_path_overhead_is_the_excess_over_propagation():
+    minima = {(0, 1): 150.0, (1, 2): 250.0, (2, 0): 200.0}
+    expected = {(0, 1): 100.0, (1, 2): 200.0, (2, 0): 100.0}
+    c = F.idle_path_check(minima, expected, allowed_us=80.0)
+    assert c["overhead_us"] == 50.0 and c["overhead_us_worst"] == 100.0 and c["ok"]
+    assert not F.idle_path_check(minima, {}, allowed_us=80.0)["ok"]
+
+
+def test_expected_idle_latency_counts_links_per_path():
+    plan = FabricPlan(2, 2, 2)
+    e = F.expected_idle_us(plan, 10.0)
+    assert e[(0, 1)] == 20.0 and e[(0, 2)] == 40.0 and (0, 0) not in e
+
+
+def test_cpu_and_lag_checks():
+    assert F.cpu_check([0.5] * 9 + [1.0], 0.9)["ok"]
+    assert not F.cpu_check([0.95] * 10, 0.9)["ok"]
+    assert F.cpu_check([], 0.9)["ok"] is None
+    lag = {"count": 100, "p50_us": 5.0, "p95_us": 50.0, "p99_us": 900.0, "max_us": 2000.0}
+    assert F.lag_check(lag, 100.0)["ok"]
+    assert not F.lag_check(dict(lag, p95_us=150.0), 100.0)["ok"]
+
+
+def test_verdict_lists_problems_and_advises_a_lower_rate():
+    checks = {"cpu": {"ok": False, "busy_p90": 0.99, "allowed_busy_p90": 0.9},
+              "inter_dequeue": {"ok": True}, "agent_loop_lag": {"ok": None}}
+    v = F.verdict(checks, host_rate_mbit=40.0)
+    assert v["verdict"] == "outside tolerance" and len(v["problems"]) == 1
+    assert "saturated" in v["problems"][0] and "e.g. 20" in v["advice"]
+    ok = F.verdict({"cpu": {"ok": True}}, 40.0)
+    assert ok["verdict"] == "ok" and "advice" not in ok
+
+
+def test_evaluate_reads_the_agents_tx_files(tmp_path):
+    plan = FabricPlan(1, 1, 2)
+    tx = _ideal_link([0.0] * 10, [FRAME] * 10)
+    for h in plan.gpus:
+        with open(tmp_path / f"{h.name}.tx.csv", "w") as f:
+            f.write("sent_ns,tx_ns,bytes,kind\n")
+            for t in tx:
+                f.write(f"0,{int(t * 1000)},{FRAME},d\n")
+    figures = {"unexplained_drops": 0, "agent_loop_lag_us": None}
+    out = F.evaluate(str(tmp_path), plan, figures, {(0, 1): 60.0}, 0.0, [0.3, 0.4],
+                     Scenario.from_dict({}))
+    assert out["checks"]["inter_dequeue"]["busy_gaps"] == 18
+    assert out["checks"]["inter_dequeue"]["shaper_run_ahead_us_max"] == pytest.approx(82.2)
+    assert out["verdict"] == "ok"
+
+
+def test_cpu_sampler_measures_a_busy_cpu():
+    import time
+    with F.CpuSampler(interval_s=0.02) as s:
+        deadline = time.monotonic() + 10
+        while len(s.samples) < 3 and time.monotonic() < deadline:
+            pass  # keep one CPU busy
+    assert len(s.samples) >= 3
+    assert all(0.0 <= x <= 1.0 for x in s.samples) and max(s.samples) > 0

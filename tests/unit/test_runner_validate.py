@@ -1,0 +1,60 @@
+"""Checks across keys that ``runner.validate`` makes before anything starts."""
+import pytest
+
+from testbed.config import Scenario
+from testbed.errors import ConfigError
+from testbed.runner import validate
+
+
+def _check(**changes):
+    return validate(Scenario.from_dict(changes))
+
+
+def test_halving_doubling_needs_a_power_of_two_gpus():
+    _check(workload={"collective": "halving_doubling"})  # 8 GPUs
+    with pytest.raises(ConfigError, match="workload.collective: .*power-of-two"):
+        _check(workload={"collective": "halving_doubling"}, topology={"leaves": 3})
+
+
+def test_straggler_ranks_must_exist():
+    with pytest.raises(ConfigError, match="stragglers.ranks: rank 8 does not exist"):
+        _check(workload={"stragglers": {"ranks": [8]}})
+
+
+def test_every_size_of_a_sweep_must_cover_the_gpus():
+    with pytest.raises(ConfigError, match=r"workload.sizes: must be >= the number of GPUs \(8\)"):
+        _check(workload={"sizes": [4, 65536]})
+
+
+def test_background_traffic_needs_the_hosts_it_names():
+    with pytest.raises(ConfigError, match="neighbour hosts"):
+        _check(background={"noisy_neighbour": {"rate_mbit": 5}})
+    with pytest.raises(ConfigError, match="incast.target: no host named 'gpu99'"):
+        _check(background={"incast": {"bursts_per_s": 5, "target": "gpu99"}})
+    plan = _check(topology={"neighbours_per_leaf": 1},
+                  background={"noisy_neighbour": {"rate_mbit": 5}})
+    assert len(plan.neighbours) == 4 and len(plan.gpus) == 8
+
+
+def test_a_refused_run_leaves_no_results_directory(tmp_path, monkeypatch):
+    from testbed import runner
+    from testbed.errors import RunBusyError
+
+    class Busy:
+        def __init__(self, run_id):
+            pass
+
+        def acquire(self, run_dir=None):
+            raise RunBusyError("another testbed run is active (pid 1)")
+
+    class Caps:
+        def require_run(self):
+            pass
+
+        def to_dict(self):
+            return {}
+
+    monkeypatch.setattr(runner, "Ledger", Busy)
+    with pytest.raises(RunBusyError):
+        runner.run(Scenario.from_dict({}), out_root=str(tmp_path), caps=Caps())
+    assert list(tmp_path.iterdir()) == []
