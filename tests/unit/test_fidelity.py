@@ -99,7 +99,7 @@ def test_evaluate_reads_the_agents_tx_files(tmp_path):
     out = F.evaluate(str(tmp_path), plan, figures, {(0, 1): 60.0}, 0.0, [0.3, 0.4],
                      Scenario.from_dict({}))
     assert out["checks"]["inter_dequeue"]["busy_gaps"] == 18
-    assert out["checks"]["inter_dequeue"]["shaper_run_ahead_us_max"] == pytest.approx(82.2)
+    assert out["checks"]["inter_dequeue"]["shaper_run_ahead_us_max"] == pytest.approx(822.0)
     assert out["verdict"] == "ok"
 
 

@@ -84,7 +84,7 @@ def test_switch_ports_get_the_rate_headroom_and_nics_do_not():
     assert shapes["lf1-eth3"].rate_mbit == shapes["sp1-eth1"].rate_mbit == pytest.approx(20.4)
 
 
-def test_htb_burst_is_a_tenth_of_a_frame_or_50_us_of_the_rate():
+def test_htb_burst_is_one_frame_or_250_us_of_the_rate():
     from testbed.shaping import burst_bytes
-    assert burst_bytes(40, 4096) == 411  # (4096 + 14) // 10
-    assert burst_bytes(1000, 4096) == 6250  # 50 us at 1 Gbit/s
+    assert burst_bytes(40, 4096) == 4110  # 4096 + 14
+    assert burst_bytes(1000, 4096) == 31250  # 250 us at 1 Gbit/s
