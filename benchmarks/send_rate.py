@@ -45,7 +45,7 @@ def make_agent(mtu: int, entropy: str = "per-qp"):
                  "reorder_ns": 0, "dcqcn_timer_ns": 10**7, "dcqcn_byte_counter": 1 << 20,
                  "cnp_interval_ns": 10**7, "roce_tos": 0x6A, "ack_tos": 0x68, "cnp_tos": 0xC0}
     cfg = {"rank": 0, "host": "bench", "intf": "bench0", "ip": ME["ip"], "mac": ME["mac"],
-           "ranks": 2, "collective": "ring_allreduce", "size": 2 * mtu, "iterations": 1,
+           "ranks": 2, "workloads": [{"collective": "ring", "size": 2 * mtu, "iterations": 1}],
            "mtu": mtu, "transport": transport, "link_rate_bps": 40e6, "out_dir": "/nonexistent",
            "peers": [PEER]}
     agent = Agent(cfg)

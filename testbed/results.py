@@ -29,7 +29,7 @@ import numpy as np
 
 from traffic import collectives, metrics
 
-RESULTS_SCHEMA = "ai-fabric-testbed/results/1"
+RESULTS_SCHEMA = "ai-fabric-testbed/results/2"
 
 
 def read_csv(path: str) -> List[dict]:

@@ -80,15 +80,15 @@ def test_a_sweep_prints_busbw_rising_with_size(tmp_path):
     cfg.write_text("topology: {leaves: 2}\nfidelity: {cpu_busy_max: 0.1}\n")
     proc = subprocess.run(
         [sys.executable, "-m", "testbed", "run", "--scenario", str(cfg), "--policy",
-         "hyperscale", "--sizes", "16K:256K", "--iterations", "2", "--out", str(tmp_path)],
+         "hyperscale", "--sizes", "4K:256K", "--iterations", "2", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("hyperscale: ring sweep"))
     header = re.split(r"\s{2,}", lines[head].strip())
     col = header.index("busbw (Mb/s)")
-    rows = [re.split(r"\s{2,}", line.strip()) for line in lines[head + 2:head + 7]]
-    assert [r[0] for r in rows] == ["16K", "32K", "64K", "128K", "256K"]
+    rows = [re.split(r"\s{2,}", line.strip()) for line in lines[head + 2:head + 9]]
+    assert [r[0] for r in rows] == ["4K", "8K", "16K", "32K", "64K", "128K", "256K"]
     busbw = [float(r[col].replace(",", "")) for r in rows]
     assert busbw[-1] > 2 * busbw[0], busbw
     assert all(b >= 0.9 * a for a, b in zip(busbw, busbw[1:])), busbw
