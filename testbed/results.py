@@ -71,13 +71,15 @@ class RunContext:
 class Packets:
     """Every data packet the GPUs received, as columns (numpy), latency joined."""
 
-    def __init__(self, src, dst, sent, latency, iteration, payload, delivered):
-        self.src, self.dst, self.sent, self.latency = src, dst, sent, latency
-        self.iteration, self.payload, self.delivered = iteration, payload, delivered
+    COLUMNS = ("src", "dst", "sent", "latency", "iteration", "payload", "delivered", "ce",
+               "retx")
+
+    def __init__(self, **columns):
+        for name in self.COLUMNS:
+            setattr(self, name, columns[name])
 
     def select(self, mask) -> "Packets":
-        return Packets(*(a[mask] for a in (self.src, self.dst, self.sent, self.latency,
-                                           self.iteration, self.payload, self.delivered)))
+        return Packets(**{name: getattr(self, name)[mask] for name in self.COLUMNS})
 
     def ipdv_us(self) -> np.ndarray:
         """RFC 3393 IPDV over every flow (src -> dst), consecutive packets in send order."""
@@ -162,8 +164,7 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
 
 def _load_packets(records_dir: str, summaries: List[dict]):
     tx_times = {s["rank"]: load_tx_times(records_dir, s["host"]) for s in summaries}
-    cols: Dict[str, list] = {k: [] for k in ("src", "dst", "sent", "latency", "iteration",
-                                             "payload", "delivered")}
+    cols: Dict[str, list] = {k: [] for k in Packets.COLUMNS}
     per_gpu: Dict[str, dict] = {}
     app_clock = 0
     for summary in summaries:
@@ -184,8 +185,11 @@ def _load_packets(records_dir: str, summaries: List[dict]):
         for key, name, kind in (("src", "src", np.int64), ("dst", "dst", np.int64),
                                 ("iteration", "iteration", np.int64),
                                 ("payload", "bytes", np.int64),
-                                ("delivered", "delivered", np.int64)):
+                                ("delivered", "delivered", np.int64),
+                                ("retx", "retx", np.int64)):
             cols[key].append(np.asarray([int(r.get(name) or 0) for r in rows], dtype=kind))
+        cols["ce"].append(np.asarray([int(r.get("ecn") or 0) == 3 for r in rows],
+                                     dtype=np.int64))
         lat = metrics.percentiles(latency) or {}
         mine = summary["counters"]
         per_gpu[host] = {"rank": summary["rank"],
@@ -197,9 +201,7 @@ def _load_packets(records_dir: str, summaries: List[dict]):
     joined = {k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64))
               for k, v in cols.items()}
     joined["latency"] = joined["latency"].astype(float)
-    return (Packets(joined["src"], joined["dst"], joined["sent"], joined["latency"],
-                    joined["iteration"], joined["payload"], joined["delivered"]),
-            per_gpu, app_clock)
+    return Packets(**joined), per_gpu, app_clock
 
 
 def _workload_figures(index: int, spec: dict, ctx: RunContext, packets: Packets,
@@ -238,6 +240,9 @@ def _workload_figures(index: int, spec: dict, ctx: RunContext, packets: Packets,
         "busbw_gbps_modelled": _round(algbw * factor * ctx.time_scale if algbw else None),
         "busbw_factor": round(factor, 6),
         "bytes_sent_per_rank": {"expected": expected, "measured": moved},
+        "packets_received": int(mine.src.size),
+        "retransmissions_received": int(mine.retx.sum()),
+        "ecn_marked_packets": int(mine.ce.sum()) if ctx.mechanisms.ecn else None,
         **mine.latency_figures(),
         "straggler_idle_us": idle,
         "extrapolation": (metrics.extrapolate_idle(idle["mean"], ctx.ranks,

@@ -19,10 +19,10 @@ def _csv(path, header, rows):
 
 
 def _agent(d, host, rank, packets, iterations, tx_packets, lag=None):
-    """packets: (src, dst, psn, bytes, sent_ns, rx_ns, iteration); iterations:
-    (iteration, workload, size, start_ns, end_ns)."""
+    """packets: (src, dst, psn, bytes, sent_ns, rx_ns, iteration[, step, ecn, delivered,
+    retx]); iterations: (iteration, workload, size, start_ns, end_ns)."""
     _csv(os.path.join(d, f"{host}.packets.csv"), PACKET_FIELDS,
-         [p + (0, 0, 1, 0) for p in packets])
+         [p if len(p) == 11 else p + (0, 0, 1, 0) for p in packets])
     _csv(os.path.join(d, f"{host}.iterations.csv"), ITERATION_FIELDS,
          [(rank, it, w, "ring", size, start, start, end, 0, 0, 0, 0)
           for it, w, size, start, end in iterations])
@@ -83,8 +83,10 @@ def test_a_sweep_gives_one_entry_per_size(tmp_path):
            [(0, 0, 300, 1000, 5000), (1, 1, 600, 6000, 16000)], tx_packets=2)
     _agent(d, "gpu2", 1, [(0, 1, 0, 150, 1000, 2000, 0), (0, 1, 1, 300, 9000, 9600, 1)],
            [(0, 0, 300, 1000, 5000), (1, 1, 600, 6000, 16000)], tx_packets=2)
-    r, _ = collect(d, RunContext(2, [RING, big]))
+    r, _ = collect(d, RunContext(2, [RING, big], mechanisms=Mechanisms(ecn=False)))
     assert [c["size_bytes"] for c in r["collectives"]] == [300, 600]
+    assert [c["packets_received"] for c in r["collectives"]] == [2, 2]
+    assert r["collectives"][0]["ecn_marked_packets"] is None
     assert [c["cct_us"]["p50"] for c in r["collectives"]] == [4.0, 10.0]
     assert r["collectives"][1]["latency_us"]["count"] == 2
     assert "cct_us" not in r  # no single CCT for a sweep
@@ -163,3 +165,15 @@ def test_atomic_write_leaves_no_temporary_file(tmp_path):
     write_json_atomic(str(path), {"a": 2})
     assert json.loads(path.read_text()) == {"a": 2}
     assert os.listdir(tmp_path) == ["results.json"]
+
+
+def test_per_collective_counts_of_marks_and_retransmissions(tmp_path):
+    d = str(tmp_path)
+    # one CE-marked packet, one retransmission that arrived again
+    _agent(d, "gpu1", 0, [(1, 0, 0, 100, 1000, 2000, 0, 0, 3, 1, 0),
+                          (1, 0, 1, 50, 1500, 2500, 0, 0, 2, 1, 1)],
+           [(0, 0, 300, 1000, 5000)], tx_packets=1)
+    _agent(d, "gpu2", 1, [], [(0, 0, 300, 1000, 6000)], tx_packets=2)
+    c = collect(d, RunContext(2, [RING]))[0]["collectives"][0]
+    assert (c["packets_received"], c["ecn_marked_packets"], c["retransmissions_received"]) == (
+        2, 1, 1)
