@@ -47,7 +47,10 @@ def expected_bytes(scenario):
 def test_drops_cost_go_back_n_retransmissions_and_lossless_has_none(tmp_path):
     scenario, results, run_dir = run(
         tmp_path, ["hyperscale", "lossless"], workload={"iterations": 1},
-        policy_params={"hyperscale": {"buffer_bytes": 48000}}, **OVERSUBSCRIBED)
+        # adaptive routing off: it occasionally reorders a running flow in this emulator
+        # (README, fidelity notes), and this test is about drops, not routing
+        policy_params={"hyperscale": {"buffer_bytes": 48000},
+                       "lossless": {"adaptive_routing": False}}, **OVERSUBSCRIBED)
     hs, ll = results["policies"]["hyperscale"], results["policies"]["lossless"]
     # Every byte of every transfer arrived, in order, despite the drops.
     assert delivered_bytes(run_dir, "hyperscale") == expected_bytes(scenario)
