@@ -14,6 +14,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.9",
     packages=["testbed", "controllers", "traffic"],
+    package_data={"testbed": ["scenarios/*.yaml"]},
     install_requires=[
         "os-ken>=4.0,<5",
         "scapy>=2.6,<2.9",
@@ -22,5 +23,6 @@ setup(
         "pyyaml>=6.0,<7",
     ],
     extras_require={"test": ["pytest>=7.2,<10"]},
-    entry_points={"console_scripts": ["testbed=testbed.cli:main"]},
+    entry_points={"console_scripts": ["testbed=testbed.cli:main"],
+                  "pytest11": ["testbed = testbed.pytest_plugin"]},
 )

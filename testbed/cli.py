@@ -26,10 +26,11 @@ def _progress(quiet: bool):
 
 def cmd_run(args) -> int:
     from . import runner
-    from .config import ALL_POLICIES, DEFAULT, load_file, parse_sizes
+    from .catalog import find
+    from .config import ALL_POLICIES, DEFAULT, parse_sizes
     from .report import fidelity_warnings, summary_table
 
-    scenario = load_file(args.scenario) if args.scenario else DEFAULT
+    scenario = find(args.scenario) if args.scenario else DEFAULT
     if args.iterations is not None:
         scenario = scenario.override({"workload": {"iterations": args.iterations}})
     if args.sizes:
@@ -127,6 +128,28 @@ def policies_reference() -> str:
     return "\n".join(out)
 
 
+def cmd_scenarios(args) -> int:
+    """The built-in scenarios, or the reference of every scenario key."""
+    from . import catalog, reference
+
+    if args.reference:
+        print(reference.markdown(), end="")
+    elif args.template:
+        print(reference.yaml_template(), end="")
+    elif args.show:
+        known = catalog.builtins()
+        if args.show not in known:
+            raise ConfigError(f"--show: no built-in scenario named {args.show!r} "
+                              f"(built-in: {', '.join(known)})")
+        with open(known[args.show].path, encoding="utf-8") as f:
+            print(f.read(), end="")
+    else:
+        print(catalog.describe())
+        print("\nrun one: sudo python -m testbed run --scenario NAME (or a YAML file); "
+              "show one: scenarios --show NAME; every key: scenarios --reference")
+    return 0
+
+
 def cmd_clean(args) -> int:
     from .ledger import clean
 
@@ -148,8 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     r = sub.add_parser("run", help="run the scenario and print the comparison")
-    r.add_argument("--scenario", metavar="FILE",
-                   help="YAML scenario (keys as in results.json's 'scenario'; default: built in)")
+    r.add_argument("--scenario", metavar="NAME|FILE",
+                   help="a built-in scenario (python -m testbed scenarios) or a YAML file "
+                        "(keys: scenarios --reference); default: the default scenario")
     r.add_argument("--policy", help="comma-separated policies, or all (default: all: "
                                     "enterprise, hyperscale, lossless)")
     r.add_argument("--iterations", type=int,
@@ -167,6 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="what this kernel and machine support")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_check)
+    sc = sub.add_parser("scenarios", help="the built-in scenarios, and every scenario key")
+    group = sc.add_mutually_exclusive_group()
+    group.add_argument("--show", metavar="NAME", help="print a built-in scenario's file")
+    group.add_argument("--reference", action="store_true",
+                       help="every key with its default, unit and meaning (Markdown)")
+    group.add_argument("--template", action="store_true",
+                       help="a scenario file with every key at its default (YAML)")
+    sc.set_defaults(func=cmd_scenarios)
     pol = sub.add_parser("policies", help="the policies, their classes and parameters")
     pol.set_defaults(func=cmd_policies)
     k = sub.add_parser("clean", help="remove what a crashed run left behind (only that)")

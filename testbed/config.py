@@ -32,6 +32,10 @@ class TopologyConfig:
         "min": 0.1, "max": 1000.0, "unit": "Mbit/s", "doc": "leaf-spine link rate"})
     nic_queue_bytes: int = field(default=256_000, metadata={
         "min": 3000, "max": 64_000_000, "unit": "B", "doc": "GPU NIC transmit queue"})
+    oversubscription: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 64.0,
+        "doc": "leaf uplink oversubscription (1 = full bisection, 2 = 2:1); sets "
+               "fabric_rate_mbit = host rate x GPUs per leaf / (spines x this); 0 = off"})
     neighbours_per_leaf: int = field(default=0, metadata={
         "min": 0, "max": 253, "doc": "non-GPU hosts under each leaf: a noisy-neighbour tenant "
                                       "(see background)"})
@@ -211,14 +215,28 @@ ALL_POLICIES = ("enterprise", "hyperscale", "lossless")
 
 
 @dataclass(frozen=True)
+class MeasurementConfig:
+    """What is recorded besides the agents' records (kernel timestamps of every packet)."""
+
+    pcap: bool = field(default=False, metadata={
+        "doc": "capture every GPU NIC's RoCE traffic with tcpdump into pcap/<policy>/"})
+    pcap_snaplen: int = field(default=128, metadata={
+        "min": 64, "max": 65535, "unit": "B", "doc": "bytes kept of each captured frame"})
+    pcap_hosts: Tuple[str, ...] = field(default=(), metadata={
+        "item": str, "doc": "hosts to capture on (default: every GPU)"})
+
+
+@dataclass(frozen=True)
 class Scenario:
-    name: str = "default"
-    policies: Tuple[str, ...] = ALL_POLICIES
+    name: str = field(default="default", metadata={"doc": "a label for the run"})
+    policies: Tuple[str, ...] = field(default=ALL_POLICIES, metadata={
+        "doc": "policies to compare, each on a fresh fabric: enterprise, hyperscale, lossless"})
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
     background: BackgroundConfig = field(default_factory=BackgroundConfig)
+    measurement: MeasurementConfig = field(default_factory=MeasurementConfig)
     fidelity: FidelityConfig = field(default_factory=FidelityConfig)
     policy_params: Dict[str, Dict[str, Any]] = field(default_factory=dict, metadata={
         "doc": "per policy, parameters that replace its defaults (see the policy reference)"})
@@ -230,12 +248,14 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Scenario":
+        params = None
         if isinstance(data, Mapping) and "policy_params" in data:
             data = dict(data)
             params = data.pop("policy_params")
-            scenario = build(cls, data)
-            return dataclasses.replace(scenario, policy_params=_policy_params(params))
-        return build(cls, data)
+        scenario = _derive(build(cls, data), data)
+        if params is not None:
+            scenario = dataclasses.replace(scenario, policy_params=_policy_params(params))
+        return scenario
 
     def to_dict(self) -> dict:
         return plain(self)
@@ -302,6 +322,22 @@ def load_file(path: str) -> Scenario:
         return Scenario.from_dict(data)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}")
+
+
+def _derive(scenario: "Scenario", data: Mapping[str, Any]) -> "Scenario":
+    """Settings computed from others: the uplink rate from an oversubscription ratio."""
+    t = scenario.topology
+    if not t.oversubscription:
+        return scenario
+    rate = t.host_rate_mbit * t.gpus_per_leaf / (t.spines * t.oversubscription)
+    given = (data.get("topology") or {}).get("fabric_rate_mbit")
+    if given is not None and abs(given - rate) > 1e-6 * rate:
+        raise ConfigError(f"topology: fabric_rate_mbit {given:g} contradicts oversubscription "
+                          f"{t.oversubscription:g} (which gives {rate:g}); set one of them")
+    if not 0.1 <= rate <= 1000.0:
+        raise ConfigError(f"topology.oversubscription: gives a fabric rate of {rate:g} Mbit/s, "
+                          "outside 0.1..1000")
+    return dataclasses.replace(scenario, topology=dataclasses.replace(t, fabric_rate_mbit=rate))
 
 
 def _policy_params(params) -> Dict[str, Dict[str, Any]]:

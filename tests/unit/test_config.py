@@ -1,5 +1,3 @@
-import glob
-import os
 
 import pytest
 
@@ -134,14 +132,3 @@ def test_workload_sections_validate_and_round_trip():
         Scenario.from_dict({"workload": {"stragglers": {"distribution": "pareto"}}})
     with pytest.raises(ConfigError, match=r"workload.sizes\[1\]: must be an integer"):
         Scenario.from_dict({"workload": {"sizes": [1024, "big"]}})
-
-
-EXAMPLES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "examples",
-                                         "*.yaml")))
-
-
-@pytest.mark.parametrize("path", EXAMPLES, ids=os.path.basename)
-def test_every_example_scenario_is_valid(path):
-    from testbed.config import load_file
-    from testbed.runner import validate
-    validate(load_file(path))

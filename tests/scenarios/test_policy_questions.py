@@ -1,0 +1,44 @@
+"""Scenario tests as a user writes them: a question about fabrics, answered on real packets.
+
+Each asks something the seed of this project asks (README, "Scenario tests"); run them with
+``sudo .venv/bin/python -m pytest tests/scenarios -s`` (``-s`` shows the progress).
+"""
+import pytest
+
+pytestmark = [pytest.mark.scenario, pytest.mark.integration]
+
+
+def test_oversubscription_costs_lossy_fabrics_retransmissions_not_lossless(testbed_run):
+    """Does 2:1 oversubscription hurt ring all-reduce more on hyperscale than on lossless?"""
+    result = testbed_run("oversubscribed", policies=["hyperscale", "lossless"],
+                         workload={"iterations": 2})
+    hs, ll = result.policy("hyperscale"), result.policy("lossless")
+    assert ll.drops == 0 and ll.retransmitted_packets == 0
+    assert ll.pfc_pause_events > 0  # the uplinks filled; PFC held the senders back
+    assert hs.drops > 0 and hs.retransmitted_packets > 0
+    assert hs.pfc_pause_events is None  # no PFC on that fabric: absent, not zero
+    assert ll.cct_us.p50 < hs.cct_us.p50
+
+
+def test_a_straggler_idles_the_other_ranks(testbed_run):
+    """What does one GPU running 5 ms late cost the others, here and on 10,000 GPUs?"""
+    result = testbed_run({"topology": {"leaves": 2},
+                          "workload": {"size_bytes": 16384, "chunks": 1, "iterations": 6,
+                                       "compute_ms": 10,
+                                       "stragglers": {"ranks": [2], "delay_ms": 5}}},
+                         policies=["hyperscale"])
+    c = result.policy("hyperscale").collective()
+    later = c.straggler_idle_us.per_iteration[1:]
+    assert sum(later) / len(later) == pytest.approx(3 * 5000, rel=0.15)  # 3 ranks x 5 ms
+    assert c.extrapolation["gpus"] == 10_000
+    assert c.extrapolation["gpu_seconds_per_step_emulated"] > 9_999 * 4e-3
+
+
+def test_incast_overflows_shallow_buffers_but_not_the_lossless_class(testbed_run):
+    """Eight hosts burst into one GPU: who drops, and does the all-reduce notice?"""
+    result = testbed_run("incast", policies=["hyperscale", "lossless"],
+                         workload={"iterations": 3})
+    hs, ll = result.policy("hyperscale"), result.policy("lossless")
+    assert hs.switch_queue_drops > 0
+    assert ll.drops == 0 and ll.switch_queue_drops == 0
+    assert ll.background["incast"]["packets_received"] == ll.background["incast"]["packets_sent"]
