@@ -261,7 +261,10 @@ class Scenario:
         return plain(self)
 
     def with_policies(self, policies) -> "Scenario":
-        return dataclasses.replace(self, policies=tuple(policies))
+        """A copy running ``policies``; parameters of policies no longer run are dropped."""
+        policies = tuple(policies)
+        params = {k: v for k, v in self.policy_params.items() if k in policies}
+        return dataclasses.replace(self, policies=policies, policy_params=params)
 
     def override(self, changes: Mapping[str, Any]) -> "Scenario":
         """A copy with ``changes`` (a partial scenario mapping) applied and validated."""

@@ -132,3 +132,10 @@ def test_workload_sections_validate_and_round_trip():
         Scenario.from_dict({"workload": {"stragglers": {"distribution": "pareto"}}})
     with pytest.raises(ConfigError, match=r"workload.sizes\[1\]: must be an integer"):
         Scenario.from_dict({"workload": {"sizes": [1024, "big"]}})
+
+
+def test_narrowing_the_policies_drops_the_others_parameters():
+    s = Scenario.from_dict({"policy_params": {"enterprise": {"spanning_tree_root": 2},
+                                              "lossless": {"adaptive_routing": False}}})
+    narrowed = s.with_policies(["lossless"])
+    assert narrowed.policies == ("lossless",) and list(narrowed.policy_params) == ["lossless"]
