@@ -34,6 +34,10 @@ from .topology import PREFIX_LEN, FabricPlan
 
 LOG = logging.getLogger(__name__)
 
+# Mininet runs ``pexec(..., shell=True)`` through ``$SHELL``; CI jobs, cron and systemd units
+# often start without it, and Mininet then fails with a bare KeyError.
+os.environ.setdefault("SHELL", "/bin/sh")
+
 
 class LeafSpineTopo(Topo):
     """Leaf-spine topology: ``spines`` x ``leaves`` full mesh, hosts under each leaf.
