@@ -145,6 +145,7 @@ class PolicyResult:
     collectives: Tuple[CollectiveResult, ...]
     fidelity: Optional[Fidelity]
     background: Optional[Dict[str, Any]]
+    pcap: Optional[Dict[str, Dict[str, Any]]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod

@@ -24,6 +24,7 @@ from traffic.collectives import build as build_collective
 
 from .agents import AgentGroup, congestion_control, expected_duration_s, workload_specs
 from .background import Background, background_plan
+from .capture import PacketCapture
 from .capabilities import Capabilities, detect
 from .config import Scenario
 from .controller import ControllerProcess
@@ -87,6 +88,10 @@ def _validate_workload(scenario: Scenario, plan: FabricPlan) -> None:
             build_collective(spec["collective"], n, spec["size"], spec["chunks"], spec["group"])
         except ScheduleError as e:
             raise ConfigError(f"workload.collective: {e}")
+    names = {h.name for h in plan.hosts}
+    for host in scenario.measurement.pcap_hosts:
+        if host not in names:
+            raise ConfigError(f"measurement.pcap_hosts: no host named {host!r}")
     for r in w.stragglers.ranks:
         if not 0 <= r < n:
             raise ConfigError(f"workload.stragglers.ranks: rank {r} does not exist "
@@ -213,6 +218,7 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
     t0 = time.monotonic()
     cpu = CpuSampler()
     background_report: dict = {}
+    pcaps = None
     with fabric_up(policy, scenario, caps, run_dir, ledger, say) as session:
         results.setdefault("link_emulation", session.fabric.applied())
         with queue_emulation(policy, scenario, session, run_dir, ledger) as (emu, queues):
@@ -224,6 +230,9 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                 emu.check_alive()
 
             agents = AgentGroup(session.fabric, policy, scenario, records, run_dir, ledger, name)
+            capture = (PacketCapture(session.fabric, plan, scenario.measurement,
+                                     os.path.join(run_dir, "pcap", name), ledger)
+                       if scenario.measurement.pcap else None)
             background = Background(session.fabric, plan, scenario, policy,
                                     os.path.join(run_dir, "background", name), ledger)
             expected = expected_duration_s(scenario)
@@ -233,6 +242,9 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                     background.start_receivers()
                     background.start_senders(30 + 10 * expected)
                     say(f"background traffic: {background.describe()}")
+                if capture:
+                    capture.start()
+                    say(f"capturing on {len(capture.procs)} GPU NICs into pcap/{name}/")
                 say(f"replaying {_workload_text(scenario, len(plan.gpus))} "
                     f"(about {expected:.1f} s at line rate)")
                 start_ns = agents.go()
@@ -254,6 +266,9 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                 if not background.empty:
                     with shielded():
                         background_report = background.stop()
+                if capture:
+                    with shielded():
+                        pcaps = capture.stop()
                 _shielded_call(agents.stop)
         stats = egress_stats(session.fabric)
         delay_us = session.fabric.applied().get("link_delay_us_applied", 0.0)
@@ -288,6 +303,7 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
         "switch_queues": queues,
         "reaction_time_us": scenario.emulation.sample_interval_us,
         "background": background_report or None,
+        "pcap": pcaps,
         "warnings": session.warnings,
         "duration_s": round(time.monotonic() - t0, 2),
     })

@@ -1,19 +1,15 @@
-"""Capture the agents' real traffic on a GPU's NIC and check it with tshark and the ICRC."""
+"""Capture the agents' real traffic on a GPU's NIC (``measurement.pcap``) and check it with
+tshark and the ICRC."""
 import os
 import shutil
-import signal
 import subprocess
-import time
 
 import pytest
+from scapy.layers.inet import IP, UDP
 from scapy.utils import rdpcap
 
-from controllers.policy import make_policy
-from testbed import runner
-from testbed.agents import AgentGroup
-from testbed.capabilities import detect
+from testbed.api import run_scenario
 from testbed.config import DEFAULT
-from testbed.ledger import Ledger
 from tests.unit.test_tshark import tshark_fields
 from traffic import roce
 from traffic.agent import qp_number
@@ -29,54 +25,31 @@ NEEDS_TOOLS = pytest.mark.skipif(not shutil.which("tcpdump") or not shutil.which
                                  reason="needs tcpdump and tshark (scripts/install.sh)")
 
 
-def capture_a_run(tmp_path, scenario, host, bpf):
-    """Replay the scenario's collective (hyperscale) while tcpdump captures ``bpf`` on the NIC
-    of ``host``; returns the pcap path."""
-    plan = runner.validate(scenario.with_policies(["hyperscale"]))
-    policy = make_policy("hyperscale", plan, scenario)
-    ledger = Ledger(runner.new_run_id())
-    ledger.acquire(str(tmp_path))
-    pcap = tmp_path / f"{host}.pcap"
-    try:
-        with runner.fabric_up(policy, scenario, detect(), str(tmp_path), ledger) as s, \
-                runner.queue_emulation(policy, scenario, s, str(tmp_path), ledger):
-            dump = s.fabric.host(host).popen(
-                ["tcpdump", "-i", plan.host(host).intf, "-U", "--immediate-mode", "-n", "-w",
-                 str(pcap)] + bpf, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            ledger.add_pid(dump.pid)
-            try:
-                deadline = time.monotonic() + 10
-                while not (pcap.exists() and pcap.stat().st_size > 0):
-                    assert time.monotonic() < deadline, "tcpdump did not start"
-                    time.sleep(0.05)
-                agents = AgentGroup(s.fabric, policy, scenario, str(tmp_path / "rec"),
-                                    str(tmp_path), ledger, "capture")
-                try:
-                    agents.start()
-                    agents.go()
-                    agents.wait(timeout=300)
-                finally:
-                    agents.stop()
-            finally:
-                dump.send_signal(signal.SIGINT)
-                dump.communicate(timeout=10)
-    finally:
-        ledger.teardown()
-        ledger.close()
-    return pcap
+def capture_a_run(tmp_path, scenario, host):
+    """Run the scenario (hyperscale) with ``measurement.pcap`` on the NIC of ``host``; returns
+    the pcap path the run reports."""
+    result = run_scenario(scenario, ["hyperscale"], out_root=str(tmp_path),
+                          measurement={"pcap": True, "pcap_hosts": [host],
+                                       "pcap_snaplen": 65535})
+    assert result.status == "complete"
+    pcaps = result.policy("hyperscale").pcap
+    assert set(pcaps) == {host} and pcaps[host]["bytes"] > 0
+    return os.path.join(result.run_dir, pcaps[host]["file"])
 
 
 @NEEDS_TOOLS
 def test_captured_agent_traffic_is_valid_rocev2(tmp_path):
-    pcap = capture_a_run(tmp_path, SCENARIO, "gpu2",
-                         ["udp", "dst", "port", "4791", "and", "dst", "host", "10.0.2.1"])
-    frames = [bytes(p) for p in rdpcap(str(pcap))]
+    pcap = capture_a_run(tmp_path, SCENARIO, "gpu2")
+    received = [p for p in rdpcap(pcap) if p[IP].dst == "10.0.2.1"]
+    assert received and all(p[UDP].dport == 4791 for p in received)
+    frames = [bytes(p) for p in received]
     assert all(roce.icrc_ok(f) for f in frames)  # data and the ACKs for gpu2's own sends
     data = [f for f in frames if f[roce.BTH_OFFSET] != roce.RC_ACKNOWLEDGE]
     n_packets = 2 * len(roce.packet_payloads(SCENARIO.workload.size_bytes // 2,
                                              SCENARIO.workload.mtu))
     assert len(data) == n_packets
-    rows = [r for r in tshark_fields(pcap) if r["infiniband.bth.opcode"] != "17"]
+    rows = [r for r in tshark_fields(pcap, "ip.dst==10.0.2.1")
+            if r["infiniband.bth.opcode"] != "17"]
     # BTH carries the destination QP: gpu2's (rank 1) QP for its connection from rank 0
     assert {int(r["infiniband.bth.destqp"], 16) for r in rows} == {qp_number(1, 0)}
     psns = [int(r["infiniband.bth.psn"]) for r in rows]
@@ -102,8 +75,8 @@ LOSSY = DEFAULT.override({
 
 @NEEDS_TOOLS
 def test_tshark_dissects_the_acks_naks_and_cnps_of_a_lossy_run(tmp_path):
-    pcap = capture_a_run(tmp_path, LOSSY, "gpu3", ["udp", "port", "4791"])
-    frames = [bytes(p) for p in rdpcap(str(pcap))]
+    pcap = capture_a_run(tmp_path, LOSSY, "gpu3")
+    frames = [bytes(p) for p in rdpcap(pcap)]
     assert frames and all(roce.icrc_ok(f) for f in frames)
     out = subprocess.run(["tshark", "-r", str(pcap), "-T", "fields", "-E", "separator=|",
                           "-e", "infiniband.bth.opcode", "-e", "infiniband.aeth.syndrome",

@@ -36,6 +36,18 @@ def test_background_traffic_needs_the_hosts_it_names():
     assert len(plan.neighbours) == 4 and len(plan.gpus) == 8
 
 
+def test_pcap_hosts_must_exist_and_default_to_every_gpu():
+    from testbed.capture import capture_hosts
+
+    with pytest.raises(ConfigError, match="measurement.pcap_hosts: no host named 'gpu99'"):
+        _check(measurement={"pcap": True, "pcap_hosts": ["gpu99"]})
+    scenario = Scenario.from_dict({"measurement": {"pcap": True}})
+    assert capture_hosts(validate(scenario), scenario.measurement) == [
+        f"gpu{i}" for i in range(1, 9)]
+    scenario = Scenario.from_dict({"measurement": {"pcap_hosts": ["gpu3"]}})
+    assert capture_hosts(validate(scenario), scenario.measurement) == ["gpu3"]
+
+
 def test_a_refused_run_leaves_no_results_directory(tmp_path, monkeypatch):
     from testbed import runner
     from testbed.errors import RunBusyError

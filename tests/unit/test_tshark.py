@@ -14,8 +14,10 @@ FIELDS = ["infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.bth.psn"
           "infiniband.reth.dmalen", "infiniband.invariant.crc"]
 
 
-def tshark_fields(pcap):
+def tshark_fields(pcap, display_filter=None):
     cmd = ["tshark", "-r", str(pcap), "-T", "fields", "-E", "separator=|"]
+    if display_filter:
+        cmd += ["-Y", display_filter]
     for f in FIELDS:
         cmd += ["-e", f]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
