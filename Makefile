@@ -1,9 +1,10 @@
 # The two README commands are `sudo make run` and `sudo make test`.
-# `install` is idempotent and quick when nothing is missing (scripts/install.sh).
+# `install` is idempotent and quick when nothing is missing (scripts/install.sh); `test` also
+# installs the test-only tools (chromium, for the report's headless-browser test).
 PYTHON ?= .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install run test unit clean bench
+.PHONY: install install-test run test unit clean bench
 
 install:
 	scripts/install.sh
@@ -11,8 +12,11 @@ install:
 run: install
 	$(PYTHON) -m testbed run
 
-test: install
+test: install-test
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+install-test:
+	scripts/install.sh --test-tools
 
 unit:
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)

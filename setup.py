@@ -21,6 +21,7 @@ setup(
         "pyroute2>=0.7.9,<0.10",
         "numpy>=1.24,<3",
         "pyyaml>=6.0,<7",
+        "matplotlib>=3.6,<4",  # the report's plots (Agg backend, no display needed)
     ],
     extras_require={"test": ["pytest>=7.2,<10"]},
     entry_points={"console_scripts": ["testbed=testbed.cli:main"],

@@ -6,6 +6,8 @@
 #                               /usr/local/bin/python pointing at it, so that
 #                               `sudo python -m testbed run` works from any directory
 #   scripts/install.sh --no-start   do not start Open vSwitch (image builds, chroots)
+#   scripts/install.sh --test-tools also what the test suite needs beyond a run: chromium
+#                               (headless, renders report.html); `make test` passes it
 #
 # Environment: TESTBED_VENV (venv path), TESTBED_BIN_DIR (where --vm puts `python`).
 #
@@ -16,11 +18,13 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 vm=0
 start_ovs=1
+test_tools=0
 for arg in "$@"; do
   case "$arg" in
     --vm) vm=1 ;;
     --no-start) start_ovs=0 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --test-tools) test_tools=1 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -41,6 +45,13 @@ fi
 # --- distribution packages -------------------------------------------------------------------
 packages=(mininet openvswitch-switch tshark iperf3 ethtool tcpdump iproute2 iputils-ping python3-venv
           python-is-python3 python3-pip)
+if [ "$test_tools" -eq 1 ]; then
+  if grep -qi ubuntu /etc/os-release 2>/dev/null; then
+    say "note: Ubuntu ships chromium as a snap only; the report's browser test skips without it"
+  else
+    packages+=(chromium)
+  fi
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

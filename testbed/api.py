@@ -15,7 +15,6 @@ was absent (no ECN, no PFC, no DCQCN) is ``None``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
@@ -190,14 +189,14 @@ class RunResult:
 
 def load_result(run_dir: str) -> RunResult:
     """The result of a saved run (its ``results.json``)."""
-    path = os.path.join(run_dir, "results.json")
+    from .rundata import load_results
+
+    data = load_results(run_dir)
     try:
-        with open(path, encoding="utf-8") as f:
-            return RunResult.parse(run_dir, json.load(f))
-    except OSError as e:
-        raise ConfigError(f"{run_dir}: no results.json there ({e.strerror})")
-    except (ValueError, KeyError) as e:
-        raise ConfigError(f"{path}: not a testbed results file ({e})")
+        return RunResult.parse(run_dir, data)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{os.path.join(run_dir, 'results.json')}: not a testbed results "
+                          f"file ({e})")
 
 
 ScenarioLike = Union[str, Mapping[str, Any], Scenario]

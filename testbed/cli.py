@@ -1,4 +1,5 @@
-"""Command line: ``python -m testbed run | check | clean``.
+"""Command line: ``python -m testbed run | check | scenarios | policies | report | compare |
+clean``.
 
 This is the one place where errors meet the user: a ``TestbedError`` becomes one line on stderr
 and its exit code (2 for bad input, 1 for a failed run); Ctrl-C exits with 130 after teardown.
@@ -16,6 +17,7 @@ import signal
 import sys
 
 from .errors import ConfigError, TestbedError
+from .term import paint
 
 
 def _progress(quiet: bool):
@@ -28,7 +30,7 @@ def cmd_run(args) -> int:
     from . import runner
     from .catalog import find
     from .config import ALL_POLICIES, DEFAULT, parse_sizes
-    from .report import fidelity_warnings, summary_table
+    from .report import summary_table
 
     scenario = find(args.scenario) if args.scenario else DEFAULT
     if args.iterations is not None:
@@ -50,8 +52,35 @@ def cmd_run(args) -> int:
     else:
         print(summary_table(results))
         print(f"\nresults: {os.path.join(run_dir, 'results.json')}")
+        report = os.path.join(run_dir, "report.html")
+        if os.path.exists(report):
+            print(f"report:  {report}")
+    _print_verdicts(results)
+    return 0
+
+
+def _print_verdicts(results: dict) -> None:
+    from .report import fidelity_warnings
+
     for line in fidelity_warnings(results):
-        print(line, file=sys.stderr)
+        print(paint(line, "warn", sys.stderr), file=sys.stderr)
+
+
+def cmd_report(args) -> int:
+    """Redraw the plots and report.html of a saved run."""
+    from .htmlreport import write
+
+    path = write(args.run_dir, _progress(args.quiet))
+    print(path)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .compare import compare
+    from .rundata import load_results
+
+    a, b = load_results(args.run_a), load_results(args.run_b)
+    print(compare(a, b, args.run_a, args.run_b))
     return 0
 
 
@@ -201,6 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
     sc.set_defaults(func=cmd_scenarios)
     pol = sub.add_parser("policies", help="the policies, their classes and parameters")
     pol.set_defaults(func=cmd_policies)
+    rp = sub.add_parser("report", help="redraw the plots and report.html of a saved run")
+    rp.add_argument("run_dir", metavar="DIR", help="a run directory (results/<run id>)")
+    rp.add_argument("--quiet", action="store_true", help="no progress lines")
+    rp.set_defaults(func=cmd_report)
+    cp = sub.add_parser("compare", help="what changed between two saved runs")
+    cp.add_argument("run_a", metavar="DIR_A")
+    cp.add_argument("run_b", metavar="DIR_B")
+    cp.set_defaults(func=cmd_compare)
     k = sub.add_parser("clean", help="remove what a crashed run left behind (only that)")
     k.set_defaults(func=cmd_clean)
     return p
@@ -224,7 +261,7 @@ def main(argv=None) -> int:
     except TestbedError as e:
         if args.debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(paint(f"error: {e}", "error", sys.stderr), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted: the fabric was torn down; partial results were kept",
@@ -233,6 +270,6 @@ def main(argv=None) -> int:
     except Exception as e:  # a bug or an unexpected failure below us: still one line
         if args.debug:
             raise
-        print(f"error: unexpected {type(e).__name__}: {e} (rerun with --debug for details)",
-              file=sys.stderr)
+        print(paint(f"error: unexpected {type(e).__name__}: {e} (rerun with --debug for "
+                    "details)", "error", sys.stderr), file=sys.stderr)
         return 1

@@ -1,10 +1,10 @@
 """What a run prints: the comparison table, the size sweep, fidelity warnings (pure text)."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
 
-def _fmt(value, digits=1) -> str:
+def fmt(value, digits=1) -> str:
     if value is None:
         return "-"
     if isinstance(value, bool) or isinstance(value, str):
@@ -14,63 +14,80 @@ def _fmt(value, digits=1) -> str:
     return f"{value:,}"
 
 
-def summary_table(results: dict) -> str:
-    """The comparison printed at the end of a run: one column per policy, then per GPU."""
+ROWS = [
+    ("GPUs", lambda p: p.get("gpus")),
+    ("packets sent", lambda p: p.get("packets_sent")),
+    ("packets received", lambda p: p.get("packets_received")),
+    ("drops (sent - received)", lambda p: p.get("drops")),
+    ("  of which switch queue drops", lambda p: p.get("switch_queue_drops")),
+    ("ECN-marked packets received", lambda p: p.get("ecn_marked_packets")),
+    ("PFC pause events", lambda p: p.get("pfc_pause_events")),
+    ("PFC paused time (ms)", lambda p: p.get("pfc_paused_ms")),
+    ("latency p50 (us)", lambda p: (p.get("latency_us") or {}).get("p50")),
+    ("latency p99 (us)", lambda p: (p.get("latency_us") or {}).get("p99")),
+    ("latency p99.9 (us)", lambda p: (p.get("latency_us") or {}).get("p999")),
+    ("latency max (us)", lambda p: (p.get("latency_us") or {}).get("max")),
+    ("jitter |IPDV| p99 (us)", lambda p: (p.get("jitter_us") or {}).get("ipdv_abs_p99")),
+    ("latency p99 / p50", lambda p: p.get("tail_ratio_p99_p50")),
+    ("CCT p50 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p50"))),
+    ("CCT p99 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p99"))),
+    ("CCT max (ms)", lambda p: _ms((p.get("cct_us") or {}).get("max"))),
+    ("busbw (Gbit/s, modelled)", lambda p: p.get("busbw_gbps_modelled")),
+    ("straggler idle / iteration (ms)",
+     lambda p: _ms((p.get("straggler_idle_us") or {}).get("mean"))),
+    ("same tail on N GPUs (GPU-s/step)", lambda p: _gpu_s(p.get("extrapolation"))),
+    ("retransmitted packets", lambda p: p.get("retransmitted_packets")),
+    ("NAKs / RTO timeouts", lambda p: _pair(p.get("naks"), p.get("rto_timeouts"))),
+    ("CNPs sent", lambda p: p.get("cnps_sent")),
+    ("fidelity", lambda p: (p.get("fidelity") or {}).get("verdict")),
+    ("spine load (packets)", lambda p: " / ".join(
+        f"{v:,}" for v in (p.get("spine_load_packets") or {}).values()) or None),
+]
+"""The comparison: (label, figure of a policy's results) per row."""
+
+
+def comparison(results: dict) -> Tuple[List[str], List[List[str]]]:
+    """The comparison table as text cells: header (what, then one column per policy), rows."""
     policies = results.get("policies", {})
-    rows = [
-        ("GPUs", lambda p: p.get("gpus")),
-        ("packets sent", lambda p: p.get("packets_sent")),
-        ("packets received", lambda p: p.get("packets_received")),
-        ("drops (sent - received)", lambda p: p.get("drops")),
-        ("  of which switch queue drops", lambda p: p.get("switch_queue_drops")),
-        ("ECN-marked packets received", lambda p: p.get("ecn_marked_packets")),
-        ("PFC pause events", lambda p: p.get("pfc_pause_events")),
-        ("PFC paused time (ms)", lambda p: p.get("pfc_paused_ms")),
-        ("latency p50 (us)", lambda p: (p.get("latency_us") or {}).get("p50")),
-        ("latency p99 (us)", lambda p: (p.get("latency_us") or {}).get("p99")),
-        ("latency p99.9 (us)", lambda p: (p.get("latency_us") or {}).get("p999")),
-        ("latency max (us)", lambda p: (p.get("latency_us") or {}).get("max")),
-        ("jitter |IPDV| p99 (us)", lambda p: (p.get("jitter_us") or {}).get("ipdv_abs_p99")),
-        ("latency p99 / p50", lambda p: p.get("tail_ratio_p99_p50")),
-        ("CCT p50 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p50"))),
-        ("CCT p99 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p99"))),
-        ("CCT max (ms)", lambda p: _ms((p.get("cct_us") or {}).get("max"))),
-        ("busbw (Gbit/s, modelled)", lambda p: p.get("busbw_gbps_modelled")),
-        ("straggler idle / iteration (ms)",
-         lambda p: _ms((p.get("straggler_idle_us") or {}).get("mean"))),
-        ("same tail on N GPUs (GPU-s/step)", lambda p: _gpu_s(p.get("extrapolation"))),
-        ("retransmitted packets", lambda p: p.get("retransmitted_packets")),
-        ("NAKs / RTO timeouts", lambda p: _pair(p.get("naks"), p.get("rto_timeouts"))),
-        ("CNPs sent", lambda p: p.get("cnps_sent")),
-        ("fidelity", lambda p: (p.get("fidelity") or {}).get("verdict")),
-        ("spine load (packets)", lambda p: " / ".join(
-            f"{v:,}" for v in (p.get("spine_load_packets") or {}).values()) or None),
-    ]
     names = list(policies)
     w = results.get("scenario", {}).get("workload", {})
     what = (f"per policy ({w.get('collective')}, {_size(w.get('size_bytes'))})"
             if w and not w.get("sizes") else "per policy")
-    out = [_table([what] + names,
-                  [[label] + [_fmt(get(policies[n])) for n in names] for label, get in rows])]
-    for name in names:
-        gpus = policies[name].get("per_gpu") or {}
-        out.append(_table(
-            [f"{name}: per GPU", "rank", "sent", "received", "rx p50 (us)", "rx p99 (us)"],
-            [[host, _fmt(g["rank"]), _fmt(g["packets_sent"]), _fmt(g["packets_received"]),
-              _fmt(g["latency_us_p50"]), _fmt(g["latency_us_p99"])]
-             for host, g in gpus.items()]))
-    for name in names:
-        if len(policies[name].get("collectives") or []) > 1:
-            out.append(sweep_table(name, policies[name]["collectives"]))
+    return ([what] + names,
+            [[label] + [fmt(get(policies[n])) for n in names] for label, get in ROWS])
+
+
+def per_gpu(name: str, p: dict) -> Tuple[List[str], List[List[str]]]:
+    return ([f"{name}: per GPU", "rank", "sent", "received", "rx p50 (us)", "rx p99 (us)"],
+            [[host, fmt(g["rank"]), fmt(g["packets_sent"]), fmt(g["packets_received"]),
+              fmt(g["latency_us_p50"]), fmt(g["latency_us_p99"])]
+             for host, g in (p.get("per_gpu") or {}).items()])
+
+
+def time_scale_note(results: dict) -> str:
     scale = results.get("time_scale")
-    if scale:
-        modelled = results.get("scenario", {}).get("topology", {}).get("modelled_rate_gbit")
-        out.append(f"time scale: emulated links run {scale:,.0f}x slower than the modelled "
-                   f"{modelled:g} Gbit/s fabric; latencies and CCTs are emulated time")
+    if not scale:
+        return ""
+    modelled = results.get("scenario", {}).get("topology", {}).get("modelled_rate_gbit")
+    return (f"time scale: emulated links run {scale:,.0f}x slower than the modelled "
+            f"{modelled:g} Gbit/s fabric; latencies and CCTs are emulated time")
+
+
+def summary_table(results: dict) -> str:
+    """The comparison printed at the end of a run: one column per policy, then per GPU."""
+    policies = results.get("policies", {})
+    out = [table(*comparison(results))]
+    out += [table(*per_gpu(name, p)) for name, p in policies.items()]
+    for name, p in policies.items():
+        if len(p.get("collectives") or []) > 1:
+            out.append(sweep_table(name, p["collectives"]))
+    note = time_scale_note(results)
+    if note:
+        out.append(note)
     return "\n\n".join(out)
 
 
-def _table(header: List[str], rows: List[List[str]]) -> str:
+def table(header: List[str], rows: List[List[str]]) -> str:
     widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
     lines = ["  ".join(str(h).ljust(w) if i == 0 else str(h).rjust(w)
                        for i, (h, w) in enumerate(zip(header, widths)))]
@@ -82,7 +99,7 @@ def _table(header: List[str], rows: List[List[str]]) -> str:
 
 
 def _pair(a, b):
-    return None if a is None and b is None else f"{_fmt(a)} / {_fmt(b)}"
+    return None if a is None and b is None else f"{fmt(a)} / {fmt(b)}"
 
 
 def _ms(us):
@@ -95,19 +112,23 @@ def _gpu_s(extrapolation):
     return f"{extrapolation['gpu_seconds_per_step_modelled']:.3g} @ {extrapolation['gpus']:,}"
 
 
-def sweep_table(policy: str, entries: List[dict]) -> str:
+def sweep(policy: str, entries: List[dict]) -> Tuple[List[str], List[List[str]]]:
     """nccl-tests style: one row per message size (time = median CCT, emulated)."""
     rows = []
     for e in entries:
-        rows.append([_size(e["size_bytes"]), _fmt(e["iterations"]),
-                     _fmt((e.get("cct_us") or {}).get("p50"), 0),
-                     _fmt(_mbit(e.get("algbw_gbps_emulated")), 2),
-                     _fmt(_mbit(e.get("busbw_gbps_emulated")), 2),
-                     _fmt(e.get("busbw_gbps_modelled"), 2),
-                     _fmt((e.get("latency_us") or {}).get("p99"), 0)])
+        rows.append([_size(e["size_bytes"]), fmt(e["iterations"]),
+                     fmt((e.get("cct_us") or {}).get("p50"), 0),
+                     fmt(_mbit(e.get("algbw_gbps_emulated")), 2),
+                     fmt(_mbit(e.get("busbw_gbps_emulated")), 2),
+                     fmt(e.get("busbw_gbps_modelled"), 2),
+                     fmt((e.get("latency_us") or {}).get("p99"), 0)])
     name = entries[0]["collective"] if entries else ""
-    return _table([f"{policy}: {name} sweep", "iters", "time (us)", "algbw (Mb/s)",
-                   "busbw (Mb/s)", "busbw modelled (Gb/s)", "lat p99 (us)"], rows)
+    return ([f"{policy}: {name} sweep", "iters", "time (us)", "algbw (Mb/s)",
+             "busbw (Mb/s)", "busbw modelled (Gb/s)", "lat p99 (us)"], rows)
+
+
+def sweep_table(policy: str, entries: List[dict]) -> str:
+    return table(*sweep(policy, entries))
 
 
 def fidelity_warnings(results: dict) -> List[str]:

@@ -18,6 +18,7 @@ of it.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import glob
 import json
@@ -112,10 +113,7 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
     transmit time (joined on the send time the packet carries); for a packet whose transmit
     time is missing, the send time itself stands in (counted in ``latency_app_clock``).
     """
-    summaries = []
-    for path in sorted(glob.glob(os.path.join(records_dir, "*.summary.json"))):
-        with open(path, encoding="utf-8") as f:
-            summaries.append(json.load(f))
+    summaries = _summaries(records_dir)
     packets, per_gpu, app_clock = _load_packets(records_dir, summaries)
     iterations = [r for s in summaries
                   for r in _rows_if_any(os.path.join(records_dir, f"{s['host']}.iterations.csv"))]
@@ -160,6 +158,19 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
                     "busbw_gbps_modelled", "straggler_idle_us", "extrapolation"):
             figures[key] = only[key]
     return figures, packets
+
+
+def _summaries(records_dir: str) -> List[dict]:
+    out = []
+    for path in sorted(glob.glob(os.path.join(records_dir, "*.summary.json"))):
+        with open(path, encoding="utf-8") as f:
+            out.append(json.load(f))
+    return out
+
+
+def load_packets(records_dir: str) -> Packets:
+    """Every data packet the GPUs received, from the records of one policy's run."""
+    return _load_packets(records_dir, _summaries(records_dir))[0]
 
 
 def _load_packets(records_dir: str, summaries: List[dict]):
@@ -271,11 +282,21 @@ def _round(x, digits: int = 6):
     return None if x is None else round(float(x), digits)
 
 
-def write_json_atomic(path: str, data: dict) -> None:
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` to a temporary file and rename it into place: a crash leaves the previous
+    complete file or none, never a truncated one."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    write_atomic(path, (json.dumps(data, indent=2) + "\n").encode("utf-8"))

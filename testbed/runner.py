@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 import secrets
 import shutil
@@ -24,6 +25,7 @@ from traffic.collectives import build as build_collective
 
 from .agents import AgentGroup, congestion_control, expected_duration_s, workload_specs
 from .background import Background, background_plan
+from . import htmlreport
 from .capture import PacketCapture
 from .capabilities import Capabilities, detect
 from .config import Scenario
@@ -38,6 +40,7 @@ from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, write_json
 from .switchq import EmulatorProcess
 from .topology import FabricPlan
 
+LOG = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 
 
@@ -145,7 +148,20 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
             ledger.close()
             results["finished"] = _now()
             write_json_atomic(path, results)
+        _write_report(run_dir, progress)  # also for a failed or interrupted run
     return results, run_dir
+
+
+def _write_report(run_dir: str, progress: Progress) -> None:
+    """report.html and the plots; results.json is already safe, so a failure here is only
+    reported (``python -m testbed report DIR`` retries it), and Ctrl-C stops it at once."""
+    try:
+        progress("writing report.html")
+        htmlreport.write(run_dir, progress)
+    except Exception as e:  # never let the report cost the run its results
+        LOG.warning("report.html was not written: %s", e)
+        progress(f"report.html was not written ({e}); retry: python -m testbed report "
+                 f"{run_dir}")
 
 
 @dataclass

@@ -1,6 +1,9 @@
 """A real run on a real fabric: every GPU's packets arrive, shaping holds, nothing is left."""
 import json
 import os
+import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -15,9 +18,17 @@ SMALL = DEFAULT.override({"topology": {"spines": 2, "leaves": 2, "gpus_per_leaf"
                           "workload": {"iterations": 3, "size_bytes": 256 * 1024}})
 
 
-def test_ring_all_reduce_on_a_real_fabric(tmp_path):
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """One run of every policy, shared by the tests of this module: (results, dir, progress)."""
     messages = []
-    results, run_dir = runner.run(SMALL, out_root=str(tmp_path), progress=messages.append)
+    results, run_dir = runner.run(SMALL, out_root=str(tmp_path_factory.mktemp("run")),
+                                  progress=messages.append)
+    return results, run_dir, messages
+
+
+def test_ring_all_reduce_on_a_real_fabric(small_run):
+    results, run_dir, messages = small_run
     assert results["status"] == "complete"
     on_disk = json.load(open(os.path.join(run_dir, "results.json")))
     assert on_disk["schema"] == RESULTS_SCHEMA and on_disk["status"] == "complete"
@@ -58,3 +69,43 @@ def test_ring_all_reduce_on_a_real_fabric(tmp_path):
     assert sum(f.endswith(".packets.csv") for f in records) == n
     assert any("switches programmed" in m for m in messages)
     assert any(f"iteration {w.iterations}/{w.iterations}" in m for m in messages)
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _chromium(tmp_path, *args):
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         f"--user-data-dir={tmp_path / 'profile'}", "--proxy-server=127.0.0.1:9",
+         "--host-resolver-rules=MAP * ~NOTFOUND", *args],
+        capture_output=True, text=True, timeout=120, check=True)
+
+
+@pytest.mark.skipif(not CHROMIUM, reason="needs chromium (make test installs it: "
+                    "scripts/install.sh --test-tools)")
+def test_the_report_renders_in_headless_chromium(small_run, tmp_path):
+    """report.html of a real run, opened offline: the comparison lists every policy and the
+    screenshot shows the plots (each policy's colour drawn)."""
+    from matplotlib.image import imread
+
+    from testbed.plots import POLICY_COLOURS
+
+    results, run_dir, messages = small_run
+    url = "file://" + os.path.join(run_dir, "report.html")
+    assert any("writing report.html" in m for m in messages)
+    dom = _chromium(tmp_path, "--dump-dom", url).stdout
+    table = re.search(r'<table id="comparison">(.*?)</table>', dom, re.S)
+    assert table, "no comparison table in the rendered page"
+    header = re.findall(r"<th>(.*?)</th>", table.group(1).split("</thead>")[0])
+    assert header[1:] == list(results["policies"]) == list(SMALL.policies)
+    assert len(re.findall(r"<img src=\"data:image/png;base64,", dom)) >= 4
+
+    shot = tmp_path / "report.png"
+    _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,7000", url)
+    pixels = (imread(str(shot))[:, :, :3] * 255).round()
+    assert pixels.std() > 20, "blank screenshot"
+    for name in SMALL.policies:
+        rgb = [int(POLICY_COLOURS[name][i:i + 2], 16) for i in (1, 3, 5)]
+        drawn = (abs(pixels - rgb).max(axis=2) <= 8).sum()
+        assert drawn > 200, f"{name}'s colour is not in the rendered plots ({drawn} pixels)"
