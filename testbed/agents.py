@@ -22,6 +22,7 @@ from .procutil import stop_processes
 from .topology import FabricPlan
 
 START_MARGIN_S = 0.2  # agents start together this long after the go
+MAX_RTO_FACTOR = 8  # the retransmission timeout backs off up to this multiple
 
 
 def congestion_control(scenario: Scenario, policy) -> str:
@@ -37,7 +38,7 @@ def transport_config(scenario: Scenario, policy) -> dict:
     rto_ns = int(tr.rto_ms * 1e6)
     roce_dscp, cnp_dscp = policy.dscp()
     return {"congestion_control": cc, "qps_per_peer": tr.qps_per_peer, "entropy": tr.entropy,
-            "ack_every": tr.ack_every, "rto_ns": rto_ns, "max_rto_ns": 8 * rto_ns,
+            "ack_every": tr.ack_every, "rto_ns": rto_ns, "max_rto_ns": MAX_RTO_FACTOR * rto_ns,
             "retry_limit": tr.retry_limit,
             "reorder_ns": rto_ns // 2 if tr.entropy == "per-packet" else 0,
             "dcqcn_timer_ns": int(tr.dcqcn_timer_ms * 1e6),
@@ -84,6 +85,14 @@ def expected_duration_s(scenario: Scenario) -> float:
     late = st.delay_ms * (3 if st.distribution == "exponential" else 2) if st.ranks else 0.0
     compute = (w.compute_ms + w.compute_jitter_ms + late) / 1000.0
     return wire + compute * w.iterations * len(w.run_sizes)
+
+
+def finish_timeout_s(scenario: Scenario) -> float:
+    """How long a run waits for its agents: generous for slow emulation (10x the line-rate
+    estimate) plus one QP's worst recovery (every retry at the longest timeout)."""
+    tr = scenario.transport
+    worst_recovery = tr.retry_limit * MAX_RTO_FACTOR * tr.rto_ms / 1000.0
+    return 30 + 10 * expected_duration_s(scenario) + worst_recovery
 
 
 class AgentGroup:

@@ -23,7 +23,8 @@ from . import __version__
 from traffic.collectives import ScheduleError
 from traffic.collectives import build as build_collective
 
-from .agents import AgentGroup, congestion_control, expected_duration_s, workload_specs
+from .agents import (AgentGroup, congestion_control, expected_duration_s, finish_timeout_s,
+                     workload_specs)
 from .background import Background, background_plan
 from . import htmlreport
 from .capture import PacketCapture
@@ -269,7 +270,7 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                 t_traffic = time.monotonic()
                 total = agents.iterations
                 with cpu:  # while the traffic runs
-                    agents.wait_finished(timeout=30 + 10 * expected,
+                    agents.wait_finished(timeout=finish_timeout_s(scenario),
                                          on_iteration=lambda i: say(
                                              f"iteration {i + 1}/{total} "
                                              f"({time.monotonic() - t_traffic:.1f} s)"),

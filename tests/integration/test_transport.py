@@ -45,19 +45,21 @@ def expected_bytes(scenario):
 
 
 def test_drops_cost_go_back_n_retransmissions_and_lossless_has_none(tmp_path):
-    scenario, results, run_dir = run(
-        tmp_path, ["hyperscale", "lossless"], workload={"iterations": 1},
-        # adaptive routing off: it occasionally reorders a running flow in this emulator
-        # (README, fidelity notes), and this test is about drops, not routing
-        policy_params={"hyperscale": {"buffer_bytes": 48000},
-                       "lossless": {"adaptive_routing": False}},
-        # a long retransmission timeout: on a loaded machine a PFC stall once outlasted the
-        # default 250 ms and the lossless run retransmitted without a single drop
-        transport={"rto_ms": 1000}, **OVERSUBSCRIBED)
-    hs, ll = results["policies"]["hyperscale"], results["policies"]["lossless"]
+    common = dict(workload={"iterations": 1}, **OVERSUBSCRIBED)
+    scenario, hs_run, hs_dir = run(
+        tmp_path / "hyperscale", ["hyperscale"],
+        policy_params={"hyperscale": {"buffer_bytes": 48000}}, **common)
+    # adaptive routing off: it occasionally reorders a running flow in this emulator (README,
+    # fidelity notes), and this test is about drops, not routing. A long retransmission
+    # timeout: on a loaded machine a PFC stall once outlasted the default 250 ms and the
+    # lossless run retransmitted without a single drop.
+    _, ll_run, ll_dir = run(
+        tmp_path / "lossless", ["lossless"], policy_params={"lossless": {
+            "adaptive_routing": False}}, transport={"rto_ms": 1000}, **common)
+    hs, ll = hs_run["policies"]["hyperscale"], ll_run["policies"]["lossless"]
     # Every byte of every transfer arrived, in order, despite the drops.
-    assert delivered_bytes(run_dir, "hyperscale") == expected_bytes(scenario)
-    assert delivered_bytes(run_dir, "lossless") == expected_bytes(scenario)
+    assert delivered_bytes(hs_dir, "hyperscale") == expected_bytes(scenario)
+    assert delivered_bytes(ll_dir, "lossless") == expected_bytes(scenario)
     assert hs["switch_queue_drops"] > 0 and hs["retransmitted_packets"] > 0
     assert hs["naks"] > 0  # gaps were NAKed ...
     assert hs["drops"] == hs["packets_sent"] - hs["packets_received"] > 0

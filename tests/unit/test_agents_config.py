@@ -1,5 +1,6 @@
 from controllers.policy import make_policy
-from testbed.agents import agent_configs, expected_duration_s, transport_config
+from testbed.agents import (agent_configs, expected_duration_s, finish_timeout_s,
+                            transport_config)
 from testbed.config import Scenario
 from testbed.topology import FabricPlan
 from traffic.agent import qp_number
@@ -73,3 +74,11 @@ def test_neighbour_hosts_get_no_agent():
     cfgs = agent_configs(plan, s, "/tmp/x", make_policy("hyperscale", plan, s))
     assert [c["host"] for c in cfgs] == ["gpu1", "gpu2", "gpu3", "gpu4"]
     assert all(len(c["peers"]) == 3 for c in cfgs)
+
+
+def test_the_wait_for_agents_covers_the_longest_recovery():
+    short = Scenario.from_dict({"transport": {"rto_ms": 250}})
+    long = Scenario.from_dict({"transport": {"rto_ms": 1000}})
+    # 7 retries at the backed-off 8 x RTO: 14 s and 56 s
+    assert finish_timeout_s(long) - finish_timeout_s(short) == 56 - 14
+    assert finish_timeout_s(short) == 30 + 10 * expected_duration_s(short) + 14
