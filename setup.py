@@ -23,7 +23,7 @@ setup(
         "pyyaml>=6.0,<7",
         "matplotlib>=3.6,<4",  # the report's plots (Agg backend, no display needed)
     ],
-    extras_require={"test": ["pytest>=7.2,<10"]},
+    extras_require={"test": ["pytest>=7.2,<10", "hypothesis>=6.80,<7"]},
     entry_points={"console_scripts": ["testbed=testbed.cli:main"],
                   "pytest11": ["testbed = testbed.pytest_plugin"]},
 )

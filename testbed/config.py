@@ -311,14 +311,15 @@ def load_file(path: str) -> Scenario:
     import yaml
 
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+        with open(path, "rb") as f:  # bytes: PyYAML decodes them and reports bad encodings
+            data = yaml.safe_load(f.read())
     except OSError as e:
         raise ConfigError(f"{path}: cannot read it: {e.strerror}")
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}")
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}")
     if data is None:
         data = {}
     try:

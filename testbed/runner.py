@@ -26,7 +26,7 @@ from traffic.collectives import build as build_collective
 from .agents import (AgentGroup, congestion_control, expected_duration_s, finish_timeout_s,
                      workload_specs)
 from .background import Background, background_plan
-from . import htmlreport
+from . import capacity, htmlreport
 from .capture import PacketCapture
 from .capabilities import Capabilities, detect
 from .config import Scenario
@@ -49,8 +49,10 @@ def new_run_id() -> str:
     return datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
-def validate(scenario: Scenario) -> FabricPlan:
-    """Checks that need more than one key; raises ConfigError before anything starts."""
+def validate(scenario: Scenario, available_mb: Optional[int] = None) -> FabricPlan:
+    """Checks that need more than one key; raises ConfigError before anything starts. With
+    ``available_mb`` (the machine's available memory) a fabric too large for it is refused
+    first, before its schedules are built (they grow with the square of the GPUs)."""
     known = policy_names()
     for p in scenario.policies:
         if p not in known:
@@ -58,6 +60,8 @@ def validate(scenario: Scenario) -> FabricPlan:
     if len(set(scenario.policies)) != len(scenario.policies):
         raise ConfigError("policies: each policy may appear once")
     plan = FabricPlan.for_topology(scenario.topology)
+    if available_mb is not None:
+        capacity.check(plan, available_mb)
     n = len(plan.gpus)
     if n < 2:
         raise ConfigError("topology: a collective needs at least 2 GPUs "
@@ -105,7 +109,7 @@ def _validate_workload(scenario: Scenario, plan: FabricPlan) -> None:
 def run(scenario: Scenario, out_root: str = "results", progress: Progress = lambda s: None,
         caps: Optional[Capabilities] = None):
     """Run every policy of ``scenario``; returns (results dict, run directory)."""
-    plan = validate(scenario)
+    plan = validate(scenario, capacity.mem_available_mb())
     caps = caps or detect()
     caps.require_run()
     run_id = new_run_id()

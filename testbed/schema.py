@@ -20,7 +20,7 @@ def build(cls, data, path: str = ""):
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path or 'scenario'}: must be a mapping, got {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(str(k) for k in set(data) - set(fields))
+    unknown = sorted(key_text(k) for k in set(data) - set(fields))
     if unknown:
         where = f"{path}.{unknown[0]}" if path else unknown[0]
         raise ConfigError(f"{where}: unknown key (allowed: {', '.join(sorted(fields))})")
@@ -29,6 +29,12 @@ def build(cls, data, path: str = ""):
         where = f"{path}.{name}" if path else name
         values[name] = _value(fields[name], value, where)
     return cls(**values)
+
+
+def key_text(key) -> str:
+    """A key as an error message shows it: plain when it is a name, quoted otherwise (so a
+    key of spaces, control characters or a number stays visible and on one line)."""
+    return key if isinstance(key, str) and key.replace("-", "_").isidentifier() else repr(key)
 
 
 def default_of(f):
