@@ -143,6 +143,7 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
         "dcqcn_min_rate_mbit": round(min(rates) / 1e6, 3) if rates else None,
         "rx_socket_drops": counters.get("rx_socket_drops", 0),
         "rx_invalid": counters.get("rx_invalid", 0),
+        "rx_bad_icrc": counters.get("rx_bad_icrc", 0),
         "rx_unexpected_messages": counters.get("rx_unexpected_messages", 0),
         "rx_foreign_qp": counters.get("rx_foreign_qp", 0),
         "rx_no_timestamp": counters.get("rx_no_timestamp", 0),

@@ -153,7 +153,17 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
             ledger.close()
             results["finished"] = _now()
             write_json_atomic(path, results)
-        _write_report(run_dir, progress)  # also for a failed or interrupted run
+        try:
+            _write_report(run_dir, progress)  # also for a failed or interrupted run
+        except KeyboardInterrupt:
+            with shielded():
+                if results["status"] == "complete":
+                    results["status"] = "incomplete"
+                    results["error"] = ("interrupted while writing report.html; the "
+                                        "measurements are complete: python -m testbed report "
+                                        f"{run_dir} draws it")
+                    write_json_atomic(path, results)
+            raise
     return results, run_dir
 
 
@@ -190,6 +200,7 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
     with contextlib.ExitStack() as stack:
         ctl = ControllerProcess(policy, run_dir, ledger.private_dir, ledger)
         stack.callback(_shielded_call, ctl.stop)
+        say("starting the controller")
         ctl.start()
         say(f"controller on 127.0.0.1:{ctl.port}")
         fabric = Fabric(plan, t, caps, ctl.port, ledger, classes,

@@ -57,6 +57,7 @@ STUCK_S = 120.0  # a step that makes no progress for this long fails the run
 RATE_SAMPLE_NS = 10_000_000
 AGENT_NICE = -10
 SPIN_NS = 500_000  # the end of a compute phase is polled for this long
+PROBE_CLOCK_SLACK_NS = 1_000_000_000  # all agents share one clock: a probe "sent" later is forged
 
 # sent_ns: the sender's clock when it handed the packet to its NIC (carried in the packet);
 # the kernel transmit time is in the sender's tx file, joined on (src, sent_ns). The tx file
@@ -214,7 +215,7 @@ class Agent:
             sent = pending.pop(key, None)
             if sent is not None:
                 log.append((sent[0], ts, sent[1], sent[2]))
-        rx, counters = self.rx, self.counters
+        rx, counters, my_ip = self.rx, self.counters, self.cfg["ip"]
         while True:
             try:
                 data, anc, _flags, addr = rx.recvmsg(9216, ANCILLARY_BYTES)
@@ -234,6 +235,9 @@ class Agent:
             if qp is None or self.rank_by_ip.get(addr[0]) != qp.peer:
                 counters["rx_invalid"] += 1
                 continue
+            if not roce.payload_icrc_ok(data, addr[0], my_ip, addr[1]):
+                counters["rx_bad_icrc"] += 1  # a NIC drops it before the transport sees it
+                continue
             opcode = bth[0]
             if opcode == roce.RC_ACKNOWLEDGE:
                 self._on_ack(qp, data, bth[2], rx_ns)
@@ -246,9 +250,10 @@ class Agent:
 
     def _on_data(self, qp: QueuePair, data, bth, ecn: int, rx_ns: int) -> None:
         pkt = roce.parse_udp_payload(data)
-        if pkt is None:
-            self.counters["rx_invalid"] += 1
-            return
+        if pkt is None or not (0 < pkt.tx_ns <= rx_ns + PROBE_CLOCK_SLACK_NS
+                               and pkt.iteration < self.iterations):
+            self.counters["rx_invalid"] += 1  # not a probe of this run: a forged or foreign
+            return                            # packet would corrupt the latency records
         if ecn == ECN_CE:
             self.counters["rx_ce"] += 1
             if qp.np is not None and qp.np.on_ce(rx_ns):

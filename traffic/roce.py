@@ -12,6 +12,7 @@ payload.
 """
 from __future__ import annotations
 
+import socket
 import struct
 import zlib
 from dataclasses import dataclass
@@ -208,6 +209,23 @@ def icrc(frame) -> int:
 def icrc_ok(frame) -> bool:
     """True if the frame's trailing ICRC matches its contents."""
     return struct.unpack_from("<I", frame, len(frame) - ICRC_LEN)[0] == icrc(frame)
+
+
+def payload_icrc_ok(data, src_ip: str, dst_ip: str, sport: int) -> bool:
+    """The ICRC check of a receiver that sees only the UDP payload (a UDP socket): the
+    pseudo-header is rebuilt from the addresses, the lengths and what every RoCEv2 sender of
+    this testbed puts in the variant-free IPv4 fields (ID 0, DF, UDP to 4791)."""
+    n = len(data)
+    if n < BTH_LEN + ICRC_LEN:
+        return False
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0xFF, IP_LEN + UDP_LEN + n, 0, 0x4000, 0xFF, 17,
+                     0xFFFF, socket.inet_aton(src_ip), socket.inet_aton(dst_ip))
+    udp = struct.pack("!HHHH", sport, ROCE_UDP_PORT, UDP_LEN + n, 0xFFFF)
+    bth = bytearray(data[:8])
+    bth[4] = 0xFF
+    crc = zlib.crc32(bytes(data[8:n - ICRC_LEN]),
+                     zlib.crc32(b"\xff" * 8 + ip + udp + bytes(bth)))
+    return struct.unpack_from("<I", data, n - ICRC_LEN)[0] == crc
 
 
 class Connection:

@@ -118,3 +118,24 @@ def test_per_packet_source_port_keeps_the_icrc_right():
         frame = bytes(tpl.fill(7, False, 1, 0, 0))
         assert roce.icrc_ok(frame)
         assert Ether(frame)["UDP"].sport == sport and Ether(frame)["IP"].tos == (26 << 2) | 1
+
+
+def _payload_check(frame, src=SRC.ip, dst=DST.ip):
+    sport = struct.unpack_from("!H", frame, roce.ETH_LEN + roce.IP_LEN)[0]
+    return roce.payload_icrc_ok(frame[roce.BTH_OFFSET:], src, dst, sport)
+
+
+@pytest.mark.parametrize("frame", [
+    GOLDEN_FIRST, GOLDEN_LAST,
+    bytes(roce.ack_packet(DST, SRC, 0xC001, 0x10100, 77, 0x1F, 3)),
+    bytes(roce.cnp_packet(DST, SRC, 0xC001, 0x10100, 0x6A))])
+def test_a_receiver_with_only_the_udp_payload_checks_the_icrc(frame):
+    """The agents receive on a UDP socket: the check rebuilds the pseudo-header."""
+    src, dst = (SRC.ip, DST.ip) if frame in (GOLDEN_FIRST, GOLDEN_LAST) else (DST.ip, SRC.ip)
+    assert roce.icrc_ok(frame) and _payload_check(frame, src, dst)
+    for where in (roce.BTH_OFFSET, roce.BTH_OFFSET + 9, len(frame) - 5, len(frame) - 1):
+        bad = bytearray(frame)
+        bad[where] ^= 0x10
+        assert not _payload_check(bytes(bad), src, dst), where
+    assert not _payload_check(frame, "10.0.9.9", dst)  # the addresses are covered
+    assert not roce.payload_icrc_ok(frame[roce.BTH_OFFSET:roce.BTH_OFFSET + 10], src, dst, 1)

@@ -1,0 +1,107 @@
+"""Faults a run must survive: interrupts in every phase, a dead controller or agent, a second
+run at once. Each ends with a clear message, the results kept, and nothing left behind."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .leftovers import wait_clean
+from .test_interrupt import results_of, wait_for_line
+
+pytestmark = pytest.mark.integration
+
+
+def start(out_dir, *args):
+    return subprocess.Popen([sys.executable, "-m", "testbed", "run", "--out", str(out_dir),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def pid_of(*markers):
+    """The one process whose command line holds every marker."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if all(m in cmd for m in markers):
+            found.append(int(pid))
+    assert len(found) == 1, f"{markers}: {found}"
+    return found[0]
+
+
+def finish(proc, timeout=60):
+    t0 = time.monotonic()
+    out, err = proc.communicate(timeout=timeout)
+    return out, err, time.monotonic() - t0
+
+
+def test_interrupt_while_the_controller_starts(tmp_path):
+    proc = start(tmp_path, "--iterations", "200")
+    wait_for_line(proc, "starting the controller")
+    proc.send_signal(signal.SIGINT)
+    _out, err, took = finish(proc)
+    assert proc.returncode == 130, err
+    assert took < 10 and "Traceback" not in err
+    assert results_of(tmp_path)["status"] == "incomplete"
+    assert wait_clean() == []
+
+
+def test_interrupt_while_the_report_is_drawn(tmp_path):
+    proc = start(tmp_path, "--iterations", "1", "--policy", "hyperscale,lossless")
+    wait_for_line(proc, "drawing plots", timeout=180)
+    proc.send_signal(signal.SIGINT)
+    _out, err, took = finish(proc)
+    assert proc.returncode == 130, err
+    assert took < 10 and "Traceback" not in err
+    res = results_of(tmp_path)
+    assert res["status"] == "incomplete" and "report.html" in res["error"]
+    assert set(res["policies"]) == {"hyperscale", "lossless"}  # every measurement kept
+    (run_id,) = os.listdir(tmp_path)
+    report = tmp_path / run_id / "report.html"
+    assert not report.exists() or report.read_text().endswith("</html>\n")  # never half
+    assert wait_clean() == []
+    redraw = subprocess.run([sys.executable, "-m", "testbed", "report", str(tmp_path / run_id)],
+                            capture_output=True, text=True, timeout=120)
+    assert redraw.returncode == 0 and report.read_text().endswith("</html>\n")
+
+
+@pytest.mark.parametrize("victim, markers, message", [
+    ("controller", ("controllers.launcher",), "the hyperscale controller died"),
+    ("agent", ("traffic.agent", "gpu3.agent.json"), "traffic agent on gpu3 died"),
+])
+def test_a_process_dying_mid_traffic_fails_the_run_naming_it(tmp_path, victim, markers,
+                                                             message):
+    proc = start(tmp_path, "--iterations", "200", "--policy", "hyperscale")
+    wait_for_line(proc, "iteration 2/")
+    os.kill(pid_of(*markers), signal.SIGKILL)
+    _out, err, took = finish(proc)
+    assert proc.returncode == 1, err
+    assert message in err and "Traceback" not in err, err
+    assert took < 30, f"{victim}: took {took:.1f} s to fail"
+    res = results_of(tmp_path)
+    assert res["status"] == "failed" and message in res["error"]
+    assert wait_clean() == []
+
+
+def test_a_second_run_is_refused_and_the_first_is_untouched(tmp_path):
+    first = start(tmp_path / "a", "--iterations", "4", "--policy", "hyperscale")
+    wait_for_line(first, "iteration 1/")
+    second = subprocess.run([sys.executable, "-m", "testbed", "run", "--out",
+                             str(tmp_path / "b")], capture_output=True, text=True, timeout=60)
+    assert second.returncode == 1
+    assert f"another testbed run is active (pid {first.pid}" in second.stderr
+    assert not (tmp_path / "b").exists() or not os.listdir(tmp_path / "b")
+    _out, err, _took = finish(first, timeout=300)
+    assert first.returncode == 0, err
+    res = results_of(tmp_path / "a")
+    assert res["status"] == "complete"
+    hs = res["policies"]["hyperscale"]
+    assert hs["drops"] == 0 and hs["packets_received"] == hs["packets_sent"]
+    assert wait_clean() == []
