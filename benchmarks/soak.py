@@ -120,12 +120,15 @@ def main(argv=None) -> int:
     print("  ".join(f"{c:>12}" for c in COLUMNS), flush=True)
     deadline = time.monotonic() + 60 * args.minutes
     run = 0
-    while time.monotonic() < deadline and run < args.max_runs:
-        run += 1
-        t0 = time.monotonic()
-        results, _run_dir = runner.run(scenario, out_root=out)
-        rows.append(sample(run, time.monotonic() - t0, results["status"]))
-        print("  ".join(f"{str(rows[-1][c]):>12}" for c in COLUMNS), flush=True)
+    try:
+        while time.monotonic() < deadline and run < args.max_runs:
+            run += 1
+            t0 = time.monotonic()
+            results, _run_dir = runner.run(scenario, out_root=out)
+            rows.append(sample(run, time.monotonic() - t0, results["status"]))
+            print("  ".join(f"{str(rows[-1][c]):>12}" for c in COLUMNS), flush=True)
+    except KeyboardInterrupt:  # the run tore itself down; judge what was measured
+        print("interrupted: judging the runs so far", flush=True)
     runs = rows[1:]
     problems = verdict(runs)
     report = {"scenario": scenario.name, "minutes": args.minutes, "rows": rows,
