@@ -15,7 +15,6 @@ to ``soak.json`` there.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -84,20 +83,27 @@ def verdict(rows: list) -> list:
     """Problems seen between the runs (empty: no growth)."""
     if len(rows) < 3:
         return ["too few runs to judge (need 3; give more --minutes)"]
-    base, second, last = rows[0], rows[1], rows[-1]
+    base, second, last = rows[0], rows[1], rows[-1]  # the first run warms up
     problems = []
     for key in ("runner_fds", "runner_threads", "net_namespaces", "interfaces",
                 "testbed_bridges", "ovs_ports", "testbed_processes"):
         if last[key] > base[key]:
             problems.append(f"{key} grew from {base[key]} to {last[key]}")
-    per_run = (last["runner_rss_kb"] - second["runner_rss_kb"]) / (len(rows) - 2)
-    if per_run > 0.02 * second["runner_rss_kb"]:
-        problems.append(f"runner memory grew {per_run:,.0f} kB per run")
-    if all(r["ovs_vswitchd_rss_kb"] for r in (second, last)):
-        ovs = (last["ovs_vswitchd_rss_kb"] - second["ovs_vswitchd_rss_kb"]) / (len(rows) - 2)
-        if ovs > 0.02 * second["ovs_vswitchd_rss_kb"]:
-            problems.append(f"ovs-vswitchd memory grew {ovs:,.0f} kB per run")
+    for key, who in (("runner_rss_kb", "runner"), ("ovs_vswitchd_rss_kb", "ovs-vswitchd")):
+        growth = memory_growth([r[key] for r in rows[1:]])  # the first run warms up
+        if growth is not None and growth > 0.02 * second[key]:
+            problems.append(f"{who} memory grew {growth:,.0f} kB per run")
     return problems
+
+
+def memory_growth(values: list):
+    """kB per run between the medians of the first and the last third (resident memory
+    moves up and down with the allocator; a leak moves the whole series)."""
+    if any(v is None for v in values) or len(values) < 2:
+        return None
+    third = max(1, len(values) // 3)
+    first, last = sorted(values[:third]), sorted(values[-third:])
+    return (last[len(last) // 2] - first[len(first) // 2]) / (len(values) - third)
 
 
 def main(argv=None) -> int:
