@@ -227,6 +227,24 @@ class MeasurementConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """Splitting the fabric over several machines (Mininet Cluster Edition)."""
+
+    servers: Tuple[str, ...] = field(default=(), metadata={
+        "item": str, "doc": "machines that hold the fabric, this one first (e.g. [localhost, "
+                            "10.9.0.2]); empty: this machine alone"})
+    placement: str = field(default="by-leaf", metadata={
+        "choices": ("by-leaf", "spread"),
+        "doc": "by-leaf: each leaf with its hosts on one server, spines where the cross-server "
+               "links are fewest; spread: leaves and spines round-robin"})
+    link: str = field(default="auto", metadata={
+        "choices": ("auto", "vxlan", "ssh"),
+        "doc": "cross-server links: vxlan, or ssh tap tunnels (sshd needs PermitTunnel yes); "
+               "auto: vxlan where the kernel has it"})
+    ssh_user: str = field(default="root", metadata={"doc": "user for ssh to the servers"})
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str = field(default="default", metadata={"doc": "a label for the run"})
     policies: Tuple[str, ...] = field(default=ALL_POLICIES, metadata={
@@ -238,6 +256,7 @@ class Scenario:
     background: BackgroundConfig = field(default_factory=BackgroundConfig)
     measurement: MeasurementConfig = field(default_factory=MeasurementConfig)
     fidelity: FidelityConfig = field(default_factory=FidelityConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     policy_params: Dict[str, Dict[str, Any]] = field(default_factory=dict, metadata={
         "doc": "per policy, parameters that replace its defaults (see the policy reference)"})
 
