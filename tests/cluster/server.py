@@ -112,7 +112,8 @@ class EmulatedServer:
         net = free_subnet()
         a, b = list(net.hosts())[:2]
         self.local_address, self.address = str(a), str(b)
-        self.dir = tempfile.mkdtemp(prefix=f"{self.name}-", dir="/run")
+        # not under /run: the server mounts its own tmpfs there
+        self.dir = tempfile.mkdtemp(prefix=f"{self.name}-", dir="/var/tmp")
         os.chmod(self.dir, 0o700)
         try:
             self._keys()
