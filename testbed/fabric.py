@@ -45,12 +45,13 @@ class LeafSpineTopo(Topo):
     Names, DPIDs, ports and addresses come from ``FabricPlan`` (see ``testbed.topology``).
     """
 
-    def build(self, plan: FabricPlan):
+    def build(self, plan: FabricPlan, where: Optional[Dict[str, str]] = None):
         self.plan = plan
+        on = (lambda name: {"server": where[name]}) if where else (lambda name: {})
         for sw in self.plan.switches:
-            self.addSwitch(sw.name, dpid=sw.dpid_hex)
+            self.addSwitch(sw.name, dpid=sw.dpid_hex, **on(sw.name))
         for h in self.plan.hosts:
-            self.addHost(h.name, ip=f"{h.ip}/{PREFIX_LEN}", mac=h.mac)
+            self.addHost(h.name, ip=f"{h.ip}/{PREFIX_LEN}", mac=h.mac, **on(h.name))
         for link in self.plan.links:
             self.addLink(link.node1, link.node2, port1=link.port1, port2=link.port2)
 
@@ -91,8 +92,11 @@ class Fabric:
 
     def __init__(self, plan: FabricPlan, topo: TopologyConfig, caps: Capabilities,
                  controller_port: int, ledger: Ledger, classes: Tuple[TrafficClass, ...],
-                 mtu: int = 1500, headroom: float = 0.0):
+                 mtu: int = 1500, headroom: float = 0.0,
+                 where: Optional[Dict[str, str]] = None, ssh_user: str = "root"):
         self.plan, self.topo, self.caps = plan, topo, caps
+        self.where, self.ssh_user = where, ssh_user  # split over servers (testbed.cluster)
+        self.tunnels: list = []
         self.mtu = mtu  # Ethernet MTU of every link
         self.controller_port = controller_port
         self.ledger = ledger
@@ -111,13 +115,18 @@ class Fabric:
         # Record every name before creating anything, so teardown finds all of it.
         self.ledger.add(bridges=[s.name for s in plan.switches],
                         interfaces=[name for name, _ in plan.switch_interfaces()])
-        switch_cls = type("RunOVSSwitch", (TaggedOVSSwitch,), {"run_id": self.ledger.run_id})
-        self.net = Mininet(
-            topo=LeafSpineTopo(plan),
-            switch=partial(switch_cls, datapath=self.caps.datapath, protocols="OpenFlow13",
-                           failMode="secure"),
-            link=Link, controller=None, build=False, autoSetMacs=False, autoStaticArp=False,
-            waitConnected=False)
+        common = dict(build=False, autoSetMacs=False, autoStaticArp=False,
+                      waitConnected=False, controller=None)
+        if self.where:
+            self.net = self._cluster_net(common)
+        else:
+            switch_cls = type("RunOVSSwitch", (TaggedOVSSwitch,),
+                              {"run_id": self.ledger.run_id})
+            self.net = Mininet(
+                topo=LeafSpineTopo(plan),
+                switch=partial(switch_cls, datapath=self.caps.datapath,
+                               protocols="OpenFlow13", failMode="secure"),
+                link=Link, **common)
         self.net.addController(RemoteController("c0", ip="127.0.0.1",
                                                 port=self.controller_port))
         try:
@@ -126,12 +135,53 @@ class Fabric:
             for pid in self._shell_pids():
                 self.ledger.add_pid(pid)
         self.net.start()
-        # The switch ports live in this namespace: keep the kernel's IPv6 chatter (router
-        # solicitations, MLD) off them, so every packet they carry was forwarded by a switch.
-        _run(self.net.switches[0], "sysctl -qw " + " ".join(
-            f"net.ipv6.conf.{name}.disable_ipv6=1" for name, _ in self.plan.switch_interfaces()))
+        # The switch ports live in the servers' root namespaces: keep the kernel's IPv6
+        # chatter (router solicitations, MLD) off them, so every packet they carry was
+        # forwarded by a switch.
+        for sw in self._one_switch_per_server():
+            mine = [i.name for s in self.net.switches if self._server(s) == self._server(sw)
+                    for i in s.intfList() if i.name != "lo"]
+            _run(sw, "sysctl -qw " + " ".join(f"net.ipv6.conf.{name}.disable_ipv6=1"
+                                              for name in mine))
         self._configure_hosts()
         self._shape()
+
+    def _cluster_net(self, common: dict):
+        """The same fabric over several servers (Mininet Cluster Edition): reverse tunnels
+        to the controller first, then the nodes where ``self.where`` puts them."""
+        from . import cluster
+
+        servers = [cluster.LOCAL] + cluster.remote_servers(self.where)
+        for server in servers[1:]:
+            tunnel = cluster.ReverseTunnel(self.ssh_user, server, self.controller_port)
+            self.tunnels.append(tunnel)
+            self.ledger.add_pid(tunnel.start())
+        switch_cls = type("RunRemoteOVSSwitch", (cluster.TaggedRemoteOVSSwitch,),
+                          {"run_id": self.ledger.run_id})
+        home = os.environ.get("HOME")
+        os.environ["HOME"] = self.ledger.private_dir  # Cluster Edition's ssh sockets go here
+        try:
+            return cluster.ClusterNet(
+                topo=LeafSpineTopo(self.plan, self.where), servers=servers,
+                user=self.ssh_user, precheck=False,
+                switch=partial(switch_cls, datapath="user", protocols="OpenFlow13",
+                               failMode="secure"),
+                link=cluster.LINKS["ssh"], **common)
+        finally:
+            if home is None:
+                os.environ.pop("HOME", None)
+            else:
+                os.environ["HOME"] = home
+
+    @staticmethod
+    def _server(node) -> str:
+        return getattr(node, "server", None) or "localhost"
+
+    def _one_switch_per_server(self):
+        seen = {}
+        for sw in self.net.switches:
+            seen.setdefault(self._server(sw), sw)
+        return list(seen.values())
 
     def _configure_hosts(self) -> None:
         for host in self.net.hosts:
@@ -199,7 +249,9 @@ class Fabric:
 
     def _shell_pids(self) -> List[int]:
         nodes = self.net.hosts + self.net.switches + self.net.controllers
-        return [n.pid for n in nodes if getattr(n, "shell", None) is not None]
+        # a remote node's pid is numbered on its server: here only its ssh client counts
+        return [n.pid if self._server(n) == "localhost" else n.shell.pid
+                for n in nodes if getattr(n, "shell", None) is not None]
 
     def stop(self) -> None:
         """Stop Mininet and wait until every node's shell has really exited."""
@@ -211,6 +263,9 @@ class Fabric:
             net.stop()
         except Exception as e:  # keep tearing down; the ledger removes the rest
             LOG.warning("mininet stop failed: %s", e)
+        for tunnel in self.tunnels:
+            tunnel.stop()
+        self.tunnels = []
         for ctl in net.controllers:  # RemoteController.stop() does nothing: its shell (and
             try:                     # pty) would live on, 2 fds and 5 s of waiting per run
                 ctl.terminate()
@@ -220,7 +275,14 @@ class Fabric:
 
 
 def _run(node, cmd: str, check: bool = True) -> str:
-    out, err, code = node.pexec(cmd, shell=True)
+    if (getattr(node, "server", None) or "localhost") != "localhost":
+        # a remote node (Mininet Cluster): its pexec would pass the command through ssh
+        # unquoted; its own shell keeps the command whole
+        out = node.cmd(f"{{ {cmd} ; }} 2>&1; echo __rc=$?")
+        out, _, code = out.rpartition("__rc=")
+        code, err = int(code.strip() or 1), ""
+    else:
+        out, err, code = node.pexec(cmd, shell=True)
     if code and check:
         raise FabricError(f"{node.name}: '{cmd[:80]}...' failed: {(err or out).strip()[:200]}")
     return out

@@ -27,6 +27,7 @@ from .agents import (AgentGroup, congestion_control, expected_duration_s, finish
                      workload_specs)
 from .background import Background, background_plan
 from . import capacity, htmlreport
+from .placement import by_server, place
 from .capture import PacketCapture
 from .capabilities import Capabilities, detect
 from .config import Scenario
@@ -188,6 +189,20 @@ class Session:
     warnings: List[str]
 
 
+def cluster_servers(scenario: Scenario) -> List[str]:
+    """The scenario's servers, this machine named ``localhost``."""
+    servers = list(scenario.cluster.servers)
+    return ["localhost"] + servers[1:] if servers else []
+
+
+def cluster_placement(scenario: Scenario, plan: FabricPlan) -> Optional[dict]:
+    """Node -> server when the fabric is split over several servers, else None."""
+    servers = cluster_servers(scenario)
+    if len(servers) < 2:
+        return None
+    return place(plan, servers, scenario.cluster.placement)
+
+
 @contextlib.contextmanager
 def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: str,
               ledger: Ledger, say: Progress = lambda s: None):
@@ -203,9 +218,15 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
         say("starting the controller")
         ctl.start()
         say(f"controller on 127.0.0.1:{ctl.port}")
+        where = cluster_placement(scenario, plan)
         fabric = Fabric(plan, t, caps, ctl.port, ledger, classes,
                         mtu=link_mtu(scenario.workload.mtu),
-                        headroom=scenario.emulation.switch_rate_headroom)
+                        headroom=scenario.emulation.switch_rate_headroom,
+                        where=where, ssh_user=scenario.cluster.ssh_user)
+        if where:
+            say("placement: " + "; ".join(
+                f"{server}: {len(nodes)} nodes" for server, nodes in
+                by_server(where, cluster_servers(scenario)).items()))
         stack.callback(_shielded_call, fabric.stop)
         extra = f" + {len(plan.neighbours)} neighbour hosts" if plan.neighbours else ""
         say(f"building fabric: {t.spines} spines, {t.leaves} leaves, {len(plan.gpus)} GPUs{extra}, "
