@@ -111,8 +111,9 @@ class AgentGroup:
                 json.dump(cfg, f)
             log = open(os.path.join(self.log_dir, f"agent-{self.tag}-{cfg['host']}.log"), "ab")
             try:
-                proc = self.fabric.host(cfg["host"]).popen(
-                    [sys.executable, "-m", "traffic.agent", path], stdin=subprocess.PIPE,
+                proc = self.fabric.popen(
+                    cfg["host"], [sys.executable, "-m", "traffic.agent", path],
+                    stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=log, cwd=os.getcwd())
             finally:
                 log.close()

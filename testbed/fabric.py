@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -246,6 +247,19 @@ class Fabric:
 
     def host(self, name: str):
         return self.net.get(name)
+
+    def popen(self, name: str, argv: List[str], **kwargs):
+        """A process in node ``name``'s namespace, on whichever server holds it (a remote
+        node's command line passes through ssh and a shell: each argument is quoted)."""
+        node = self.net.get(name)
+        if self.where:
+            # Cluster Edition starts every process as a group leader, so ``mnexec -d`` could
+            # not setsid() and forked: the process we hold would exit at once and the real
+            # one lose its parent. Attach without detaching; it has its own group already.
+            kwargs.setdefault("mncmd", ["mnexec", "-a", str(node.pid)])
+        if self._server(node) != "localhost":
+            argv = [shlex.quote(a) for a in argv]
+        return node.popen(argv, **kwargs)
 
     def _shell_pids(self) -> List[int]:
         nodes = self.net.hosts + self.net.switches + self.net.controllers

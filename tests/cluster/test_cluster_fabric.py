@@ -57,3 +57,32 @@ def test_the_fabric_splits_over_two_servers_and_forwards(tmp_path, server, polic
     assert any("switches programmed" in m for m in messages)
     assert wait_clean() == []
     assert server.ssh("ovs-vsctl list-br").stdout.strip() == ""  # the other server is clean
+
+
+def test_agents_on_both_servers_complete_a_ring_across_the_split(tmp_path, server):
+    from testbed.agents import AgentGroup, finish_timeout_s
+
+    from ..integration.test_transport import delivered_bytes, expected_bytes
+
+    scenario = DEFAULT.override({"policies": ["hyperscale"],
+                                 "workload": {"iterations": 2, "size_bytes": 256 * 1024},
+                                 "cluster": {"servers": ["localhost", server.address]}})
+    plan = runner.validate(scenario)
+    policy = make_policy("hyperscale", plan, scenario)
+    ledger = Ledger(runner.new_run_id())
+    ledger.acquire(str(tmp_path))
+    try:
+        with runner.fabric_up(policy, scenario, detect(), str(tmp_path), ledger) as s:
+            agents = AgentGroup(s.fabric, policy, scenario, str(tmp_path / "records"),
+                                str(tmp_path), ledger, "cluster")
+            try:
+                agents.start()
+                agents.go()
+                agents.wait(timeout=finish_timeout_s(scenario))
+            finally:
+                agents.stop()
+    finally:
+        ledger.teardown()
+        ledger.close()
+    assert delivered_bytes(str(tmp_path), "") == expected_bytes(scenario)
+    assert wait_clean() == []
