@@ -51,6 +51,8 @@ if [ "$test_tools" -eq 1 ]; then
   else
     packages+=(chromium)
   fi
+  # the cluster tests emulate a second server with its own sshd (never started as a service)
+  packages+=(openssh-server openssh-client)
 fi
 missing=()
 for p in "${packages[@]}"; do
@@ -62,7 +64,19 @@ if [ "${#missing[@]}" -gt 0 ]; then
   # tshark asks whether non-root users may capture; answer no, without a prompt.
   echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
   apt-get update -q
-  apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # Installing a service package must not start it (sshd would listen on every address):
+  # a policy-rc.d that forbids starts, only for the duration of this install.
+  guard=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    guard=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' > "$guard" && chmod 755 "$guard"
+  fi
+  apt-get install -y -q --no-install-recommends "${missing[@]}" || { [ -n "$guard" ] && rm -f "$guard"; exit 1; }
+  [ -n "$guard" ] && rm -f "$guard"
+  # and not at the next boot either, if this install brought it
+  if [[ " ${missing[*]} " == *" openssh-server "* ]] && command -v systemctl >/dev/null; then
+    systemctl disable ssh.service ssh.socket >/dev/null 2>&1 || true
+  fi
 else
   say "distribution packages present"
 fi
