@@ -102,13 +102,20 @@ class AgentGroup:
         self.records_dir, self.log_dir, self.ledger, self.tag = records_dir, log_dir, ledger, tag
         self.procs: Dict[str, subprocess.Popen] = {}
         self.lines: Dict[str, str] = {}
+        self.remote: Dict[str, tuple] = {}  # host -> (server, records dir there)
 
     def start(self, ready_timeout: float = 30.0) -> None:
         os.makedirs(self.records_dir, exist_ok=True)
         for cfg in agent_configs(self.plan, self.scenario, self.records_dir, self.policy):
             path = os.path.join(self.records_dir, f"{cfg['host']}.agent.json")
+            server = self.fabric.server_of(cfg["host"])
+            if server != "localhost":  # the agent runs there: its files live there
+                cfg["out_dir"] = self.fabric.workspace.dir(server) + "/records"
+                self.remote[cfg["host"]] = (server, cfg["out_dir"])
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(cfg, f)
+            if server != "localhost":
+                path = self.fabric.workspace.put(server, path)
             log = open(os.path.join(self.log_dir, f"agent-{self.tag}-{cfg['host']}.log"), "ab")
             try:
                 proc = self.fabric.popen(
@@ -179,6 +186,8 @@ class AgentGroup:
         for host, proc in self.procs.items():
             if proc.wait(timeout=10) != 0:
                 self._died(host)
+        for host, (server, out_dir) in self.remote.items():  # records back to this machine
+            self.fabric.workspace.get(server, f"{out_dir}/{host}.*", self.records_dir)
 
     def _expect_all(self, word: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout

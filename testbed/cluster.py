@@ -8,6 +8,7 @@ machine: each remote server reaches it through an ssh reverse tunnel bound to *i
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from typing import Dict, List
@@ -78,6 +79,56 @@ class ReverseTunnel:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
+
+
+class Workspace:
+    """A private directory per remote server (mode 0700, under /var/tmp, named after the run):
+    configurations go there, outputs come back with scp, and it is removed at teardown.
+    Nothing is assumed shared between the machines."""
+
+    def __init__(self, user: str, run_id: str):
+        self.user, self.run_id = user, run_id
+        self.dirs: Dict[str, str] = {}
+
+    def _ssh(self, server: str, command: str) -> str:
+        r = subprocess.run(ssh_command(self.user, server) + [command], capture_output=True,
+                           text=True, timeout=60)
+        if r.returncode:
+            raise FabricError(f"{server}: '{command[:60]}' failed: {r.stderr.strip()[:200]}")
+        return r.stdout
+
+    def dir(self, server: str) -> str:
+        if server not in self.dirs:
+            path = f"/var/tmp/ai-fabric-testbed-{self.run_id}-{len(self.dirs) + 1}"
+            self._ssh(server, f"mkdir -m 700 {path} {path}/records")
+            self.dirs[server] = path
+        return self.dirs[server]
+
+    def _scp(self, *args: str) -> None:
+        # -S ssh: the ssh found on PATH, as every other ssh call here (scp defaults to a
+        # compiled-in path)
+        r = subprocess.run(["scp", "-q", "-B", "-S", "ssh", *args], capture_output=True,
+                           text=True, timeout=300)
+        if r.returncode:
+            raise FabricError(f"scp {' '.join(args)[:120]} failed: {r.stderr.strip()[:200]}")
+
+    def put(self, server: str, local_path: str) -> str:
+        """Copy a file there; returns its path on the server."""
+        remote = f"{self.dir(server)}/{os.path.basename(local_path)}"
+        self._scp(local_path, f"{self.user}@{server}:{remote}")
+        return remote
+
+    def get(self, server: str, pattern: str, local_dir: str) -> None:
+        """Copy the files matching ``pattern`` (on the server) into ``local_dir``."""
+        self._scp(f"{self.user}@{server}:{pattern}", local_dir)
+
+    def remove(self) -> None:
+        for server, path in self.dirs.items():
+            try:
+                self._ssh(server, f"rm -rf {path}")
+            except (FabricError, subprocess.TimeoutExpired):
+                pass  # the server is gone: clean --servers removes it later
+        self.dirs = {}
 
 
 def remote_servers(where: Dict[str, str]) -> List[str]:

@@ -98,6 +98,7 @@ class Fabric:
         self.plan, self.topo, self.caps = plan, topo, caps
         self.where, self.ssh_user = where, ssh_user  # split over servers (testbed.cluster)
         self.tunnels: list = []
+        self.workspace = None  # testbed.cluster.Workspace when split
         self.mtu = mtu  # Ethernet MTU of every link
         self.controller_port = controller_port
         self.ledger = ledger
@@ -153,6 +154,7 @@ class Fabric:
         from . import cluster
 
         servers = [cluster.LOCAL] + cluster.remote_servers(self.where)
+        self.workspace = cluster.Workspace(self.ssh_user, self.ledger.run_id)
         for server in servers[1:]:
             tunnel = cluster.ReverseTunnel(self.ssh_user, server, self.controller_port)
             self.tunnels.append(tunnel)
@@ -248,6 +250,10 @@ class Fabric:
     def host(self, name: str):
         return self.net.get(name)
 
+    def server_of(self, name: str) -> str:
+        """The server that holds node ``name`` (``localhost``: this machine)."""
+        return (self.where or {}).get(name, "localhost")
+
     def popen(self, name: str, argv: List[str], **kwargs):
         """A process in node ``name``'s namespace, on whichever server holds it (a remote
         node's command line passes through ssh and a shell: each argument is quoted)."""
@@ -280,6 +286,8 @@ class Fabric:
         for tunnel in self.tunnels:
             tunnel.stop()
         self.tunnels = []
+        if self.workspace is not None:
+            self.workspace.remove()
         for ctl in net.controllers:  # RemoteController.stop() does nothing: its shell (and
             try:                     # pty) would live on, 2 fds and 5 s of waiting per run
                 ctl.terminate()

@@ -67,6 +67,7 @@ PermitTunnel yes
 AllowTcpForwarding yes
 MaxSessions 100
 MaxStartups 100
+Subsystem sftp internal-sftp
 """
 
 

@@ -1,6 +1,7 @@
 """The leaf-spine fabric split over two servers (one emulated) under the os-ken controller:
 each remote server reaches the controller through an ssh reverse tunnel to its loopback, the
 switches are programmed, every GPU reaches its neighbour across the split."""
+import glob
 import os
 import shutil
 
@@ -85,4 +86,8 @@ def test_agents_on_both_servers_complete_a_ring_across_the_split(tmp_path, serve
         ledger.teardown()
         ledger.close()
     assert delivered_bytes(str(tmp_path), "") == expected_bytes(scenario)
+    # the remote agents' records came back; their workspace on the server is gone
+    records = sorted(os.listdir(tmp_path / "records"))
+    assert all(f"gpu{i}.packets.csv" in records for i in range(1, 9))
+    assert glob.glob("/var/tmp/ai-fabric-testbed-*") == []
     assert wait_clean() == []
