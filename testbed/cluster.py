@@ -46,16 +46,18 @@ def ssh_command(user: str, server: str) -> List[str]:
 class ReverseTunnel:
     """``ssh -N -R``: the server's 127.0.0.1:port leads to this machine's 127.0.0.1:port."""
 
-    def __init__(self, user: str, server: str, port: int):
+    def __init__(self, user: str, server: str, port: int, sockets: Dict[str, str] = None):
         self.user, self.server, self.port = user, server, port
+        self.sockets = sockets or {}  # remote unix socket -> local one (the emulator's events)
         self.proc = None
 
     def start(self, timeout: float = 10.0) -> int:
+        forwards = ["-R", f"127.0.0.1:{self.port}:127.0.0.1:{self.port}"]
+        for remote, local in self.sockets.items():
+            forwards += ["-R", f"{remote}:{local}"]
+        ssh = ssh_command(self.user, self.server)
         self.proc = subprocess.Popen(
-            ssh_command(self.user, self.server)[:1] + ["-N", "-R",
-                                                       f"127.0.0.1:{self.port}:127.0.0.1:"
-                                                       f"{self.port}"]
-            + ssh_command(self.user, self.server)[1:],
+            ssh[:1] + ["-N", "-o", "StreamLocalBindUnlink=yes"] + forwards + ssh[1:],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -129,6 +131,31 @@ class Workspace:
             except (FabricError, subprocess.TimeoutExpired):
                 pass  # the server is gone: clean --servers removes it later
         self.dirs = {}
+
+
+def clock_offset(user: str, server: str, samples: int = 20) -> Dict[str, float]:
+    """The server's CLOCK_REALTIME minus this machine's, from timestamps exchanged over one
+    ssh session (the sample with the shortest round trip; uncertainty: half of it)."""
+    proc = subprocess.Popen(ssh_command(user, server) + [
+        "while read -r _; do date +%s%N; done"], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    best = None
+    try:
+        for _ in range(samples):
+            t0 = time.time_ns()
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline().strip()
+            t1 = time.time_ns()
+            if not line.isdigit():
+                raise FabricError(f"{server}: cannot read its clock: "
+                                  f"{(line or proc.stderr.read()).strip()[:200]}")
+            sample = (t1 - t0, int(line) - (t0 + t1) // 2)
+            best = sample if best is None or sample[0] < best[0] else best
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+    return {"offset_us": round(best[1] / 1000, 1), "uncertainty_us": round(best[0] / 2000, 1)}
 
 
 def remote_servers(where: Dict[str, str]) -> List[str]:

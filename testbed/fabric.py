@@ -94,11 +94,13 @@ class Fabric:
     def __init__(self, plan: FabricPlan, topo: TopologyConfig, caps: Capabilities,
                  controller_port: int, ledger: Ledger, classes: Tuple[TrafficClass, ...],
                  mtu: int = 1500, headroom: float = 0.0,
-                 where: Optional[Dict[str, str]] = None, ssh_user: str = "root"):
+                 where: Optional[Dict[str, str]] = None, ssh_user: str = "root",
+                 events_path: str = ""):
         self.plan, self.topo, self.caps = plan, topo, caps
         self.where, self.ssh_user = where, ssh_user  # split over servers (testbed.cluster)
         self.tunnels: list = []
         self.workspace = None  # testbed.cluster.Workspace when split
+        self.events_path = events_path  # the controller's event socket (queue emulators)
         self.mtu = mtu  # Ethernet MTU of every link
         self.controller_port = controller_port
         self.ledger = ledger
@@ -156,7 +158,10 @@ class Fabric:
         servers = [cluster.LOCAL] + cluster.remote_servers(self.where)
         self.workspace = cluster.Workspace(self.ssh_user, self.ledger.run_id)
         for server in servers[1:]:
-            tunnel = cluster.ReverseTunnel(self.ssh_user, server, self.controller_port)
+            sockets = ({self.remote_events(server): self.events_path} if self.events_path
+                       else {})
+            tunnel = cluster.ReverseTunnel(self.ssh_user, server, self.controller_port,
+                                           sockets)
             self.tunnels.append(tunnel)
             self.ledger.add_pid(tunnel.start())
         switch_cls = type("RunRemoteOVSSwitch", (cluster.TaggedRemoteOVSSwitch,),
@@ -249,6 +254,44 @@ class Fabric:
 
     def host(self, name: str):
         return self.net.get(name)
+
+    def nodes_for_stats(self) -> list:
+        """Where ``tc`` sees every egress queue: one switch per server (switch ports are in
+        the servers' root namespaces) and every host."""
+        return self._one_switch_per_server() + list(self.net.hosts)
+
+    @staticmethod
+    def run(node, cmd: str, check: bool = True) -> str:
+        """A shell command in ``node``'s namespace, on whichever server holds it."""
+        return _run(node, cmd, check)
+
+    def cluster_report(self) -> Optional[dict]:
+        """Which server held what, the cross-server links, and each server's clock against
+        this one's (one-way latency across servers is only as good as that offset)."""
+        if not self.where:
+            return None
+        from . import cluster
+        from .placement import by_server, cross_links
+
+        servers = self.servers()
+        clocks = {s: cluster.clock_offset(self.ssh_user, s) for s in servers[1:]}
+        return {"servers": servers, "placement": by_server(self.where, servers),
+                "link": "ssh tap tunnel (Mininet Cluster RemoteSSHLink)",
+                "cross_links": [f"{ln.intf1}-{ln.intf2}" for ln in
+                                cross_links(self.plan, self.where)],
+                "clock_source": "each server's CLOCK_REALTIME; one-way latency across "
+                                "servers = receiver's clock - sender's clock",
+                "clock_offsets": clocks}
+
+    def remote_events(self, server: str) -> str:
+        """Where a remote server's queue emulator finds the controller's event socket."""
+        return f"{self.workspace.dir(server)}/events.sock"
+
+    def servers(self) -> List[str]:
+        if not self.where:
+            return ["localhost"]
+        from .cluster import LOCAL, remote_servers
+        return [LOCAL] + remote_servers(self.where)
 
     def server_of(self, name: str) -> str:
         """The server that holds node ``name`` (``localhost``: this machine)."""

@@ -27,7 +27,7 @@ from .agents import (AgentGroup, congestion_control, expected_duration_s, finish
                      workload_specs)
 from .background import Background, background_plan
 from . import capacity, htmlreport
-from .placement import by_server, place
+from .placement import by_server, cross_links, place
 from .capture import PacketCapture
 from .capabilities import Capabilities, detect
 from .config import Scenario
@@ -39,7 +39,7 @@ from .ovs_buffers import needed_bytes, ovs_socket_buffers, raised_socket_default
 from .queues import egress_stats, queue_drops, spine_load
 from .fidelity import CpuSampler, evaluate
 from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, write_json_atomic
-from .switchq import EmulatorProcess
+from .switchq import EmulatorProcess, merge_reports
 from .topology import FabricPlan
 
 LOG = logging.getLogger(__name__)
@@ -73,8 +73,15 @@ def validate(scenario: Scenario, available_mb: Optional[int] = None) -> FabricPl
         if name not in scenario.policies:
             raise ConfigError(f"policy_params.{name}: {name} is not among the policies run "
                               f"({', '.join(scenario.policies)})")
+    where = cluster_placement(scenario, plan)
+    crossing = cross_links(plan, where) if where else []
     for name in scenario.policies:
         policy = make_policy(name, plan, scenario)  # parameters that need the plan
+        if crossing and any(c.pfc for c in policy.traffic_classes()):
+            raise ConfigError(
+                f"cluster: the {name} policy's PFC would pause queues across the servers "
+                f"({crossing[0].intf1} - {crossing[0].intf2}, ...); pausing across servers "
+                "is not supported yet: run it on one server")
         ring = [h.name for h in plan.gpus]
         apart = [(a, b) for a, b in zip(ring, ring[1:] + ring[:1]) if not policy.may_reach(a, b)]
         if apart:
@@ -222,7 +229,8 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
         fabric = Fabric(plan, t, caps, ctl.port, ledger, classes,
                         mtu=link_mtu(scenario.workload.mtu),
                         headroom=scenario.emulation.switch_rate_headroom,
-                        where=where, ssh_user=scenario.cluster.ssh_user)
+                        where=where, ssh_user=scenario.cluster.ssh_user,
+                        events_path=ctl.events_path)
         if where:
             say("placement: " + "; ".join(
                 f"{server}: {len(nodes)} nodes" for server, nodes in
@@ -253,15 +261,34 @@ def queue_emulation(policy: Policy, scenario: Scenario, session: Session, run_di
                     ledger: Ledger):
     """The switch-queue emulator running beside the fabric; yields a dict that receives its
     report when it stops."""
-    emu = EmulatorProcess(policy, scenario, session, run_dir, ledger.private_dir, ledger,
-                          link_mtu(scenario.workload.mtu))
+    emu = Emulators([EmulatorProcess(policy, scenario, session, run_dir, ledger.private_dir,
+                                     ledger, link_mtu(scenario.workload.mtu), server)
+                     for server in session.fabric.servers()])
     report: dict = {}
-    emu.start()
     try:
+        emu.start()
         yield emu, report
     finally:
         with shielded():
             report.update(emu.stop() or {})
+
+
+class Emulators:
+    """The queue emulators of a fabric: one, or one per server of a split fabric."""
+
+    def __init__(self, procs: List[EmulatorProcess]):
+        self.procs = procs
+
+    def start(self) -> None:
+        for p in self.procs:
+            p.start()
+
+    def check_alive(self) -> None:
+        for p in self.procs:
+            p.check_alive()
+
+    def stop(self) -> dict:
+        return merge_reports([p.stop() or {} for p in self.procs])
 
 
 def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: str,
@@ -274,6 +301,13 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
     pcaps = None
     with fabric_up(policy, scenario, caps, run_dir, ledger, say) as session:
         results.setdefault("link_emulation", session.fabric.applied())
+        split = session.fabric.cluster_report()
+        if split:
+            results["cluster"] = split
+            worst = max(abs(c["offset_us"]) + c["uncertainty_us"]
+                        for c in split["clock_offsets"].values())
+            say(f"split over {len(split['servers'])} servers, "
+                f"{len(split['cross_links'])} cross-server links; clocks within {worst:g} us")
         with queue_emulation(policy, scenario, session, run_dir, ledger) as (emu, queues):
             say(f"switch-queue emulator sampling every "
                 f"{scenario.emulation.sample_interval_us} us")

@@ -102,9 +102,10 @@ class Emulator:
         for link in self.plan.links:
             for node, port, intf in ((link.node1, link.port1, link.intf1),
                                      (link.node2, link.port2, link.intf2)):
-                if not self.plan.is_host(node):
+                if not self.plan.is_host(node) and (not cfg.get("nodes")
+                                                    or node in cfg["nodes"]):
                     dpid = next(s.dpid for s in self.plan.switches if s.name == node)
-                    self.ports[intf] = (node, dpid, port)
+                    self.ports[intf] = (node, dpid, port)  # on this server (split fabrics)
         self.sampler = QdiscSampler([(intf, c.minor << 16) for intf in self.ports
                                      for c in self.classes])
         self.ecn_class = next((c for c in self.classes if c.ecn), None)
@@ -377,16 +378,43 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
+def merge_reports(reports: List[dict]) -> dict:
+    """One report from the emulators of a split fabric (one per server, each with its own
+    ports): counters and pause figures add up, per-port figures join, sampling cost is the
+    worst server's (pure)."""
+    reports = [r for r in reports if r]
+    if len(reports) <= 1:
+        return reports[0] if reports else {}
+    out = {"interval_us": reports[0]["interval_us"], "counters": {}, "max_backlog": {},
+           "ecn": {}, "pfc": {}, "pfc_pause_events": 0, "pfc_paused_ms": 0.0,
+           "sample_ms": {"mean": max(r["sample_ms"]["mean"] for r in reports),
+                         "p99": max(r["sample_ms"]["p99"] for r in reports),
+                         "max": max(r["sample_ms"]["max"] for r in reports)},
+           "servers": len(reports)}
+    for r in reports:
+        for k, v in r["counters"].items():
+            out["counters"][k] = out["counters"].get(k, 0) + v
+        for key in ("max_backlog", "ecn", "pfc"):
+            out[key].update(r.get(key) or {})
+        out["pfc_pause_events"] += r.get("pfc_pause_events", 0)
+        out["pfc_paused_ms"] = round(out["pfc_paused_ms"] + r.get("pfc_paused_ms", 0.0), 3)
+    return out
+
+
 class EmulatorProcess:
-    """The runner's handle on one ``python -m testbed.switchq`` process."""
+    """The runner's handle on one ``python -m testbed.switchq`` process: here, or on a remote
+    server of a split fabric (started over ssh, its files in that server's workspace)."""
 
     def __init__(self, policy, scenario, session, run_dir: str, private_dir: str, ledger,
-                 link_mtu: int):
+                 link_mtu: int, server: str = "localhost"):
         t = scenario.topology
         name = policy.name
-        self.report_path = os.path.join(run_dir, f"switchq-{name}.json")
-        self.timeline_path = os.path.join(run_dir, f"switchq-{name}.timeline.csv")
-        self.log_path = os.path.join(run_dir, f"switchq-{name}.log")
+        fabric = session.fabric
+        self.server, self.fabric = server, fabric
+        at = "" if server == "localhost" else f"@{server}"
+        self.report_path = os.path.join(run_dir, f"switchq-{name}{at}.json")
+        self.timeline_path = os.path.join(run_dir, f"switchq-{name}{at}.timeline.csv")
+        self.log_path = os.path.join(run_dir, f"switchq-{name}{at}.log")
         watch = policy.watched_ports() if policy.wants_queue_load else None
         self.cfg = {
             "plan": policy.plan.to_dict(),
@@ -402,21 +430,42 @@ class EmulatorProcess:
             "mtu": link_mtu,
             "watch": {str(d): p for d, p in watch.items()} if watch else None,
         }
-        self.cfg_path = os.path.join(private_dir, f"switchq-{name}.json")
+        if fabric.where:  # a split fabric: this server's switches and hosts only
+            mine = [n for n, s in fabric.where.items() if s == server]
+            self.cfg["nodes"] = mine
+            self.cfg["host_pids"] = {h: p for h, p in self.cfg["host_pids"].items()
+                                     if h in mine}
+        self.cfg_path = os.path.join(private_dir, f"switchq-{name}{at}.json")
         self.ledger = ledger
         self.proc = None
+        self.remote_pid = None
 
     def start(self, timeout: float = 20.0) -> None:
+        remote = self.server != "localhost"
+        if remote:  # its files live in the server's workspace; events reach the controller
+            ws = self.fabric.workspace  # through the socket the reverse tunnel forwards
+            base = ws.dir(self.server)
+            self.cfg.update(events=self.fabric.remote_events(self.server),
+                            out=f"{base}/switchq.json", timeline=f"{base}/switchq.csv")
         with open(self.cfg_path, "w", encoding="utf-8") as f:
             json.dump(self.cfg, f)
+        argv = [sys.executable, "-m", "testbed.switchq", self.cfg_path]
+        if remote:
+            from .cluster import ssh_command
+            path = self.fabric.workspace.put(self.server, self.cfg_path)
+            argv = ssh_command(self.fabric.ssh_user, self.server) + [
+                f"echo $$; exec {sys.executable} -m testbed.switchq {path}"]
         log = open(self.log_path, "ab")
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "testbed.switchq", self.cfg_path],
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=log, start_new_session=True)
         finally:
             log.close()
         self.ledger.add_pid(self.proc.pid)
+        if remote:
+            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            first = self.proc.stdout.readline().decode().strip() if ready else ""
+            self.remote_pid = int(first) if first.isdigit() else None
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         line = self.proc.stdout.readline().decode().strip() if ready else ""
         if line != "ready":
@@ -439,9 +488,26 @@ class EmulatorProcess:
         """Stop it; returns its report (None if it wrote none)."""
         if self.proc is None:
             return None
+        if self.remote_pid and self.proc.poll() is None:  # SIGTERM there: it writes its files
+            from .cluster import ssh_command
+            subprocess.run(ssh_command(self.fabric.ssh_user, self.server)
+                           + [f"kill -TERM {self.remote_pid}"], capture_output=True, timeout=30)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
         stop_process(self.proc, timeout=10)
         if self.proc.stdout:
             self.proc.stdout.close()
+        if self.remote_pid:
+            try:
+                base = self.fabric.workspace.dir(self.server)
+                self.fabric.workspace.get(self.server, f"{base}/switchq.json",
+                                          self.report_path)
+                self.fabric.workspace.get(self.server, f"{base}/switchq.csv",
+                                          self.timeline_path)
+            except FabricError:
+                return None
         try:
             with open(self.report_path, encoding="utf-8") as f:
                 return json.load(f)

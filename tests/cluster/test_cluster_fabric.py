@@ -91,3 +91,40 @@ def test_agents_on_both_servers_complete_a_ring_across_the_split(tmp_path, serve
     assert all(f"gpu{i}.packets.csv" in records for i in range(1, 9))
     assert glob.glob("/var/tmp/ai-fabric-testbed-*") == []
     assert wait_clean() == []
+
+
+def test_a_run_across_two_servers_reports_the_split_and_both_emulators(tmp_path, server):
+    """A whole run (hyperscale and enterprise) on a small fabric split over two servers: every
+    GPU reports, the queue emulators of both servers report, the split is in the results."""
+    scenario = DEFAULT.override({
+        "policies": ["enterprise", "hyperscale"],
+        "topology": {"leaves": 2, "gpus_per_leaf": 2, "host_rate_mbit": 20,
+                     "fabric_rate_mbit": 20},
+        "workload": {"iterations": 2, "size_bytes": 256 * 1024},
+        "cluster": {"servers": ["localhost", server.address]}})
+    results, run_dir = runner.run(scenario, out_root=str(tmp_path))
+    assert results["status"] == "complete"
+    split = results["cluster"]
+    assert split["servers"] == ["localhost", server.address]
+    assert split["placement"][server.address] == ["lf2", "gpu3", "gpu4"]
+    assert sorted(split["cross_links"]) == ["lf2-eth3-sp1-eth2", "lf2-eth4-sp2-eth2"]
+    clock = split["clock_offsets"][server.address]
+    assert abs(clock["offset_us"]) <= clock["uncertainty_us"] + 50  # one machine: one clock
+    for name in ("enterprise", "hyperscale"):
+        p = results["policies"][name]
+        assert p["agents_reporting"] == 4
+        assert p["packets_received"] + p["drops"] == p["packets_sent"]
+        assert p["unexplained_drops"] == 0
+        assert p["switch_queues"]["servers"] == 2  # both emulators reported
+        assert os.path.exists(os.path.join(run_dir, f"switchq-{name}@{server.address}.json"))
+    assert wait_clean() == []
+    assert glob.glob("/var/tmp/ai-fabric-testbed-*") == []
+
+
+def test_pfc_across_servers_is_refused_up_front(server):
+    from testbed.errors import ConfigError
+
+    scenario = DEFAULT.override({"policies": ["lossless"],
+                                 "cluster": {"servers": ["localhost", server.address]}})
+    with pytest.raises(ConfigError, match="PFC would pause queues across the servers"):
+        runner.validate(scenario)
