@@ -39,6 +39,9 @@ def cmd_run(args) -> int:
         scenario = scenario.override({"workload": {"sizes": list(parse_sizes(args.sizes))}})
     if args.collective:
         scenario = scenario.override({"workload": {"collective": args.collective}})
+    if args.servers:
+        servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+        scenario = scenario.override({"cluster": {"servers": servers}})
     if args.policy:
         names = [p.strip() for p in args.policy.split(",") if p.strip()]
         if not names:
@@ -212,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--sizes", metavar="FROM:TO|LIST",
                    help="message-size sweep like nccl-tests: 64K:4M doubles from 64 KiB to "
                         "4 MiB; 64K,1M runs exactly those")
+    r.add_argument("--servers", metavar="HERE,B,...",
+                   help="split the fabric over these machines, this one first (e.g. "
+                        "localhost,10.0.0.2; ssh as root with a key; see README, Cluster)")
     r.add_argument("--out", default="results",
                    help="directory that receives the run directory (default: ./results)")
     r.add_argument("--json", action="store_true", help="print results.json to stdout")

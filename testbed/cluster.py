@@ -13,7 +13,9 @@ import subprocess
 import time
 from typing import Dict, List
 
-from mininet.examples.cluster import MininetCluster, RemoteOVSSwitch, RemoteSSHLink
+from mininet.examples.cluster import (MininetCluster, RemoteLink, RemoteOVSSwitch,
+                                      RemoteSSHLink)
+from mininet.link import Link
 from mininet.net import Mininet
 
 from .errors import FabricError
@@ -162,4 +164,68 @@ def remote_servers(where: Dict[str, str]) -> List[str]:
     return sorted({s for s in where.values() if s != LOCAL})
 
 
-LINKS = {"ssh": RemoteSSHLink}
+class RemoteVXLANLink(RemoteLink):
+    """A cross-server link as a VXLAN tunnel between the two servers (the GRE link of Cluster
+    Edition needs gretap, which many kernels lack; VXLAN is widely available). Each link has
+    its own VNI; the underlay must carry the link MTU + 50 bytes (or the kernel fragments)."""
+
+    vni = 0
+
+    def stop(self):
+        if self.tunnel:
+            self.intf1.delete()
+            self.intf2.delete()
+        else:
+            Link.stop(self)
+        self.tunnel = None
+
+    def makeIntfPair(self, intfname1, intfname2, addr1=None, addr2=None, node1=None,
+                     node2=None, deleteIntfs=True):
+        node1 = self.node1 if node1 is None else node1
+        node2 = self.node2 if node2 is None else node2
+        if getattr(node1, "server", LOCAL) == getattr(node2, "server", LOCAL):
+            return Link.makeIntfPair(intfname1, intfname2, addr1, addr2, node1, node2,
+                                     deleteIntfs=deleteIntfs)
+        self.make_tunnel(node1, node2, intfname1, intfname2, addr1, addr2)
+        self.tunnel = 1
+        return None
+
+    def make_tunnel(self, node1, node2, intf1, intf2, addr1, addr2):
+        if node2.server == LOCAL:  # this machine's end first
+            return self.make_tunnel(node2, node1, intf2, intf1, addr2, addr1)
+        ip1, ip2 = node1.serverIP, node2.serverIP
+        if node1.server == LOCAL:  # this machine's address towards the other server
+            route = subprocess.run(["ip", "route", "get", ip2], capture_output=True,
+                                   text=True).stdout
+            ip1 = route.split(" src ")[1].split()[0]
+        type(self).vni += 1
+        for node, intf, addr, local, remote in ((node1, intf1, addr1, ip1, ip2),
+                                                (node2, intf2, addr2, ip2, ip1)):
+            out = node.rcmd(f"ip link add name {intf} type vxlan id {self.vni} local {local} "
+                            f"remote {remote} dstport {VXLAN_PORT} ttl 64 nolearning")
+            if out:
+                raise FabricError(f"VXLAN link {intf} on {node.server}: {out.strip()}")
+            if addr:
+                node.rcmd(f"ip link set {intf} address {addr}")
+            node.rcmd(f"ip link set dev {intf} up")
+            if not self.moveIntf(intf, node):
+                raise FabricError(f"VXLAN link {intf}: could not move it to {node}")
+        return None
+
+
+VXLAN_PORT = 4789
+LINKS = {"ssh": RemoteSSHLink, "vxlan": RemoteVXLANLink}
+LINK_TEXT = {"ssh": "ssh tap tunnel (Mininet Cluster RemoteSSHLink)",
+             "vxlan": f"VXLAN (UDP {VXLAN_PORT}, a VNI per link)"}
+
+
+def has_vxlan(run=None) -> bool:
+    """Whether a kernel can make VXLAN devices (probed with a throw-away device); ``run``
+    executes a shell command on the server in question (default: here)."""
+    probe = ("ip link add tbvxprobe0 type vxlan id 999999 dstport 4789 local 127.0.0.1 "
+             "&& ip link del tbvxprobe0 && echo yes")
+    if run is None:
+        out = subprocess.run(["sh", "-c", probe], capture_output=True, text=True).stdout
+    else:
+        out = run(probe)
+    return out.strip().endswith("yes")

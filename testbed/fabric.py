@@ -95,12 +95,14 @@ class Fabric:
                  controller_port: int, ledger: Ledger, classes: Tuple[TrafficClass, ...],
                  mtu: int = 1500, headroom: float = 0.0,
                  where: Optional[Dict[str, str]] = None, ssh_user: str = "root",
-                 events_path: str = ""):
+                 events_path: str = "", cluster_link: str = "auto"):
         self.plan, self.topo, self.caps = plan, topo, caps
         self.where, self.ssh_user = where, ssh_user  # split over servers (testbed.cluster)
         self.tunnels: list = []
         self.workspace = None  # testbed.cluster.Workspace when split
         self.events_path = events_path  # the controller's event socket (queue emulators)
+        self.cluster_link = cluster_link
+        self.link_kind = ""
         self.mtu = mtu  # Ethernet MTU of every link
         self.controller_port = controller_port
         self.ledger = ledger
@@ -157,6 +159,7 @@ class Fabric:
 
         servers = [cluster.LOCAL] + cluster.remote_servers(self.where)
         self.workspace = cluster.Workspace(self.ssh_user, self.ledger.run_id)
+        self.link_kind = self._link_kind(servers[1:])
         for server in servers[1:]:
             sockets = ({self.remote_events(server): self.events_path} if self.events_path
                        else {})
@@ -174,12 +177,27 @@ class Fabric:
                 user=self.ssh_user, precheck=False,
                 switch=partial(switch_cls, datapath="user", protocols="OpenFlow13",
                                failMode="secure"),
-                link=cluster.LINKS["ssh"], **common)
+                link=cluster.LINKS[self.link_kind], **common)
         finally:
             if home is None:
                 os.environ.pop("HOME", None)
             else:
                 os.environ["HOME"] = home
+
+    def _link_kind(self, remotes: List[str]) -> str:
+        """``cluster.link``: vxlan where every server's kernel has it (auto), else ssh."""
+        from . import cluster
+
+        if self.cluster_link == "ssh":
+            return "ssh"
+        everywhere = cluster.has_vxlan() and all(
+            cluster.has_vxlan(lambda cmd, s=s: self.workspace._ssh(s, cmd)) for s in remotes)
+        if everywhere:
+            return "vxlan"
+        if self.cluster_link == "vxlan":
+            raise CapabilityError("cluster.link vxlan: a server's kernel cannot make VXLAN "
+                                  "devices; use link: ssh (or auto)")
+        return "ssh"
 
     @staticmethod
     def _server(node) -> str:
@@ -276,7 +294,7 @@ class Fabric:
         servers = self.servers()
         clocks = {s: cluster.clock_offset(self.ssh_user, s) for s in servers[1:]}
         return {"servers": servers, "placement": by_server(self.where, servers),
-                "link": "ssh tap tunnel (Mininet Cluster RemoteSSHLink)",
+                "link": cluster.LINK_TEXT[self.link_kind],
                 "cross_links": [f"{ln.intf1}-{ln.intf2}" for ln in
                                 cross_links(self.plan, self.where)],
                 "clock_source": "each server's CLOCK_REALTIME; one-way latency across "

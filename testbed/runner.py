@@ -230,7 +230,7 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
                         mtu=link_mtu(scenario.workload.mtu),
                         headroom=scenario.emulation.switch_rate_headroom,
                         where=where, ssh_user=scenario.cluster.ssh_user,
-                        events_path=ctl.events_path)
+                        events_path=ctl.events_path, cluster_link=scenario.cluster.link)
         if where:
             say("placement: " + "; ".join(
                 f"{server}: {len(nodes)} nodes" for server, nodes in

@@ -126,12 +126,12 @@ class EmulatedServer:
                   self.remote_intf])
             _run(["ip", "link", "set", self.remote_intf, "netns", str(self.holder.pid)])
             _run(["ip", "addr", "add", f"{a}/{net.prefixlen}", "dev", self.local_intf])
-            _run(["ip", "link", "set", self.local_intf, "up"])
+            _run(["ip", "link", "set", self.local_intf, "mtu", "9000", "up"])
             self.sh(f"""
                 set -e
                 ip link set lo up
                 ip addr add {b}/{net.prefixlen} dev {self.remote_intf}
-                ip link set {self.remote_intf} up
+                ip link set {self.remote_intf} mtu 9000 up
                 mount -t tmpfs -o mode=755 tmpfs /run
                 mkdir -p /run/openvswitch /run/sshd /run/lock
                 mount --bind {self.dir}/bin-remote /usr/local/bin

@@ -93,7 +93,8 @@ def test_agents_on_both_servers_complete_a_ring_across_the_split(tmp_path, serve
     assert wait_clean() == []
 
 
-def test_a_run_across_two_servers_reports_the_split_and_both_emulators(tmp_path, server):
+@pytest.mark.parametrize("link", ["vxlan", "ssh"])
+def test_a_run_across_two_servers_reports_the_split_and_both_emulators(tmp_path, server, link):
     """A whole run (hyperscale and enterprise) on a small fabric split over two servers: every
     GPU reports, the queue emulators of both servers report, the split is in the results."""
     scenario = DEFAULT.override({
@@ -101,11 +102,12 @@ def test_a_run_across_two_servers_reports_the_split_and_both_emulators(tmp_path,
         "topology": {"leaves": 2, "gpus_per_leaf": 2, "host_rate_mbit": 20,
                      "fabric_rate_mbit": 20},
         "workload": {"iterations": 2, "size_bytes": 256 * 1024},
-        "cluster": {"servers": ["localhost", server.address]}})
+        "cluster": {"servers": ["localhost", server.address], "link": link}})
     results, run_dir = runner.run(scenario, out_root=str(tmp_path))
     assert results["status"] == "complete"
     split = results["cluster"]
     assert split["servers"] == ["localhost", server.address]
+    assert split["link"].lower().startswith(link)
     assert split["placement"][server.address] == ["lf2", "gpu3", "gpu4"]
     assert sorted(split["cross_links"]) == ["lf2-eth3-sp1-eth2", "lf2-eth4-sp2-eth2"]
     clock = split["clock_offsets"][server.address]

@@ -34,7 +34,6 @@ def test_the_server_has_its_own_ovs_and_answers_ssh(server):
 def test_mininet_cluster_splits_a_linear_fabric_over_both_servers(server):
     from mininet.examples.cluster import (MininetCluster, RemoteOVSSwitch, RemoteSSHLink,
                                           SwitchBinPlacer)
-    from mininet.topolib import TreeTopo  # noqa: F401
     from mininet.topo import LinearTopo
     from functools import partial
 
