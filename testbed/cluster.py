@@ -48,15 +48,19 @@ def ssh_command(user: str, server: str) -> List[str]:
 class ReverseTunnel:
     """``ssh -N -R``: the server's 127.0.0.1:port leads to this machine's 127.0.0.1:port."""
 
-    def __init__(self, user: str, server: str, port: int, sockets: Dict[str, str] = None):
+    def __init__(self, user: str, server: str, port: int, sockets: Dict[str, str] = None,
+                 local_sockets: Dict[str, str] = None):
         self.user, self.server, self.port = user, server, port
-        self.sockets = sockets or {}  # remote unix socket -> local one (the emulator's events)
+        self.sockets = sockets or {}  # remote unix socket -> local one (events, PFC)
+        self.local_sockets = local_sockets or {}  # local unix socket -> remote one (PFC)
         self.proc = None
 
     def start(self, timeout: float = 10.0) -> int:
         forwards = ["-R", f"127.0.0.1:{self.port}:127.0.0.1:{self.port}"]
         for remote, local in self.sockets.items():
             forwards += ["-R", f"{remote}:{local}"]
+        for local, remote in self.local_sockets.items():
+            forwards += ["-L", f"{local}:{remote}"]
         ssh = ssh_command(self.user, self.server)
         self.proc = subprocess.Popen(
             ssh[:1] + ["-N", "-o", "StreamLocalBindUnlink=yes"] + forwards + ssh[1:],

@@ -163,8 +163,12 @@ class Fabric:
         for server in servers[1:]:
             sockets = ({self.remote_events(server): self.events_path} if self.events_path
                        else {})
-            tunnel = cluster.ReverseTunnel(self.ssh_user, server, self.controller_port,
-                                           sockets)
+            main_listen, _ = self.pfc_sockets("localhost")
+            remote_listen, remote_peers = self.pfc_sockets(server)
+            sockets[remote_peers["*"]] = main_listen  # there -> the main emulator
+            tunnel = cluster.ReverseTunnel(
+                self.ssh_user, server, self.controller_port, sockets,
+                local_sockets={self._pfc_forward(server): remote_listen})
             self.tunnels.append(tunnel)
             self.ledger.add_pid(tunnel.start())
         switch_cls = type("RunRemoteOVSSwitch", (cluster.TaggedRemoteOVSSwitch,),
@@ -301,6 +305,21 @@ class Fabric:
                                 "servers = receiver's clock - sender's clock",
                 "clock_offsets": clocks}
 
+    def pfc_sockets(self, server: str):
+        """(where ``server``'s queue emulator listens for PFC from the others, {server: path
+        it sends to}), paths as seen on ``server``; the ssh tunnels forward them."""
+        tag = f"pfc-{self.controller_port}"
+        main = os.path.join(self.ledger.private_dir, f"{tag}-main.sock")
+        if server == "localhost":
+            return main, {s: self._pfc_forward(s) for s in self.servers()[1:]}
+        return f"{self.workspace.dir(server)}/pfc.sock", {
+            "*": f"{self.workspace.dir(server)}/pfc-main.sock"}
+
+    def _pfc_forward(self, server: str) -> str:
+        """This machine's end of the forward to ``server``'s emulator."""
+        index = self.servers().index(server)
+        return os.path.join(self.ledger.private_dir, f"pfc-{self.controller_port}-{index}.sock")
+
     def remote_events(self, server: str) -> str:
         """Where a remote server's queue emulator finds the controller's event socket."""
         return f"{self.workspace.dir(server)}/events.sock"
@@ -357,13 +376,45 @@ class Fabric:
         wait_gone(pids, timeout=5.0)
 
 
+REMOTE_LINE_MAX = 1500  # a remote node's shell reads a terminal line: at most 4095 bytes
+
+
+def remote_lines(cmd: str, limit: int = REMOTE_LINE_MAX) -> List[str]:
+    """``cmd`` as command lines short enough for a terminal: an ``&&`` chain split between
+    its commands, a long ``sysctl -w`` split between its settings (pure)."""
+    if len(cmd) <= limit:
+        return [cmd]
+    if " && " in cmd:
+        parts, sep = cmd.split(" && "), " && "
+    elif cmd.startswith("sysctl -qw "):
+        words = cmd[len("sysctl -qw "):].split()
+        size = max(1, limit // max(len(w) + 1 for w in words))
+        return ["sysctl -qw " + " ".join(words[i:i + size]) for i in range(0, len(words), size)]
+    else:
+        return [cmd]
+    lines, line = [], ""
+    for part in parts:
+        if line and len(line) + len(sep) + len(part) > limit:
+            lines.append(line)
+            line = part
+        else:
+            line = f"{line}{sep}{part}" if line else part
+    return lines + [line]
+
+
 def _run(node, cmd: str, check: bool = True) -> str:
     if (getattr(node, "server", None) or "localhost") != "localhost":
         # a remote node (Mininet Cluster): its pexec would pass the command through ssh
-        # unquoted; its own shell keeps the command whole
-        out = node.cmd(f"{{ {cmd} ; }} 2>&1; echo __rc=$?")
-        out, _, code = out.rpartition("__rc=")
-        code, err = int(code.strip() or 1), ""
+        # unquoted; its own shell keeps the command whole, in lines a terminal takes
+        outs = []
+        for line in remote_lines(cmd):
+            text = node.cmd(f"{{ {line} ; }} 2>&1; echo __rc=$?")
+            text, _, code = text.rpartition("__rc=")
+            outs.append(text)
+            code, err = int(code.strip() or 1), ""
+            if code:
+                break
+        out = "".join(outs)
     else:
         out, err, code = node.pexec(cmd, shell=True)
     if code and check:

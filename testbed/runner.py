@@ -27,7 +27,7 @@ from .agents import (AgentGroup, congestion_control, expected_duration_s, finish
                      workload_specs)
 from .background import Background, background_plan
 from . import capacity, htmlreport
-from .placement import by_server, cross_links, place
+from .placement import by_server, place
 from .capture import PacketCapture
 from .capabilities import Capabilities, detect
 from .config import Scenario
@@ -73,15 +73,9 @@ def validate(scenario: Scenario, available_mb: Optional[int] = None) -> FabricPl
         if name not in scenario.policies:
             raise ConfigError(f"policy_params.{name}: {name} is not among the policies run "
                               f"({', '.join(scenario.policies)})")
-    where = cluster_placement(scenario, plan)
-    crossing = cross_links(plan, where) if where else []
+    cluster_placement(scenario, plan)  # ConfigError for an impossible placement
     for name in scenario.policies:
         policy = make_policy(name, plan, scenario)  # parameters that need the plan
-        if crossing and any(c.pfc for c in policy.traffic_classes()):
-            raise ConfigError(
-                f"cluster: the {name} policy's PFC would pause queues across the servers "
-                f"({crossing[0].intf1} - {crossing[0].intf2}, ...); pausing across servers "
-                "is not supported yet: run it on one server")
         ring = [h.name for h in plan.gpus]
         apart = [(a, b) for a, b in zip(ring, ring[1:] + ring[:1]) if not policy.may_reach(a, b)]
         if apart:

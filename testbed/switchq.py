@@ -88,6 +88,109 @@ class Outbox:
         return True
 
 
+class PfcRelay:
+    """PFC between the queue emulators of a split fabric: a switch on one server pauses the
+    queues that feed it, and some of those are on another server. Each emulator listens on a
+    unix socket; messages (``{"q": [node, intf], "a": 1|2}``, one JSON line each: pause or
+    resume) go to the emulator of the server that holds the queue - reached through the
+    socket forwards of the servers' ssh tunnel; remote emulators reach only the main one,
+    which passes on what is not its own. Nothing here blocks the sampling loop."""
+
+    def __init__(self, cfg: dict):
+        self.me = cfg["server"]
+        self.owner: Dict[str, str] = cfg["owner"]  # node -> server
+        self.peers: Dict[str, str] = cfg["pfc_peers"]  # server (or "*") -> socket path
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            os.unlink(cfg["pfc_listen"])
+        except FileNotFoundError:
+            pass
+        self.listener.bind(cfg["pfc_listen"])
+        self.listener.listen(16)
+        self.listener.setblocking(False)
+        self.inbound: List[Tuple[socket.socket, bytearray]] = []
+        self.outbound: Dict[str, Tuple[Optional[socket.socket], bytearray]] = {}
+        self.counters = {"relayed_out": 0, "relayed_in": 0, "passed_on": 0}
+
+    def local(self, q: Queue) -> bool:
+        return self.owner.get(q.node, self.me) == self.me
+
+    def send(self, q: Queue, action: int, counted: str = "relayed_out") -> None:
+        dest = self.owner[q.node]
+        if not (self.peers.get(dest) or self.peers.get("*")):
+            raise FabricError(f"PFC relay: no way to reach the emulator of {dest}")
+        sock, buf = self.outbound.get(dest, (None, bytearray()))
+        buf += (json.dumps({"q": [q.node, q.intf], "a": action}) + "\n").encode()
+        self.outbound[dest] = (sock, buf)
+        if sock is None:  # connect now; if the peer is not up, the next flush tries again
+            self._reconnect(dest)
+        self.counters[counted] += 1
+
+    def flush(self) -> None:
+        for dest, (sock, buf) in list(self.outbound.items()):
+            while sock is not None and buf:
+                try:
+                    sent = sock.send(buf)
+                except BlockingIOError:
+                    break
+                except OSError:  # the forward closed (peer not up yet): reconnect later
+                    sock.close()
+                    sock = None
+                    self.outbound[dest] = (None, buf)
+                    self.counters["reconnects"] = self.counters.get("reconnects", 0) + 1
+                    break
+                del buf[:sent]
+            if sock is None and buf:
+                self._reconnect(dest)
+
+    def _reconnect(self, dest: str) -> None:
+        path = self.peers.get(dest) or self.peers.get("*")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            return
+        self.outbound[dest] = (sock, self.outbound[dest][1])
+
+    def receive(self) -> List[Tuple[Queue, int]]:
+        """Messages from peers for this server's queues (and passes on the others')."""
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except BlockingIOError:
+                break
+            conn.setblocking(False)
+            self.inbound.append((conn, bytearray()))
+        mine = []
+        for conn, buf in self.inbound:
+            try:
+                chunk = conn.recv(65536)
+            except BlockingIOError:
+                continue
+            buf += chunk
+            *lines, rest = buf.split(b"\n")
+            buf[:] = rest
+            for line in lines:
+                m = json.loads(line)
+                q = Queue(m["q"][0], m["q"][1])
+                if self.local(q):
+                    mine.append((q, int(m["a"])))
+                    self.counters["relayed_in"] += 1
+                else:
+                    self.send(q, int(m["a"]), "passed_on")
+        return mine
+
+    def close(self) -> None:
+        for conn, _ in self.inbound:
+            conn.close()
+        for sock, _ in self.outbound.values():
+            if sock is not None:
+                sock.close()
+        self.listener.close()
+
+
 class Emulator:
     def __init__(self, cfg: dict):
         self.cfg = cfg
@@ -129,6 +232,7 @@ class Emulator:
         self.load_every = max(1, 5000 // int(cfg["interval_us"]))
         self.sample_ns: List[int] = []
         self.events = None
+        self.relay: Optional[PfcRelay] = None  # split fabrics: PFC to other servers' queues
         self.sockets = []
         # Timeline: per window, the largest backlog of every port's watched class and the
         # queues paused at some point in it (for plots of queue occupancy and PFC).
@@ -143,6 +247,8 @@ class Emulator:
     def open(self) -> None:
         if self.cfg.get("events") and (self.ecn_class or self.watch):
             self.events = Outbox(self.cfg["events"])
+        if self.pfc_class and self.cfg.get("pfc_listen"):
+            self.relay = PfcRelay(self.cfg)
         if self.pfc_class:
             self._prepare_pauses()
 
@@ -154,8 +260,14 @@ class Emulator:
         root_kick = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
         self.sockets += [root, root_kick]
         host_socks, host_kicks = {}, {}
-        fed = {f for intf, (node, _d, _p) in self.ports.items()
-               for f in self.pfc.feeders_of(Queue(node, intf))}
+        if self.relay:  # every queue of this server that feeds any switch of the fabric
+            every = [Queue(n, i) for link in self.plan.links
+                     for n, i in ((link.node1, link.intf1), (link.node2, link.intf2))
+                     if not self.plan.is_host(n)]
+            fed = {f for q in every for f in self.pfc.feeders_of(q) if self.relay.local(f)}
+        else:
+            fed = {f for intf, (node, _d, _p) in self.ports.items()
+                   for f in self.pfc.feeders_of(Queue(node, intf))}
         c, mtu = self.pfc_class, self.cfg["mtu"]
         handle = gate_handle(c) << 16
         parent = tc_handle(gate_parent(c, self.cfg.get("delayed", False)))
@@ -206,6 +318,10 @@ class Emulator:
             self._ecn(backlog(self.ecn_class), now)
         if self.pfc:
             self._pfc(backlog(self.pfc_class), now)
+        if self.relay:  # pauses and resumes other servers decided for queues here
+            for q, action in self.relay.receive():
+                self._apply([q], action)
+            self.relay.flush()
         if self.watch and self.events:
             self._load(backlog(self.load_class))
         if self.events:
@@ -272,6 +388,10 @@ class Emulator:
         self.counters["resumes_sent"] += len(resume)
 
     def _apply(self, queues: List[Queue], which: int) -> None:
+        if self.relay:
+            for q in [q for q in queues if not self.relay.local(q)]:
+                self.relay.send(q, which)
+            queues = [q for q in queues if self.relay.local(q)]
         by_socket: Dict[socket.socket, List[bytes]] = {}
         for q in queues:
             entry = self.pause_msgs.get(q)
@@ -328,6 +448,9 @@ class Emulator:
         for (intf, handle), b in sorted(self.max_backlog.items()):
             max_backlog.setdefault(intf, {})[by_handle.get(handle, hex(handle))] = b
         pfc = self.pfc.report() if self.pfc else {}
+        if self.relay:
+            self.relay.flush()  # the resumes above, to the other servers
+            self.counters.update(self.relay.counters)
         return {
             "interval_us": self.interval_ns / 1000,
             "counters": self.counters,
@@ -346,6 +469,8 @@ class Emulator:
     def close(self) -> None:
         for s in self.sockets + [self.sampler.sock] + ([self.events.sock] if self.events else []):
             s.close()
+        if self.relay:
+            self.relay.close()
 
 
 def main(argv=None) -> int:
@@ -435,6 +560,9 @@ class EmulatorProcess:
             self.cfg["nodes"] = mine
             self.cfg["host_pids"] = {h: p for h, p in self.cfg["host_pids"].items()
                                      if h in mine}
+            listen, peers = fabric.pfc_sockets(server)
+            self.cfg.update(server=server, owner=fabric.where, pfc_listen=listen,
+                            pfc_peers=peers)
         self.cfg_path = os.path.join(private_dir, f"switchq-{name}{at}.json")
         self.ledger = ledger
         self.proc = None

@@ -123,10 +123,26 @@ def test_a_run_across_two_servers_reports_the_split_and_both_emulators(tmp_path,
     assert glob.glob("/var/tmp/ai-fabric-testbed-*") == []
 
 
-def test_pfc_across_servers_is_refused_up_front(server):
-    from testbed.errors import ConfigError
-
-    scenario = DEFAULT.override({"policies": ["lossless"],
-                                 "cluster": {"servers": ["localhost", server.address]}})
-    with pytest.raises(ConfigError, match="PFC would pause queues across the servers"):
-        runner.validate(scenario)
+def test_lossless_pauses_across_servers_and_loses_nothing(tmp_path, server):
+    """PFC across the split: a leaf on the other server pauses the spine queues here that
+    feed it and the reverse, relayed between the two queue emulators."""
+    scenario = DEFAULT.override({
+        "policies": ["lossless"],
+        "topology": {"leaves": 2, "gpus_per_leaf": 2, "host_rate_mbit": 20,
+                     "fabric_rate_mbit": 10},
+        # all-to-all: three senders into every GPU, two of them through the spines, so a
+        # leaf downlink on one server pauses spine queues on the other
+        "workload": {"collective": "all_to_all", "iterations": 2, "size_bytes": 1 << 20},
+        "transport": {"congestion_control": "none"},  # PFC alone holds the senders back
+        "policy_params": {"lossless": {"adaptive_routing": False}},
+        # one spine per server: every downlink's feeders include a queue on the other server
+        "cluster": {"servers": ["localhost", server.address], "placement": "spread"}})
+    results, _run_dir = runner.run(scenario, out_root=str(tmp_path))
+    assert results["status"] == "complete"
+    ll = results["policies"]["lossless"]
+    q = ll["switch_queues"]
+    assert q["servers"] == 2
+    assert ll["pfc_pause_events"] > 0, q
+    assert q["counters"]["relayed_out"] > 0 and q["counters"]["relayed_in"] > 0, q["counters"]
+    assert ll["switch_queue_drops"] == 0 and ll["drops"] == 0, ll["drops_by_port"]
+    assert wait_clean() == []
