@@ -103,6 +103,7 @@ class Fabric:
         self.events_path = events_path  # the controller's event socket (queue emulators)
         self.cluster_link = cluster_link
         self.link_kind = ""
+        self.cluster_datapath = caps.datapath
         self.mtu = mtu  # Ethernet MTU of every link
         self.controller_port = controller_port
         self.ledger = ledger
@@ -160,6 +161,10 @@ class Fabric:
         servers = [cluster.LOCAL] + cluster.remote_servers(self.where)
         self.workspace = cluster.Workspace(self.ssh_user, self.ledger.run_id)
         self.link_kind = self._link_kind(servers[1:])
+        # the kernel datapath only where every server has the openvswitch module
+        self.cluster_datapath = "kernel" if self.caps.datapath == "kernel" and all(
+            self.workspace._ssh(s, "test -d /sys/module/openvswitch && echo yes || true")
+            .strip() == "yes" for s in servers[1:]) else "user"
         for server in servers[1:]:
             sockets = ({self.remote_events(server): self.events_path} if self.events_path
                        else {})
@@ -179,8 +184,8 @@ class Fabric:
             return cluster.ClusterNet(
                 topo=LeafSpineTopo(self.plan, self.where), servers=servers,
                 user=self.ssh_user, precheck=False,
-                switch=partial(switch_cls, datapath="user", protocols="OpenFlow13",
-                               failMode="secure"),
+                switch=partial(switch_cls, datapath=self.cluster_datapath,
+                               protocols="OpenFlow13", failMode="secure"),
                 link=cluster.LINKS[self.link_kind], **common)
         finally:
             if home is None:
@@ -299,6 +304,7 @@ class Fabric:
         clocks = {s: cluster.clock_offset(self.ssh_user, s) for s in servers[1:]}
         return {"servers": servers, "placement": by_server(self.where, servers),
                 "link": cluster.LINK_TEXT[self.link_kind],
+                "datapath": self.cluster_datapath,
                 "cross_links": [f"{ln.intf1}-{ln.intf2}" for ln in
                                 cross_links(self.plan, self.where)],
                 "clock_source": "each server's CLOCK_REALTIME; one-way latency across "

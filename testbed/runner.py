@@ -43,6 +43,7 @@ from .switchq import EmulatorProcess, merge_reports
 from .topology import FabricPlan
 
 LOG = logging.getLogger(__name__)
+CLOCK_WARN_US = 20.0  # servers' clocks further apart make cross-server one-way latency suspect
 Progress = Callable[[str], None]
 
 
@@ -73,7 +74,11 @@ def validate(scenario: Scenario, available_mb: Optional[int] = None) -> FabricPl
         if name not in scenario.policies:
             raise ConfigError(f"policy_params.{name}: {name} is not among the policies run "
                               f"({', '.join(scenario.policies)})")
-    cluster_placement(scenario, plan)  # ConfigError for an impossible placement
+    if cluster_placement(scenario, plan):  # ConfigError for an impossible placement
+        if scenario.measurement.pcap or not background_plan(plan, scenario).empty:
+            raise ConfigError("cluster: packet capture and background traffic run on one "
+                              "server only for now; drop measurement.pcap and background "
+                              "from a split scenario")
     for name in scenario.policies:
         policy = make_policy(name, plan, scenario)  # parameters that need the plan
         ring = [h.name for h in plan.gpus]
@@ -302,6 +307,13 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                         for c in split["clock_offsets"].values())
             say(f"split over {len(split['servers'])} servers, "
                 f"{len(split['cross_links'])} cross-server links; clocks within {worst:g} us")
+            # measured apart beyond what the exchange can resolve
+            if any(abs(c["offset_us"]) - c["uncertainty_us"] > CLOCK_WARN_US
+                   for c in split["clock_offsets"].values()):
+                session.warnings.append(
+                    f"the servers' clocks differ by up to {worst:g} us: one-way latency of "
+                    "packets between servers includes that offset (synchronise them with "
+                    "PTP or chrony); same-server latencies are unaffected")
         with queue_emulation(policy, scenario, session, run_dir, ledger) as (emu, queues):
             say(f"switch-queue emulator sampling every "
                 f"{scenario.emulation.sample_interval_us} us")

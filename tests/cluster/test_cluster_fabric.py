@@ -146,3 +146,25 @@ def test_lossless_pauses_across_servers_and_loses_nothing(tmp_path, server):
     assert q["counters"]["relayed_out"] > 0 and q["counters"]["relayed_in"] > 0, q["counters"]
     assert ll["switch_queue_drops"] == 0 and ll["drops"] == 0, ll["drops_by_port"]
     assert wait_clean() == []
+
+
+def test_the_default_scenario_runs_every_policy_across_two_servers(tmp_path, server):
+    """The issue's proof: the default 8-GPU scenario split over two servers, the ring
+    all-reduce under each policy, every byte at every GPU, the cross-server links in the
+    results, both servers left clean."""
+    from ..integration.test_transport import delivered_bytes, expected_bytes
+
+    scenario = DEFAULT.override({"workload": {"iterations": 2},
+                                 "cluster": {"servers": ["localhost", server.address]}})
+    results, run_dir = runner.run(scenario, out_root=str(tmp_path))
+    assert results["status"] == "complete"
+    split = results["cluster"]
+    assert len(split["cross_links"]) == 4 and split["link"].startswith("VXLAN")
+    for name in ("enterprise", "hyperscale", "lossless"):
+        p = results["policies"][name]
+        assert p["agents_reporting"] == 8, name
+        assert delivered_bytes(run_dir, name) == expected_bytes(scenario), name
+        assert p["unexplained_drops"] == 0, name
+    assert results["policies"]["lossless"]["switch_queue_drops"] == 0
+    assert wait_clean() == []
+    assert server.ssh("ovs-vsctl list-br; ls /var/tmp | grep ai-fabric || true").stdout == ""
