@@ -87,8 +87,31 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def _servers(text: str):
+    servers = [s.strip() for s in (text or "").split(",") if s.strip()]
+    return [s for s in servers if s not in ("localhost", "127.0.0.1")]
+
+
+def cmd_check_servers(args) -> int:
+    from .cluster import check_server
+    from .term import paint
+
+    failed = False
+    for server in _servers(args.servers):
+        print(f"{server}:")
+        for what, ok, detail in check_server(args.user, server):
+            mark = paint("ok", "ok", sys.stdout) if ok else paint("FAILED", "error", sys.stdout)
+            print(f"  {what:24} {mark:6} {detail}")
+            failed |= not ok and what != "VXLAN"  # without VXLAN, ssh tunnels still work
+    print("\n" + ("a server is not ready: see above" if failed else "every server is ready"))
+    return 1 if failed else 0
+
+
 def cmd_check(args) -> int:
     from .capabilities import detect
+
+    if args.servers:
+        return cmd_check_servers(args)
 
     caps = detect()
     if args.json:
@@ -187,7 +210,15 @@ def cmd_clean(args) -> int:
 
     if os.geteuid() != 0:
         raise TestbedError("clean must run as root (sudo)")
-    removed = clean()
+    removed = []
+    if args.servers:  # first the other servers, with this machine's record of the run
+        from .cluster import clean_server
+        from .ledger import read_record
+
+        interfaces = (read_record() or {}).get("interfaces", [])
+        for server in _servers(args.servers):
+            removed += clean_server(args.user, server, interfaces)
+    removed += clean()
     if removed:
         for item in removed:
             print(f"removed {item}")
@@ -225,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
     c = sub.add_parser("check", help="what this kernel and machine support")
     c.add_argument("--json", action="store_true")
+    c.add_argument("--servers", metavar="HERE,B,...",
+                   help="check the other servers of a split fabric instead (ssh, Mininet, "
+                        "Open vSwitch, project version, VXLAN, clock)")
+    c.add_argument("--user", default="root", help="ssh user for --servers (default root)")
     c.set_defaults(func=cmd_check)
     sc = sub.add_parser("scenarios", help="the built-in scenarios, and every scenario key")
     group = sc.add_mutually_exclusive_group()
@@ -245,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("run_b", metavar="DIR_B")
     cp.set_defaults(func=cmd_compare)
     k = sub.add_parser("clean", help="remove what a crashed run left behind (only that)")
+    k.add_argument("--servers", metavar="HERE,B,...",
+                   help="also clean the other servers of a split run")
+    k.add_argument("--user", default="root", help="ssh user for --servers (default root)")
     k.set_defaults(func=cmd_clean)
     return p
 

@@ -233,3 +233,63 @@ def has_vxlan(run=None) -> bool:
     else:
         out = run(probe)
     return out.strip().endswith("yes")
+
+
+def check_server(user: str, server: str) -> List[tuple]:
+    """(what, ok, detail) for each thing a split run needs from ``server``."""
+    import sys
+
+    from . import __version__
+
+    out = []
+    r = subprocess.run(ssh_command(user, server) + ["echo ok"], capture_output=True,
+                       text=True, timeout=30)
+    if r.returncode or r.stdout.strip() != "ok":
+        return [("ssh as " + user, False,
+                 f"{r.stderr.strip()[:160] or 'no answer'}: install its key, e.g. "
+                 f"ssh-copy-id {user}@{server}, and allow root logins by key")]
+    out.append(("ssh as " + user, True, "key login works"))
+    probes = [
+        ("Mininet (mnexec)", "command -v mnexec", "install Mininet: scripts/install.sh there"),
+        ("Open vSwitch running", "ovs-vsctl --timeout=3 show >/dev/null && echo ok",
+         "start it: scripts/install.sh there"),
+        ("same testbed version", f"{sys.executable} -c 'import testbed; "
+                                 f"print(testbed.__version__)'",
+         f"install this project (version {__version__}) at {sys.executable} there"),
+        ("VXLAN", "ip link add tbvxprobe0 type vxlan id 999999 dstport 4789 local 127.0.0.1 "
+                  "&& ip link del tbvxprobe0 && echo ok", "cluster.link ssh will be used"),
+    ]
+    for what, command, advice in probes:
+        r = subprocess.run(ssh_command(user, server) + [command], capture_output=True,
+                           text=True, timeout=30)
+        text = r.stdout.strip()
+        ok = r.returncode == 0 and bool(text) and (
+            text == __version__ if what == "same testbed version" else True)
+        detail = text.splitlines()[-1][:80] if ok else f"{text[:60] or 'missing'}: {advice}"
+        out.append((what, ok, detail))
+    try:
+        c = clock_offset(user, server)
+        out.append(("clock offset", True,
+                    f"{c['offset_us']:+.0f} us (+- {c['uncertainty_us']:.0f} us)"))
+    except FabricError as e:
+        out.append(("clock offset", False, str(e)))
+    return out
+
+
+def clean_server(user: str, server: str, interfaces: List[str]) -> List[str]:
+    """Remove from ``server`` what a split run left there: bridges tagged by the testbed, the
+    run's interfaces (from this machine's ledger), the workspaces. Returns what went."""
+    import shlex
+    import sys
+
+    names = " ".join(shlex.quote(i) for i in interfaces)
+    links = (f"for i in {names}; do ip link del \"$i\" 2>/dev/null && "
+             "echo \"removed interface $i\"; done; ") if names else ""
+    script = (f"{sys.executable} -m testbed clean 2>&1 | grep '^removed' ; " + links +
+              "for d in /var/tmp/ai-fabric-testbed-*; do [ -d \"$d\" ] && rm -rf \"$d\" && "
+              "echo \"removed workspace $d\"; done; true")
+    r = subprocess.run(ssh_command(user, server) + [script], capture_output=True, text=True,
+                       timeout=120)
+    if r.returncode:
+        raise FabricError(f"clean on {server} failed: {r.stderr.strip()[:200]}")
+    return [f"{server}: {line}" for line in r.stdout.splitlines() if line.strip()]

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 
 from .errors import RunBusyError
 from .ovs_buffers import restore_sysctl
-from .procutil import cmdline
+from .procutil import identity, same_process
 
 LOG = logging.getLogger(__name__)
 STATE_DIR = os.environ.get("TESTBED_STATE_DIR", "/run/ai-fabric-testbed")
@@ -87,7 +87,7 @@ class Ledger:
         self._write()
 
     def add_pid(self, pid: int) -> None:
-        self.data["pids"][str(pid)] = cmdline(pid)
+        self.data["pids"][str(pid)] = identity(pid)
         self._write()
 
     def _write(self) -> None:
@@ -126,17 +126,18 @@ def remove_resources(record: dict) -> List[str]:
 
 
 def _kill_recorded(pids: Dict[str, str]) -> List[str]:
-    """SIGTERM, then SIGKILL, each recorded process whose command line is still the same."""
-    alive = {int(p): cmd for p, cmd in pids.items() if cmd and cmdline(int(p)) == cmd}
+    """SIGTERM, then SIGKILL, each recorded process that is still the same process (its
+    start time; the command line may have changed by exec)."""
+    alive = {int(p): rec for p, rec in pids.items() if same_process(int(p), rec)}
     for pid in alive:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and any(cmdline(p) == c for p, c in alive.items()):
+    while time.monotonic() < deadline and any(same_process(p, r) for p, r in alive.items()):
         time.sleep(0.05)
-    for pid, cmd in alive.items():
-        if cmdline(pid) == cmd:
+    for pid, rec in alive.items():
+        if same_process(pid, rec):
             _signal(pid, signal.SIGKILL)
-    return [f"process {pid} ({cmd[:60]})" for pid, cmd in alive.items()]
+    return [f"process {pid} ({rec.split(' ', 1)[-1][:60]})" for pid, rec in alive.items()]
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -34,6 +34,29 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def start_time(pid: int) -> str:
+    """When ``pid`` started (clock ticks since boot; '' if it is gone): with the pid, an
+    identity that survives exec() and tells a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+def identity(pid: int) -> str:
+    """What a ledger records of a process: ``@<start time> <command line>``."""
+    start = start_time(pid)
+    return f"@{start} {cmdline(pid)}" if start else ""
+
+
+def same_process(pid: int, recorded: str) -> bool:
+    """Whether ``pid`` is still the process recorded (older records hold the command line)."""
+    if recorded.startswith("@"):
+        return bool(recorded) and start_time(pid) == recorded[1:].split(" ", 1)[0]
+    return bool(recorded) and cmdline(pid) == recorded
+
+
 def cmdline(pid: int) -> str:
     """The command line of ``pid`` ('' if it is gone)."""
     try:

@@ -168,3 +168,48 @@ def test_the_default_scenario_runs_every_policy_across_two_servers(tmp_path, ser
     assert results["policies"]["lossless"]["switch_queue_drops"] == 0
     assert wait_clean() == []
     assert server.ssh("ovs-vsctl list-br; ls /var/tmp | grep ai-fabric || true").stdout == ""
+
+
+def test_check_servers_says_what_is_ready_and_what_is_not(server):
+    import subprocess
+    import sys
+
+    ok = subprocess.run([sys.executable, "-m", "testbed", "check", "--servers",
+                         f"localhost,{server.address}"], capture_output=True, text=True,
+                        timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    for what in ("ssh as root", "Mininet", "Open vSwitch running", "same testbed version",
+                 "clock offset"):
+        assert what in ok.stdout
+    assert "every server is ready" in ok.stdout
+    # an address in the emulated server's subnet that nothing answers on
+    absent = server.address.rsplit(".", 1)[0] + ".3"
+    bad = subprocess.run([sys.executable, "-m", "testbed", "check", "--servers", absent],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "ssh-copy-id root@" + absent in bad.stdout
+
+
+def test_clean_servers_after_kill_9_removes_the_split_run_on_both(tmp_path, server):
+    import signal
+    import subprocess
+    import sys
+
+    from ..integration.test_interrupt import wait_for_line
+
+    proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "--policy", "hyperscale",
+                             "--iterations", "200", "--servers",
+                             f"localhost,{server.address}", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_line(proc, "iteration 2/", timeout=120)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    left_there = server.ssh("ovs-vsctl list-br; ls /var/tmp | grep ai-fabric").stdout
+    assert "lf3" in left_there and "ai-fabric-testbed-" in left_there  # the kill left them
+    clean = subprocess.run([sys.executable, "-m", "testbed", "clean", "--servers",
+                            f"localhost,{server.address}"], capture_output=True, text=True,
+                           timeout=180)
+    assert clean.returncode == 0, clean.stderr
+    assert f"{server.address}: removed bridge lf3" in clean.stdout
+    assert wait_clean() == []
+    assert server.ssh("ovs-vsctl list-br; ls /var/tmp | grep ai-fabric; "
+                      "ip -o link | grep -c 'lf[34]-eth' || true").stdout.strip() == "0"
