@@ -195,6 +195,20 @@ class Session:
     warnings: List[str]
 
 
+def latency_by_path(packets, plan: FabricPlan, where: dict) -> dict:
+    """Latency percentiles of packets between GPUs on one server and across servers."""
+    import numpy as np
+
+    from traffic import metrics
+
+    names = sorted(set(where.values()))
+    server = np.array([names.index(where[h.name])
+                       for h in sorted(plan.gpus, key=lambda h: h.rank)])
+    cross = server[packets.src] != server[packets.dst] if packets.src.size else np.zeros(0, bool)
+    return {"same_server": metrics.percentiles(packets.latency[~cross]),
+            "cross_server": metrics.percentiles(packets.latency[cross])}
+
+
 def cluster_servers(scenario: Scenario) -> List[str]:
     """The scenario's servers, this machine named ``localhost``."""
     servers = list(scenario.cluster.servers)
@@ -375,6 +389,9 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                                            pfc=any(c.pfc for c in classes),
                                            cnp=cc == "dcqcn"))
     figures, packets = collect(records, ctx)
+    where = cluster_placement(scenario, plan)
+    if where:  # cross-server latency depends on the servers' clocks: never mixed silently
+        figures["latency_us_by_path"] = latency_by_path(packets, plan, where)
     incast = (background_report or {}).get("incast")
     if incast and incast["target"] in figures["per_gpu"]:
         incast["packets_received"] = figures["per_gpu"][incast["target"]]["rx_foreign_qp"]

@@ -118,6 +118,10 @@ def test_a_run_across_two_servers_reports_the_split_and_both_emulators(tmp_path,
         assert p["packets_received"] + p["drops"] == p["packets_sent"]
         assert p["unexplained_drops"] == 0
         assert p["switch_queues"]["servers"] == 2  # both emulators reported
+        paths = p["latency_us_by_path"]  # same-server and cross-server latency apart
+        assert paths["same_server"]["count"] + paths["cross_server"]["count"] == \
+            p["latency_us"]["count"]
+        assert paths["cross_server"]["count"] > 0 and paths["same_server"]["count"] > 0
         assert os.path.exists(os.path.join(run_dir, f"switchq-{name}@{server.address}.json"))
     assert wait_clean() == []
     assert glob.glob("/var/tmp/ai-fabric-testbed-*") == []
