@@ -3,25 +3,25 @@ import os
 import subprocess
 
 from testbed.ledger import read_record, tagged_bridges
+from testbed.procutil import cmdline
 from testbed.topology import FabricPlan
 
 PROCESS_MARKERS = ("traffic.agent", "traffic.flows", "testbed.switchq", "controllers.launcher",
                    "mininet:", "iperf3 -")
 
 
-def testbed_processes(exclude=()):
-    found = []
+def processes():
+    """(pid, command line) of every process but this one."""
     for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) in exclude or int(pid) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if any(m in cmd for m in PROCESS_MARKERS):
-            found.append(f"{pid}: {cmd.strip()[:80]}")
-    return found
+        if pid.isdigit() and int(pid) != os.getpid():
+            cmd = cmdline(int(pid))
+            if cmd:
+                yield int(pid), cmd
+
+
+def testbed_processes(exclude=()):
+    return [f"{pid}: {cmd[:80]}" for pid, cmd in processes()
+            if pid not in exclude and any(m in cmd for m in PROCESS_MARKERS)]
 
 
 def root_interfaces():

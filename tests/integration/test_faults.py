@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .leftovers import wait_clean
+from .leftovers import processes, wait_clean
 from .test_interrupt import results_of, wait_for_line
 
 pytestmark = pytest.mark.integration
@@ -21,17 +21,7 @@ def start(out_dir, *args):
 
 def pid_of(*markers):
     """The one process whose command line holds every marker."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if all(m in cmd for m in markers):
-            found.append(int(pid))
+    found = [pid for pid, cmd in processes() if all(m in cmd for m in markers)]
     assert len(found) == 1, f"{markers}: {found}"
     return found[0]
 
