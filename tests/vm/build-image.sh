@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build the VM test's Debian 12 image from Debian's packages only, provisioned exactly as the
+# Vagrant VM is: debootstrap into a folder, the project's own scripts/install.sh --vm run in a
+# chroot (services not started), the Debian kernel inside, then an ext4 image (mkfs -d).
+#   tests/vm/build-image.sh OUT_DIR       -> OUT_DIR/disk.ext4, OUT_DIR/vmlinuz, OUT_DIR/initrd
+set -euo pipefail
+out=${1:?usage: build-image.sh OUT_DIR}
+here=$(cd "$(dirname "$0")/../.." && pwd)
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+root="$out/root"
+say() { echo "vm-image: $*"; }
+[ "$(id -u)" -eq 0 ] || { echo "build-image.sh: run as root" >&2; exit 1; }
+mkdir -p "$out"
+cleanup() {
+  for m in dev/pts dev proc sys run; do
+    mountpoint -q "$root/$m" 2>/dev/null && umount -l "$root/$m" || true
+  done
+}
+trap cleanup EXIT
+
+SECONDS=0
+say "debootstrap bookworm from $mirror"
+debootstrap --variant=minbase --include=systemd-sysv,linux-image-amd64,ca-certificates,kmod,iproute2,procps \
+  bookworm "$root" "$mirror" > "$out/debootstrap.log" 2>&1 \
+  || { tail -20 "$out/debootstrap.log"; exit 1; }
+say "debootstrap + kernel: ${SECONDS}s"
+
+# the project, as committed (what CI has), at the path the VM provisioning uses
+mkdir -p "$root/vagrant"
+git -C "$here" archive HEAD | tar -x -C "$root/vagrant"
+cp /etc/resolv.conf "$root/etc/resolv.conf"
+printf '#!/bin/sh\nexit 101\n' > "$root/usr/sbin/policy-rc.d"; chmod 755 "$root/usr/sbin/policy-rc.d"
+for m in proc sys dev dev/pts run; do mount --bind "/$m" "$root/$m"; done
+SECONDS=0
+say "scripts/install.sh --vm --no-start in the chroot"
+chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root DEBIAN_FRONTEND=noninteractive \
+  bash /vagrant/scripts/install.sh --vm --no-start > "$out/install.log" 2>&1 \
+  || { tail -30 "$out/install.log"; exit 1; }
+say "install: ${SECONDS}s"
+cleanup
+rm -f "$root/usr/sbin/policy-rc.d"
+echo "testbed-vm" > "$root/etc/hostname"
+printf '/dev/vda / ext4 rw 0 1\n' > "$root/etc/fstab"
+cp "$root"/boot/vmlinuz-* "$out/vmlinuz"
+cp "$root"/boot/initrd.img-* "$out/initrd"
+SECONDS=0
+size=$(( $(du -sm "$root" | cut -f1) + 1024 ))
+rm -f "$out/disk.ext4"
+mkfs.ext4 -q -F -L testbed -d "$root" "$out/disk.ext4" "${size}M"
+say "mkfs ($size MB): ${SECONDS}s"
