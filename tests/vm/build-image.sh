@@ -19,21 +19,33 @@ cleanup() {
 trap cleanup EXIT
 
 SECONDS=0
+if [ -x "$root/usr/bin/apt-get" ] && [ -n "${REUSE_ROOT:-}" ]; then
+  say "reusing $root"
+else
+rm -rf "$root"
 say "debootstrap bookworm from $mirror"
 debootstrap --variant=minbase --include=systemd-sysv,linux-image-amd64,ca-certificates,kmod,iproute2,procps \
   bookworm "$root" "$mirror" > "$out/debootstrap.log" 2>&1 \
   || { tail -20 "$out/debootstrap.log"; exit 1; }
 say "debootstrap + kernel: ${SECONDS}s"
+fi
 
 # the project, as committed (what CI has), at the path the VM provisioning uses
 mkdir -p "$root/vagrant"
 git -C "$here" archive HEAD | tar -x -C "$root/vagrant"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# Provisioned through this machine's package registries: its trusted CAs (a registry proxy may
+# sign with its own) and its pip configuration.
+cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+[ -f /etc/pip.conf ] && cp /etc/pip.conf "$root/etc/pip.conf"
+if [ -d /etc/xdg/pip ]; then mkdir -p "$root/etc/xdg" && cp -r /etc/xdg/pip "$root/etc/xdg/"; fi
+pipenv=$(env | grep -E '^PIP_' || true)
 printf '#!/bin/sh\nexit 101\n' > "$root/usr/sbin/policy-rc.d"; chmod 755 "$root/usr/sbin/policy-rc.d"
 for m in proc sys dev dev/pts run; do mount --bind "/$m" "$root/$m"; done
 SECONDS=0
 say "scripts/install.sh --vm --no-start in the chroot"
-chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root DEBIAN_FRONTEND=noninteractive \
+# shellcheck disable=SC2086
+chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root DEBIAN_FRONTEND=noninteractive $pipenv \
   bash /vagrant/scripts/install.sh --vm --no-start > "$out/install.log" 2>&1 \
   || { tail -30 "$out/install.log"; exit 1; }
 say "install: ${SECONDS}s"
