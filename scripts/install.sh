@@ -53,6 +53,8 @@ if [ "$test_tools" -eq 1 ]; then
   fi
   # the cluster tests emulate a second server with its own sshd (never started as a service)
   packages+=(openssh-server openssh-client)
+  # the VM test builds a Debian image and boots it (tests/vm)
+  packages+=(debootstrap qemu-system-x86 e2fsprogs)
 fi
 missing=()
 for p in "${packages[@]}"; do

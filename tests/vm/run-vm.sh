@@ -13,7 +13,12 @@ disk="$out/out.ext4"
 rm -f "$disk"
 mkfs.ext4 -q -F -L out "$disk" 256M
 accel="tcg,thread=multi"
-if [ -n "${VM_KVM:-}" ] && [ -w /dev/kvm ]; then accel=kvm; fi
+# KVM only where it really boots: a quick probe (nested KVM can hang here), else TCG
+if [ -w /dev/kvm ] && [ -z "${VM_NO_KVM:-}" ] && timeout 20 qemu-system-x86_64 -accel kvm \
+     -nographic -no-reboot -net none -m 64 -kernel "$img/vmlinuz" \
+     -append "console=ttyS0 panic=-1" 2>/dev/null | grep -q "Linux version"; then
+  accel=kvm
+fi
 echo "run-vm: qemu with $accel (limit ${limit}s)"
 SECONDS=0
 timeout -k 10 "$limit" qemu-system-x86_64 -accel "$accel" -smp 2 -m 2048 -nographic \
