@@ -98,7 +98,8 @@ class Workspace:
         self.user, self.run_id = user, run_id
         self.dirs: Dict[str, str] = {}
 
-    def _ssh(self, server: str, command: str) -> str:
+    def run(self, server: str, command: str) -> str:
+        """A shell command on ``server``; its output (FabricError if it fails)."""
         r = subprocess.run(ssh_command(self.user, server) + [command], capture_output=True,
                            text=True, timeout=60)
         if r.returncode:
@@ -108,7 +109,7 @@ class Workspace:
     def dir(self, server: str) -> str:
         if server not in self.dirs:
             path = f"/var/tmp/ai-fabric-testbed-{self.run_id}-{len(self.dirs) + 1}"
-            self._ssh(server, f"mkdir -m 700 {path} {path}/records")
+            self.run(server, f"mkdir -m 700 {path} {path}/records")
             self.dirs[server] = path
         return self.dirs[server]
 
@@ -133,7 +134,7 @@ class Workspace:
     def remove(self) -> None:
         for server, path in self.dirs.items():
             try:
-                self._ssh(server, f"rm -rf {path}")
+                self.run(server, f"rm -rf {path}")
             except (FabricError, subprocess.TimeoutExpired):
                 pass  # the server is gone: clean --servers removes it later
         self.dirs = {}
@@ -223,16 +224,18 @@ LINK_TEXT = {"ssh": "ssh tap tunnel (Mininet Cluster RemoteSSHLink)",
              "vxlan": f"VXLAN (UDP {VXLAN_PORT}, a VNI per link)"}
 
 
+VXLAN_PROBE = ("ip link add tbvxprobe0 type vxlan id 999999 dstport 4789 local 127.0.0.1 "
+               "&& ip link del tbvxprobe0 && echo ok")  # a throw-away device
+
+
 def has_vxlan(run=None) -> bool:
-    """Whether a kernel can make VXLAN devices (probed with a throw-away device); ``run``
-    executes a shell command on the server in question (default: here)."""
-    probe = ("ip link add tbvxprobe0 type vxlan id 999999 dstport 4789 local 127.0.0.1 "
-             "&& ip link del tbvxprobe0 && echo yes")
+    """Whether a kernel can make VXLAN devices; ``run`` executes a shell command on the
+    server in question (default: here)."""
     if run is None:
-        out = subprocess.run(["sh", "-c", probe], capture_output=True, text=True).stdout
+        out = subprocess.run(["sh", "-c", VXLAN_PROBE], capture_output=True, text=True).stdout
     else:
-        out = run(probe)
-    return out.strip().endswith("yes")
+        out = run(VXLAN_PROBE)
+    return out.strip().endswith("ok")
 
 
 def check_server(user: str, server: str) -> List[tuple]:
@@ -256,8 +259,7 @@ def check_server(user: str, server: str) -> List[tuple]:
         ("same testbed version", f"{sys.executable} -c 'import testbed; "
                                  f"print(testbed.__version__)'",
          f"install this project (version {__version__}) at {sys.executable} there"),
-        ("VXLAN", "ip link add tbvxprobe0 type vxlan id 999999 dstport 4789 local 127.0.0.1 "
-                  "&& ip link del tbvxprobe0 && echo ok", "cluster.link ssh will be used"),
+        ("VXLAN", VXLAN_PROBE, "cluster.link ssh will be used"),
     ]
     for what, command, advice in probes:
         r = subprocess.run(ssh_command(user, server) + [command], capture_output=True,

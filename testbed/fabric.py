@@ -163,7 +163,7 @@ class Fabric:
         self.link_kind = self._link_kind(servers[1:])
         # the kernel datapath only where every server has the openvswitch module
         self.cluster_datapath = "kernel" if self.caps.datapath == "kernel" and all(
-            self.workspace._ssh(s, "test -d /sys/module/openvswitch && echo yes || true")
+            self.workspace.run(s, "test -d /sys/module/openvswitch && echo yes || true")
             .strip() == "yes" for s in servers[1:]) else "user"
         for server in servers[1:]:
             sockets = ({self.remote_events(server): self.events_path} if self.events_path
@@ -200,7 +200,7 @@ class Fabric:
         if self.cluster_link == "ssh":
             return "ssh"
         everywhere = cluster.has_vxlan() and all(
-            cluster.has_vxlan(lambda cmd, s=s: self.workspace._ssh(s, cmd)) for s in remotes)
+            cluster.has_vxlan(lambda cmd, s=s: self.workspace.run(s, cmd)) for s in remotes)
         if everywhere:
             return "vxlan"
         if self.cluster_link == "vxlan":

@@ -378,6 +378,7 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                         pcaps = capture.stop()
                 _shielded_call(agents.stop)
         stats = egress_stats(session.fabric)
+        where = session.fabric.where
         delay_us = session.fabric.applied().get("link_delay_us_applied", 0.0)
         say("tearing down the fabric")
     classes = policy.traffic_classes()
@@ -389,7 +390,6 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                                            pfc=any(c.pfc for c in classes),
                                            cnp=cc == "dcqcn"))
     figures, packets = collect(records, ctx)
-    where = cluster_placement(scenario, plan)
     if where:  # cross-server latency depends on the servers' clocks: never mixed silently
         figures["latency_us_by_path"] = latency_by_path(packets, plan, where)
     incast = (background_report or {}).get("incast")

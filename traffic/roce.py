@@ -12,6 +12,7 @@ payload.
 """
 from __future__ import annotations
 
+import functools
 import socket
 import struct
 import zlib
@@ -211,6 +212,11 @@ def icrc_ok(frame) -> bool:
     return struct.unpack_from("<I", frame, len(frame) - ICRC_LEN)[0] == icrc(frame)
 
 
+_PSEUDO_IP = struct.Struct("!BBHHHBBH4s4s")
+_PSEUDO_UDP = struct.Struct("!HHHH")
+_ADDRESS = functools.lru_cache(maxsize=1024)(socket.inet_aton)  # a run has few peers
+
+
 def payload_icrc_ok(data, src_ip: str, dst_ip: str, sport: int) -> bool:
     """The ICRC check of a receiver that sees only the UDP payload (a UDP socket): the
     pseudo-header is rebuilt from the addresses, the lengths and what every RoCEv2 sender of
@@ -218,13 +224,12 @@ def payload_icrc_ok(data, src_ip: str, dst_ip: str, sport: int) -> bool:
     n = len(data)
     if n < BTH_LEN + ICRC_LEN:
         return False
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0xFF, IP_LEN + UDP_LEN + n, 0, 0x4000, 0xFF, 17,
-                     0xFFFF, socket.inet_aton(src_ip), socket.inet_aton(dst_ip))
-    udp = struct.pack("!HHHH", sport, ROCE_UDP_PORT, UDP_LEN + n, 0xFFFF)
-    bth = bytearray(data[:8])
-    bth[4] = 0xFF
-    crc = zlib.crc32(bytes(data[8:n - ICRC_LEN]),
-                     zlib.crc32(b"\xff" * 8 + ip + udp + bytes(bth)))
+    ip = _PSEUDO_IP.pack(0x45, 0xFF, IP_LEN + UDP_LEN + n, 0, 0x4000, 0xFF, 17, 0xFFFF,
+                         _ADDRESS(src_ip), _ADDRESS(dst_ip))
+    udp = _PSEUDO_UDP.pack(sport, ROCE_UDP_PORT, UDP_LEN + n, 0xFFFF)
+    view = memoryview(data)
+    prefix = b"\xff" * 8 + ip + udp + bytes(view[:4]) + b"\xff" + bytes(view[5:8])
+    crc = zlib.crc32(view[8:n - ICRC_LEN], zlib.crc32(prefix))
     return struct.unpack_from("<I", data, n - ICRC_LEN)[0] == crc
 
 

@@ -1,24 +1,17 @@
 """The emulated second server works as Mininet Cluster needs it: ssh as root, its own Open
 vSwitch, and a linear fabric split over both servers forwards (pingAll 0% loss)."""
-import os
-import shutil
 import subprocess
 
 import pytest
 
-from .server import EmulatedServer
+from .conftest import NEEDS_SSHD
 
-pytestmark = [pytest.mark.integration, pytest.mark.skipif(
-    not shutil.which("sshd") and not os.path.exists("/usr/sbin/sshd"),
-    reason="needs openssh-server (make test installs it: scripts/install.sh --test-tools)")]
+pytestmark = [pytest.mark.integration, NEEDS_SSHD]
 
 
-@pytest.fixture
-def server(tmp_path, monkeypatch):
+@pytest.fixture(autouse=True)
+def private_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # Mininet Cluster keeps ssh sockets in ~/.ssh/mn
-    with EmulatedServer() as s:
-        yield s
-    assert not os.path.exists(f"/sys/class/net/{s.local_intf}")
 
 
 def test_the_server_has_its_own_ovs_and_answers_ssh(server):

@@ -80,21 +80,39 @@ class Flow:
 
 
 @contextlib.contextmanager
+def held_ledger(tmp_path):
+    """A run's ledger, for a test that drives the runner's pieces itself; everything it
+    recorded is torn down at the end, whatever happened."""
+    ledger = Ledger(runner.new_run_id())
+    ledger.acquire(str(tmp_path))
+    try:
+        yield ledger
+    finally:
+        ledger.teardown()
+        ledger.close()
+
+
+@contextlib.contextmanager
+def fabric_session(scenario, policy_name, tmp_path, progress=lambda message: None):
+    """``runner.fabric_up`` for one policy of ``scenario``: yields (policy, session, ledger)."""
+    policy = make_policy(policy_name, runner.validate(scenario), scenario)
+    with held_ledger(tmp_path) as ledger, \
+            runner.fabric_up(policy, scenario, detect(), str(tmp_path), ledger,
+                             progress) as session:
+        yield policy, session, ledger
+
+
+@contextlib.contextmanager
 def live(policy_name, tmp_path, **changes):
     scenario = DEFAULT.override(changes)
     t = scenario.topology
     plan = FabricPlan.for_topology(t)  # no collective: any tenants
     policy = make_policy(policy_name, plan, scenario)
-    ledger = Ledger(runner.new_run_id())
-    ledger.acquire(str(tmp_path))
-    try:
-        with runner.fabric_up(policy, scenario, detect(), str(tmp_path), ledger) as session:
-            with runner.queue_emulation(policy, scenario, session, str(tmp_path),
-                                        ledger) as (emu, queues):
-                yield Live(policy, scenario, session, emu, queues, ledger, str(tmp_path))
-    finally:
-        ledger.teardown()
-        ledger.close()
+    with held_ledger(tmp_path) as ledger, \
+            runner.fabric_up(policy, scenario, detect(), str(tmp_path), ledger) as session, \
+            runner.queue_emulation(policy, scenario, session, str(tmp_path),
+                                   ledger) as (emu, queues):
+        yield Live(policy, scenario, session, emu, queues, ledger, str(tmp_path))
 
 
 def summary(result, kind="roce"):

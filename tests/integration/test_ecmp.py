@@ -4,12 +4,10 @@ import sys
 
 import pytest
 
-from controllers.policy import make_policy
-from testbed import runner
-from testbed.capabilities import detect
 from testbed.config import DEFAULT
-from testbed.ledger import Ledger
 from testbed.queues import egress_stats, spine_load
+
+from .live import fabric_session
 
 pytestmark = pytest.mark.integration
 
@@ -30,16 +28,8 @@ for i in range(flows):
 
 @pytest.fixture
 def session(tmp_path):
-    plan = runner.validate(SCENARIO)
-    policy = make_policy("hyperscale", plan, SCENARIO)
-    ledger = Ledger(runner.new_run_id())
-    ledger.acquire(str(tmp_path))
-    try:
-        with runner.fabric_up(policy, SCENARIO, detect(), str(tmp_path), ledger) as s:
-            yield plan, s
-    finally:
-        ledger.teardown()
-        ledger.close()
+    with fabric_session(SCENARIO, "hyperscale", tmp_path) as (policy, s, _ledger):
+        yield policy.plan, s
 
 
 def test_ovs_holds_the_5_tuple_hash_and_the_slots(session):

@@ -9,11 +9,9 @@ import sys
 
 import pytest
 
-from controllers.policy import make_policy
-from testbed import runner
-from testbed.capabilities import detect
 from testbed.config import DEFAULT
-from testbed.ledger import Ledger
+
+from .live import fabric_session
 
 pytestmark = pytest.mark.integration
 
@@ -68,41 +66,33 @@ def root_addresses():
 
 
 def test_nothing_is_reachable_from_a_host_and_the_run_is_private(tmp_path):
-    plan = runner.validate(SCENARIO)
-    policy = make_policy("hyperscale", plan, SCENARIO)
-    ledger = Ledger(runner.new_run_id())
     tmp_before = set(os.listdir("/tmp"))
     fds_before = open_fds()
-    ledger.acquire(str(tmp_path))
-    try:
-        with runner.fabric_up(policy, SCENARIO, detect(), str(tmp_path), ledger) as s:
-            port = s.controller.port
-            # the controller: loopback only
-            assert listeners(port) == ["0100007F"], listeners(port)
-            # from a host: the controller's port and OVS's usual ports on every address of
-            # the machine, and on the host's own loopback
-            targets = [[a, p] for a in root_addresses() + ["127.0.0.1"]
-                       for p in (port, 6633, 6653, 6640)]
-            probe = s.fabric.host("gpu1").popen([sys.executable, "-c", PROBE,
-                                                 json.dumps(targets)],
-                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            out, err = probe.communicate(timeout=120)
-            assert probe.returncode == 0, err
-            assert out.decode().strip() == "[]", f"reachable from gpu1: {out.decode()}"
-            # the host itself offers nothing either
-            ss = s.fabric.host("gpu1").popen(["ss", "-Htuln"], stdout=subprocess.PIPE)
-            assert ss.communicate(timeout=10)[0].decode().strip() == ""
-            # the run's files: a private, unpredictable directory; nothing new in /tmp
-            private = ledger.private_dir
-            mode = os.stat(private).st_mode
-            assert stat.S_IMODE(mode) == 0o700 and os.stat(private).st_uid == 0
-            assert stat.S_IMODE(os.stat(os.path.dirname(private)).st_mode) == 0o700
-            assert not private.startswith("/tmp/")
-            assert os.path.basename(private) != ledger.run_id  # a random suffix
-            assert set(os.listdir("/tmp")) - tmp_before == set()
-    finally:
-        ledger.teardown()
-        ledger.close()
+    with fabric_session(SCENARIO, "hyperscale", tmp_path) as (_policy, s, ledger):
+        port = s.controller.port
+        # the controller: loopback only
+        assert listeners(port) == ["0100007F"], listeners(port)
+        # from a host: the controller's port and OVS's usual ports on every address of
+        # the machine, and on the host's own loopback
+        targets = [[a, p] for a in root_addresses() + ["127.0.0.1"]
+                   for p in (port, 6633, 6653, 6640)]
+        probe = s.fabric.host("gpu1").popen([sys.executable, "-c", PROBE,
+                                             json.dumps(targets)],
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = probe.communicate(timeout=120)
+        assert probe.returncode == 0, err
+        assert out.decode().strip() == "[]", f"reachable from gpu1: {out.decode()}"
+        # the host itself offers nothing either
+        ss = s.fabric.host("gpu1").popen(["ss", "-Htuln"], stdout=subprocess.PIPE)
+        assert ss.communicate(timeout=10)[0].decode().strip() == ""
+        # the run's files: a private, unpredictable directory; nothing new in /tmp
+        private = ledger.private_dir
+        mode = os.stat(private).st_mode
+        assert stat.S_IMODE(mode) == 0o700 and os.stat(private).st_uid == 0
+        assert stat.S_IMODE(os.stat(os.path.dirname(private)).st_mode) == 0o700
+        assert not private.startswith("/tmp/")
+        assert os.path.basename(private) != ledger.run_id  # a random suffix
+        assert set(os.listdir("/tmp")) - tmp_before == set()
     # and a torn-down run keeps nothing open in the runner (the soak found Mininet's
     # controller shell and its pty left open: 2 fds per fabric)
     assert open_fds() == fds_before

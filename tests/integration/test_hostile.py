@@ -10,14 +10,12 @@ import sys
 
 import pytest
 
-from controllers.policy import make_policy
 from testbed import runner
 from testbed.agents import AgentGroup, finish_timeout_s
-from testbed.capabilities import detect
 from testbed.config import DEFAULT
-from testbed.ledger import Ledger
 from traffic.agent import qp_number
 
+from .live import fabric_session
 from .test_transport import delivered_bytes, expected_bytes
 
 pytestmark = pytest.mark.integration
@@ -111,9 +109,6 @@ def _tracebacks(run_dir):
 def test_hostile_frames_are_counted_and_dropped_and_nothing_stalls(tmp_path, name):
     scenario = SCENARIO.with_policies([name])
     plan = runner.validate(scenario)
-    policy = make_policy(name, plan, scenario)
-    ledger = Ledger(runner.new_run_id())
-    ledger.acquire(str(tmp_path))
     records = str(tmp_path / "records")
     attacker, victim, peer = plan.host("gpu5"), plan.host("gpu2"), plan.host("gpu1")
     config = {"me": {"mac": attacker.mac, "ip": attacker.ip},
@@ -121,30 +116,24 @@ def test_hostile_frames_are_counted_and_dropped_and_nothing_stalls(tmp_path, nam
               "peer": {"mac": peer.mac, "ip": peer.ip},
               "qpn": qp_number(victim.rank, peer.rank), "intf": attacker.intf,
               "rounds": ROUNDS, "flood": CNP_FLOOD}
-    try:
-        with runner.fabric_up(policy, scenario, detect(), str(tmp_path), ledger) as s, \
-                runner.queue_emulation(policy, scenario, s, str(tmp_path), ledger):
-            agents = AgentGroup(s.fabric, policy, scenario, records, str(tmp_path), ledger,
-                                name)
-            try:
-                agents.start()
-                agents.go()
-                inject = s.fabric.host("gpu5").popen(
-                    [sys.executable, "-c", INJECT, json.dumps(config)],
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                ledger.add_pid(inject.pid)
-                out, err = inject.communicate(timeout=120)
-                assert inject.returncode == 0, err.decode()[-2000:]
-                sent = json.loads(out)
-                agents.wait(timeout=finish_timeout_s(scenario),
-                            alive=s.controller.check_alive)
-            finally:
-                agents.stop()
-            s.controller.check_alive()  # handled every packet-in and is still there
-            to_controller = packets_to_controller(plan)
-    finally:
-        ledger.teardown()
-        ledger.close()
+    with fabric_session(scenario, name, tmp_path) as (policy, s, ledger), \
+            runner.queue_emulation(policy, scenario, s, str(tmp_path), ledger):
+        agents = AgentGroup(s.fabric, policy, scenario, records, str(tmp_path), ledger, name)
+        try:
+            agents.start()
+            agents.go()
+            inject = s.fabric.host("gpu5").popen(
+                [sys.executable, "-c", INJECT, json.dumps(config)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            ledger.add_pid(inject.pid)
+            out, err = inject.communicate(timeout=120)
+            assert inject.returncode == 0, err.decode()[-2000:]
+            sent = json.loads(out)
+            agents.wait(timeout=finish_timeout_s(scenario), alive=s.controller.check_alive)
+        finally:
+            agents.stop()
+        s.controller.check_alive()  # handled every packet-in and is still there
+        to_controller = packets_to_controller(plan)
 
     got = _summary(records, "gpu2")
     invalid = (sent["truncated_bth"] + sent["unknown_opcode"] + sent["forged_probe"]
