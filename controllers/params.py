@@ -30,6 +30,23 @@ def _bytes(default, doc, **extra):
     return field(default=default, metadata=dict(SCALED, min=0, max=1 << 30, doc=doc, **extra))
 
 
+FORWARDING = ("cut_through", "store_and_forward")
+
+
+def _forwarding(default):
+    return field(default=default, metadata={
+        "choices": FORWARDING,
+        "doc": "switching mode: cut_through forwards after the header, store_and_forward "
+               "adds one frame serialization per hop (netem; only where the kernel has it)"})
+
+
+def _pipeline_ns(default, doc):
+    return field(default=default, metadata={
+        "min": 0.0, "max": 1_000_000.0, "unit": "ns",
+        "doc": f"switch pipeline latency per hop in the modelled fabric ({doc}); emulated "
+               "as this times the run's time scale (netem; only where the kernel has it)"})
+
+
 @dataclass(frozen=True)
 class HyperscaleParams:
     """Tomahawk-class: ECMP, shallow buffers, tail drop, optional DCTCP-style ECN."""
@@ -38,6 +55,8 @@ class HyperscaleParams:
     ecn: str = field(default="off", metadata={
         "choices": ("off", "step"), "doc": "ECN marking: off, or DCTCP-style step marking"})
     ecn_k_bytes: int = _bytes(32_000, "step marking threshold K")
+    forwarding: str = _forwarding("store_and_forward")
+    switch_latency_ns: float = _pipeline_ns(250.0, "Ethernet: about 200-250 ns")
 
 
 @dataclass(frozen=True)
@@ -53,6 +72,8 @@ class EnterpriseParams:
     tenants: Tuple[Tuple[str, ...], ...] = field(default=(), metadata={
         "item": "names", "doc": "GPU names per tenant; GPUs not listed form one more tenant "
                                 "(default: all GPUs in one tenant)"})
+    forwarding: str = _forwarding("store_and_forward")
+    switch_latency_ns: float = _pipeline_ns(250.0, "Ethernet: about 200-250 ns")
 
 
 @dataclass(frozen=True)
@@ -78,6 +99,8 @@ class LosslessParams:
     flowlet_gap_s: int = field(default=1, metadata={
         "min": 1, "max": 60, "unit": "s",
         "doc": "idle time after which a flow may move (OpenFlow idle timeout, whole seconds)"})
+    forwarding: str = _forwarding("cut_through")
+    switch_latency_ns: float = _pipeline_ns(130.0, "InfiniBand NDR: under 150 ns")
 
 
 PARAMS = {"hyperscale": HyperscaleParams, "enterprise": EnterpriseParams,

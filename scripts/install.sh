@@ -44,7 +44,8 @@ fi
 
 # --- distribution packages -------------------------------------------------------------------
 packages=(mininet openvswitch-switch tshark iperf3 ethtool tcpdump iproute2 iputils-ping python3-venv
-          python-is-python3 python3-pip)
+          python-is-python3 python3-pip
+          rdma-core ibverbs-providers perftest)  # run --traffic rxe: soft-RoCE verbs + perftest
 if [ "$test_tools" -eq 1 ]; then
   if grep -qi ubuntu /etc/os-release 2>/dev/null; then
     say "note: Ubuntu ships chromium as a snap only; the report's browser test skips without it"

@@ -145,6 +145,9 @@ class PolicyResult:
     fidelity: Optional[Fidelity]
     background: Optional[Dict[str, Any]]
     pcap: Optional[Dict[str, Dict[str, Any]]] = None
+    ecn_marking: Optional[str] = None  # "red" (kernel), "sampled" (emulator), None (no ECN)
+    per_hop_latency: Optional[Dict[str, Any]] = None  # model, what was applied, floors seen
+    rxe: Optional[Dict[str, Any]] = None  # --traffic rxe: mode and perftest figures
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod

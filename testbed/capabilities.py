@@ -21,7 +21,7 @@ QDISC_PROBES = {
     "bfifo": "root bfifo limit 30000",
     "pfifo_head_drop": "root pfifo_head_drop limit 10",
     "netem": "root netem delay 1ms",
-    "red": "root red limit 400000 min 30000 max 90000 avpkt 1000 burst 55 probability 0.1 ecn",
+    "red": "root red limit 400000 min 30000 max 90000 avpkt 1000 burst 55 probability 0.1 ecn nodrop",
     "tbf": "root tbf rate 10mbit burst 10kb latency 10ms",
 }
 REQUIRED_QDISCS = ("htb", "bfifo", "pfifo_head_drop", "tbf")
@@ -37,6 +37,13 @@ class Capabilities:
     os_ken: bool
     mininet: bool
     tshark: bool
+    rxe_module: str = "missing"  # rdma_rxe: "loaded" | "available" (modprobe can) | "missing"
+    perftest: bool = False  # ib_write_lat/ib_write_bw and the rdma tool
+
+    @property
+    def rxe(self) -> bool:
+        """Real RoCE verbs traffic (``--traffic rxe``) can run here."""
+        return self.rxe_module != "missing" and self.perftest
 
     @property
     def datapath(self) -> str:
@@ -54,6 +61,7 @@ class Capabilities:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["datapath"] = self.datapath
+        d["rxe"] = self.rxe
         return d
 
     def problems_for_run(self):
@@ -132,4 +140,18 @@ def detect() -> Capabilities:
         os_ken=_importable("os_ken"),
         mininet=_importable("mininet") and bool(shutil.which("mnexec")),
         tshark=bool(shutil.which("tshark")),
+        rxe_module=rxe_module(),
+        perftest=all(shutil.which(t) for t in ("ib_write_lat", "ib_write_bw", "rdma")),
     )
+
+
+def rxe_module() -> str:
+    """Whether the soft-RoCE driver is loaded, could be loaded, or is missing."""
+    if os.path.exists("/sys/module/rdma_rxe"):
+        return "loaded"
+    try:
+        dry = subprocess.run(["modprobe", "-n", "-q", "rdma_rxe"], capture_output=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "missing"
+    return "available" if dry.returncode == 0 else "missing"

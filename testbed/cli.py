@@ -42,6 +42,8 @@ def cmd_run(args) -> int:
     if args.servers:
         servers = [s.strip() for s in args.servers.split(",") if s.strip()]
         scenario = scenario.override({"cluster": {"servers": servers}})
+    if args.traffic:
+        scenario = scenario.override({"rxe": {"enabled": args.traffic == "rxe"}})
     if args.policy:
         names = [p.strip() for p in args.policy.split(",") if p.strip()]
         if not names:
@@ -133,8 +135,15 @@ def cmd_check(args) -> int:
         print(f"{label:28} {mark(ok)}")
     print(f"{'OVS datapath to use':28} {caps.datapath}"
           + (f" (OVS {caps.ovs_version})" if caps.ovs_version else ""))
-    delay = "available" if caps.netem else "not available: links get no added delay"
-    print(f"{'link delay (netem)':28} {delay}")
+    delay = ("available" if caps.netem else
+             "not available: no per-hop switch latency or cable delay is added")
+    print(f"{'per-hop delay (netem)':28} {delay}")
+    marking = "kernel RED" if caps.red else "sampled by the switch-queue emulator"
+    print(f"{'ECN marking':28} {marking}")
+    rxe = (f"available (rdma_rxe {caps.rxe_module}, perftest)" if caps.rxe else
+           f"not available (rdma_rxe {caps.rxe_module}, perftest "
+           f"{'present' if caps.perftest else 'missing'})")
+    print(f"{'--traffic rxe (verbs)':28} {rxe}")
     problems = caps.problems_for_run()
     if problems:
         print("\ncannot run: " + "; ".join(problems))
@@ -249,6 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--servers", metavar="HERE,B,...",
                    help="split the fabric over these machines, this one first (e.g. "
                         "localhost,10.0.0.2; ssh as root with a key; see README, Cluster)")
+    r.add_argument("--traffic", choices=("agents", "rxe"),
+                   help="agents: the collective from the emulated GPUs (default); rxe: also "
+                        "real RoCE verbs traffic - rdma_rxe endpoints run perftest "
+                        "(ib_write_lat, ib_write_bw) across the same fabric and policy after "
+                        "the collective (scenario key rxe; needs rdma_rxe and perftest)")
     r.add_argument("--out", default="results",
                    help="directory that receives the run directory (default: ./results)")
     r.add_argument("--json", action="store_true", help="print results.json to stdout")

@@ -41,7 +41,12 @@ class TopologyConfig:
                                       "(see background)"})
     link_delay_us: float = field(default=0.0, metadata={
         "min": 0.0, "max": 1_000_000.0, "unit": "us",
-        "doc": "one-way propagation delay per link (netem; only where the kernel has it)"})
+        "doc": "extra one-way delay per link in emulated time, on top of the modelled cable "
+               "and switch latency (netem; only where the kernel has it)"})
+    cable_m: float = field(default=10.0, metadata={
+        "min": 0.0, "max": 100_000.0, "unit": "m",
+        "doc": "cable length per link in the modelled fabric: 5 ns/m of propagation, emulated "
+               "as that times the time scale (netem; only where the kernel has it)"})
     modelled_rate_gbit: float = field(default=100.0, metadata={
         "min": 1.0, "max": 1600.0, "unit": "Gbit/s",
         "doc": "link rate of the real fabric being modelled (sets the time scale)"})
@@ -209,6 +214,15 @@ class EmulationConfig:
         "doc": "switch ports send this much faster than their nominal rate, so that the "
                "emulator's bursty forwarding does not pile up as queueing on busy equal-rate "
                "links (measured: 2% halved the largest backlogs of a ring); 0 disables"})
+    switch_latency: bool = field(default=True, metadata={
+        "doc": "delay every switch egress by the policy's per-hop latency (pipeline, plus one "
+               "serialization when store-and-forward) and every link by its cable, scaled by "
+               "the time scale; needs netem, recorded as not applied where it is missing"})
+    ecn_marking: str = field(default="auto", metadata={
+        "choices": ("auto", "red", "sampled"),
+        "doc": "how switches set CE: red = the kernel's RED qdisc marks per packet; sampled = "
+               "the switch-queue emulator samples backlogs and toggles marking; auto = red "
+               "where the kernel has it, else sampled"})
 
 
 ALL_POLICIES = ("enterprise", "hyperscale", "lossless")
@@ -224,6 +238,25 @@ class MeasurementConfig:
         "min": 64, "max": 65535, "unit": "B", "doc": "bytes kept of each captured frame"})
     pcap_hosts: Tuple[str, ...] = field(default=(), metadata={
         "item": str, "doc": "hosts to capture on (default: every GPU)"})
+
+
+@dataclass(frozen=True)
+class RxeConfig:
+    """Real RoCE verbs traffic (``run --traffic rxe``): soft-RoCE (rdma_rxe) endpoints on the
+    neighbour hosts of the first and last leaf run perftest across the fabric after the
+    collective, under the same policy (testbed.rxe)."""
+
+    enabled: bool = field(default=False, metadata={
+        "doc": "run ib_write_lat and ib_write_bw over rdma_rxe (needs the rdma_rxe module and "
+               "perftest: the Vagrant VM has both); adds a neighbour host per leaf if none"})
+    size_bytes: int = field(default=4096, metadata={
+        "min": 2, "max": 1 << 20, "unit": "B", "doc": "message size of both tests"})
+    lat_iterations: int = field(default=200, metadata={
+        "min": 5, "max": 1_000_000, "doc": "ib_write_lat exchanges"})
+    bw_iterations: int = field(default=200, metadata={
+        "min": 5, "max": 1_000_000, "doc": "ib_write_bw messages"})
+    timeout_s: int = field(default=300, metadata={
+        "min": 10, "max": 36_000, "unit": "s", "doc": "limit for each test"})
 
 
 @dataclass(frozen=True)
@@ -257,6 +290,7 @@ class Scenario:
     measurement: MeasurementConfig = field(default_factory=MeasurementConfig)
     fidelity: FidelityConfig = field(default_factory=FidelityConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    rxe: RxeConfig = field(default_factory=RxeConfig)
     policy_params: Dict[str, Dict[str, Any]] = field(default_factory=dict, metadata={
         "doc": "per policy, parameters that replace its defaults (see the policy reference)"})
 
@@ -348,19 +382,23 @@ def load_file(path: str) -> Scenario:
 
 
 def _derive(scenario: "Scenario", data: Mapping[str, Any]) -> "Scenario":
-    """Settings computed from others: the uplink rate from an oversubscription ratio."""
+    """Settings computed from others: the uplink rate from an oversubscription ratio; a
+    neighbour host per leaf for the rxe endpoints."""
     t = scenario.topology
-    if not t.oversubscription:
-        return scenario
-    rate = t.host_rate_mbit * t.gpus_per_leaf / (t.spines * t.oversubscription)
-    given = (data.get("topology") or {}).get("fabric_rate_mbit")
-    if given is not None and abs(given - rate) > 1e-6 * rate:
-        raise ConfigError(f"topology: fabric_rate_mbit {given:g} contradicts oversubscription "
-                          f"{t.oversubscription:g} (which gives {rate:g}); set one of them")
-    if not 0.1 <= rate <= 1000.0:
-        raise ConfigError(f"topology.oversubscription: gives a fabric rate of {rate:g} Mbit/s, "
-                          "outside 0.1..1000")
-    return dataclasses.replace(scenario, topology=dataclasses.replace(t, fabric_rate_mbit=rate))
+    if scenario.rxe.enabled and not t.neighbours_per_leaf:
+        t = dataclasses.replace(t, neighbours_per_leaf=1)
+    if t.oversubscription:
+        rate = t.host_rate_mbit * t.gpus_per_leaf / (t.spines * t.oversubscription)
+        given = (data.get("topology") or {}).get("fabric_rate_mbit")
+        if given is not None and abs(given - rate) > 1e-6 * rate:
+            raise ConfigError(f"topology: fabric_rate_mbit {given:g} contradicts "
+                              f"oversubscription {t.oversubscription:g} (which gives {rate:g}); "
+                              "set one of them")
+        if not 0.1 <= rate <= 1000.0:
+            raise ConfigError(f"topology.oversubscription: gives a fabric rate of {rate:g} "
+                              "Mbit/s, outside 0.1..1000")
+        t = dataclasses.replace(t, fabric_rate_mbit=rate)
+    return dataclasses.replace(scenario, topology=t)
 
 
 def _policy_params(params) -> Dict[str, Dict[str, Any]]:

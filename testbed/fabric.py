@@ -30,7 +30,8 @@ from .capabilities import Capabilities
 from .config import TopologyConfig
 from .errors import CapabilityError, FabricError
 from .ledger import OVS_TAG, Ledger
-from .shaping import Shape, delay_applied, tc_commands
+from .hops import PORT_KINDS, HopModel, path_delay_us
+from .shaping import Shape, frame_bytes, tc_commands
 from .topology import PREFIX_LEN, FabricPlan
 
 LOG = logging.getLogger(__name__)
@@ -67,16 +68,21 @@ class TaggedOVSSwitch(OVSSwitch):
 
 
 def egress_shapes(plan: FabricPlan, topo: TopologyConfig, classes: Tuple[TrafficClass, ...],
-                  headroom: float = 0.0) -> Dict[str, Shape]:
+                  headroom: float = 0.0, delays_us: Optional[dict] = None,
+                  red: bool = False) -> Dict[str, Shape]:
     """Interface name -> shaping, for every switch port and GPU NIC (pure).
 
     Switch ports run ``headroom`` (a fraction) faster than their nominal rate: userspace Open
     vSwitch forwards in batches, so frames reach the next equal-rate shaper in bursts, and on
-    a link kept busy that jitter would pile up as queueing no real switch has."""
-    delay = topo.link_delay_us
-    host = Shape(topo.host_rate_mbit * (1 + headroom), classes, delay)
-    nic = Shape(topo.host_rate_mbit, classes, delay, nic_queue_bytes=topo.nic_queue_bytes)
-    fabric = Shape(topo.fabric_rate_mbit * (1 + headroom), classes, delay)
+    a link kept busy that jitter would pile up as queueing no real switch has. ``delays_us``
+    (``testbed.hops``) is the delay of each kind of port; ``red``: switch ports mark ECN with
+    the kernel's RED."""
+    d = delays_us or dict.fromkeys(PORT_KINDS, 0.0)
+    host = Shape(topo.host_rate_mbit * (1 + headroom), classes, d["switch_to_gpu"], red=red)
+    nic = Shape(topo.host_rate_mbit, classes, d["gpu_nic"],
+                nic_queue_bytes=topo.nic_queue_bytes)
+    fabric = Shape(topo.fabric_rate_mbit * (1 + headroom), classes, d["switch_to_switch"],
+                   red=red)
     shapes = {}
     for link in plan.links:
         if link.kind == "host":
@@ -95,8 +101,12 @@ class Fabric:
                  controller_port: int, ledger: Ledger, classes: Tuple[TrafficClass, ...],
                  mtu: int = 1500, headroom: float = 0.0,
                  where: Optional[Dict[str, str]] = None, ssh_user: str = "root",
-                 events_path: str = "", cluster_link: str = "auto"):
+                 events_path: str = "", cluster_link: str = "auto",
+                 hops: Optional[HopModel] = None, marking: Optional[str] = None):
         self.plan, self.topo, self.caps = plan, topo, caps
+        self.hops = hops or HopModel(extra_us=topo.link_delay_us)
+        self.marking = marking  # "red" | "sampled" | None (testbed.shaping.marking_method)
+        self.moved_to_root: set = set()  # hosts whose NIC is in the root namespace (rxe)
         self.where, self.ssh_user = where, ssh_user  # split over servers (testbed.cluster)
         self.tunnels: list = []
         self.workspace = None  # testbed.cluster.Workspace when split
@@ -109,7 +119,10 @@ class Fabric:
         self.ledger = ledger
         self.net: Optional[Mininet] = None
         self.headroom = headroom
-        self.shapes = egress_shapes(plan, topo, classes, headroom)
+        self.delays_us = self.hops.delays_us(topo.host_rate_mbit, topo.fabric_rate_mbit,
+                                             frame_bytes(mtu))
+        self.shapes = egress_shapes(plan, topo, classes, headroom, self.delays_us,
+                                    red=marking == "red")
 
     def start(self) -> None:
         setLogLevel("error")
@@ -232,29 +245,47 @@ class Fabric:
             _run(host, f"ethtool -K {intf} tx off rx off", check=False)
 
     def _shape(self) -> None:
-        netem = self.caps.netem
         for node in self.net.hosts + self.net.switches:
-            cmds = []
-            for intf in node.intfList():
-                shape = self.shapes.get(intf.name)
-                if shape is not None:
-                    if self.mtu != 1500:
-                        cmds.append(f"ip link set dev {intf.name} mtu {self.mtu}")
-                    cmds += tc_commands(intf.name, shape, netem, self.mtu)
+            cmds = [c for intf in node.intfList() if intf.name in self.shapes
+                    for c in self.shape_commands(intf.name)]
             if cmds:
                 _run(node, " && ".join(cmds))
 
+    def shape_commands(self, intf: str) -> List[str]:
+        """The commands that shape ``intf`` (MTU, then ``testbed.shaping``), to run where
+        the interface is."""
+        mtu = [f"ip link set dev {intf} mtu {self.mtu}"] if self.mtu != 1500 else []
+        return mtu + tc_commands(intf, self.shapes[intf], self.caps.netem, self.mtu)
+
+    def netns_pid(self, host: str) -> int:
+        """A process in the network namespace that holds ``host``'s NIC: the host's shell,
+        or this process for a NIC moved to the root namespace (``testbed.rxe``)."""
+        return os.getpid() if host in self.moved_to_root else self.host(host).pid
+
+    def delayed_interfaces(self) -> List[str]:
+        """Interfaces whose classes have a netem delay line (``testbed.shaping``)."""
+        if not self.caps.netem:
+            return []
+        return sorted(name for name, shape in self.shapes.items() if shape.delay_us > 0)
+
     def applied(self) -> dict:
         """What link emulation is really in place (recorded with the results)."""
-        delay = self.topo.link_delay_us
-        applied = delay_applied(delay, self.caps.netem)
         return {"datapath": self.caps.datapath, "openflow": "OpenFlow13",
                 "egress_queue": "htb, a FIFO per traffic class (lossless: bfifo behind a tbf "
                                 "PFC gate; lossy: pfifo_head_drop), u32 on the DSCP",
                 "switch_rate_headroom": self.headroom,
-                "link_delay_us_requested": delay,
-                "link_delay_us_applied": applied if applied is not None else 0.0,
-                "link_delay_missing": applied is None}
+                "per_hop_delay": "netem" if self.caps.netem else "not applied (no netem)"}
+
+    def hop_delays(self) -> dict:
+        """This policy's per-hop latency model and what of it is in place (``testbed.hops``)."""
+        h, modelled, netem = self.hops, self.delays_us, self.caps.netem
+        applied = modelled if netem else dict.fromkeys(modelled, 0.0)
+        return {"forwarding": h.forwarding, "pipeline_ns": h.pipeline_ns, "cable_m": h.cable_m,
+                "extra_us": h.extra_us, "time_scale": round(h.time_scale, 3),
+                "delay_us_modelled": modelled, "delay_us_applied": applied,
+                "applied": netem or not any(modelled.values()),
+                "path_us_applied": {"same_leaf": round(path_delay_us(applied, True), 3),
+                                    "cross_leaf": round(path_delay_us(applied, False), 3)}}
 
     def check_connectivity(self, may_reach=lambda a, b: True, timeout_s: float = 3.0) -> None:
         """Each GPU pings the next GPU (in rank order) it may reach; fails naming the pairs

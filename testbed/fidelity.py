@@ -11,7 +11,7 @@ invariants hold, and report the deviations. Every run checks itself:
   after an idle spell (reported as a bound). Errors are counted in MTU-frame times, so
   microseconds on a small ACK weigh little;
 * **idle-path latency**: the lowest one-way latency seen on each GPU pair, against what the
-  links add when idle (the propagation delay applied per link, zero without netem); the excess
+  links add when idle (the per-hop delays applied, testbed.hops: zero without netem); the excess
   is the emulator's forwarding cost and must be small against one MTU frame's serialization
   time at the host rate - the finest time step the emulated fabric resolves;
 * **CPU headroom**: the machine's CPUs, sampled during the traffic (``/proc/stat``); a saturated
@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from .hops import path_delay_us
 from .shaping import burst_bytes
 
 VERDICT_OK = "ok"
@@ -95,13 +96,14 @@ def idle_path_check(minima_us: Dict[tuple, float], expected_us: Dict[tuple, floa
             "allowed_overhead_us": round(allowed_us, 3)}
 
 
-def expected_idle_us(plan, delay_us: float) -> Dict[tuple, float]:
-    """(src rank, dst rank) -> propagation delay of the path: 2 links on one leaf, else 4."""
+def expected_idle_us(plan, delays_us: dict) -> Dict[tuple, float]:
+    """(src rank, dst rank) -> delay the path adds after the sender's stamp (``testbed.hops``,
+    as applied: zeros without netem)."""
     out = {}
     for a in plan.gpus:
         for b in plan.gpus:
             if a.rank != b.rank:
-                out[(a.rank, b.rank)] = delay_us * (2 if a.leaf == b.leaf else 4)
+                out[(a.rank, b.rank)] = path_delay_us(delays_us, a.leaf == b.leaf)
     return out
 
 
@@ -182,7 +184,7 @@ def read_tx_log(path: str):
 
 
 def evaluate(records_dir: str, plan, figures: dict, path_minima_us: Dict[tuple, float],
-             delay_us: float, cpu_samples: Sequence[float], scenario) -> dict:
+             delays_us: dict, cpu_samples: Sequence[float], scenario) -> dict:
     """The fidelity section of one policy's results."""
     t, f = scenario.topology, scenario.fidelity
     rate = t.host_rate_mbit * 1e6
@@ -198,7 +200,7 @@ def evaluate(records_dir: str, plan, figures: dict, path_minima_us: Dict[tuple, 
     inter["shaper_run_ahead_us_max"] = round(float(serialization_us(burst, rate)), 3)
     checks = {
         "inter_dequeue": inter,
-        "idle_path_latency": idle_path_check(path_minima_us, expected_idle_us(plan, delay_us),
+        "idle_path_latency": idle_path_check(path_minima_us, expected_idle_us(plan, delays_us),
                                              allowed),
         "cpu": cpu_check(cpu_samples, f.cpu_busy_max),
         "agent_loop_lag": lag_check(figures.get("agent_loop_lag_us"), allowed),

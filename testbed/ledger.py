@@ -2,7 +2,8 @@
 
 A run holds an exclusive lock (one fabric per machine: the plan's names are fixed) and keeps a
 record in ``/run/ai-fabric-testbed/run.json``: the OVS bridges, the interfaces and the processes
-it created. Bridges are also tagged in OVSDB (``external_ids:ai-fabric-testbed=<run id>``) in the
+it created, the kernel settings it changed, and for changes of other kinds (routing rules of
+``--traffic rxe``) the shell command that undoes each. Bridges are also tagged in OVSDB (``external_ids:ai-fabric-testbed=<run id>``) in the
 same transaction that creates them. Teardown - at the end of a run, after an error or Ctrl-C,
 or by ``python -m testbed clean`` after the runner was killed - removes what the record and the
 tags name, and nothing else: never ``mn -c``, never a kill by process name.
@@ -38,7 +39,7 @@ class Ledger:
         self.path = os.path.join(state_dir, "run.json")
         self._lock_fd: Optional[int] = None
         self.data = {"run_id": run_id, "pid": os.getpid(), "bridges": [], "interfaces": [],
-                     "pids": {}, "sysctls": {}}
+                     "pids": {}, "sysctls": {}, "undo": []}
 
     # --- lock -------------------------------------------------------------------------------
     def acquire(self, results_dir: str = "") -> None:
@@ -86,6 +87,20 @@ class Ledger:
         self.data["sysctls"][path] = [old, new]
         self._write()
 
+    def add_undo(self, tag: str, command: str) -> None:
+        """A shell command that undoes a change about to be made (recorded first, so a
+        killed run is undone too); it must be harmless when the change never happened."""
+        self.data["undo"].append([tag, command])
+        self._write()
+
+    def undo(self, tag: str) -> List[str]:
+        """Undo now, newest first, the changes recorded under ``tag``; returns the failures."""
+        mine = [c for t, c in self.data["undo"] if t == tag]
+        self.data["undo"] = [e for e in self.data["undo"] if e[0] != tag]
+        failed = [c for c in reversed(mine) if not _shell(c)]
+        self._write()
+        return failed
+
     def add_pid(self, pid: int) -> None:
         self.data["pids"][str(pid)] = identity(pid)
         self._write()
@@ -112,6 +127,9 @@ def read_record(state_dir: str = STATE_DIR) -> Optional[dict]:
 
 def remove_resources(record: dict) -> List[str]:
     removed = []
+    for _tag, command in reversed(record.get("undo", [])):
+        if _shell(command):
+            removed.append(f"undone: {command}")
     removed += _kill_recorded(record.get("pids", {}))
     removed += _delete_bridges(record.get("run_id"))
     removed += _delete_interfaces(record.get("interfaces", []) + record.get("bridges", []))
@@ -123,6 +141,14 @@ def remove_resources(record: dict) -> List[str]:
             str(record.get("run_id"))):
         shutil.rmtree(private, ignore_errors=True)
     return removed
+
+
+def _shell(command: str) -> bool:
+    try:
+        return subprocess.run(["sh", "-c", command], capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def _kill_recorded(pids: Dict[str, str]) -> List[str]:

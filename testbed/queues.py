@@ -15,15 +15,22 @@ from .topology import FabricPlan
 
 def parse_tc_json(text: str) -> Dict[str, dict]:
     """``tc -s -j qdisc show`` output -> {interface: counters summed over its class buffers
-    (the FIFOs of ``testbed.shaping``), with each buffer's counters under ``classes``}."""
+    (the FIFOs of ``testbed.shaping``), with each buffer's counters under ``classes``}.
+    A RED buffer also counts the packets it marked CE (``marked``); the FIFO RED keeps inside
+    itself is not counted again."""
     out: Dict[str, dict] = {}
-    for q in json.loads(text or "[]"):
-        if q.get("kind") not in FIFO_KINDS or "dev" not in q:
+    qdiscs = json.loads(text or "[]")
+    inside_red = {(q.get("dev"), q.get("handle", "") + "1") for q in qdiscs
+                  if q.get("kind") == "red"}
+    for q in qdiscs:
+        if (q.get("kind") not in FIFO_KINDS or "dev" not in q
+                or (q["dev"], q.get("parent")) in inside_red):
             continue
         one = {"packets": q.get("packets", 0), "bytes": q.get("bytes", 0),
-               "drops": q.get("drops", 0), "backlog": q.get("backlog", 0)}
+               "drops": q.get("drops", 0), "backlog": q.get("backlog", 0),
+               "marked": q.get("marked", 0)}
         dev = out.setdefault(q["dev"], {"packets": 0, "bytes": 0, "drops": 0, "backlog": 0,
-                                        "classes": {}})
+                                        "marked": 0, "classes": {}})
         for k, v in one.items():
             dev[k] += v
         dev["classes"][q.get("handle", "?")] = one

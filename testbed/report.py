@@ -39,11 +39,33 @@ ROWS = [
     ("retransmitted packets", lambda p: p.get("retransmitted_packets")),
     ("NAKs / RTO timeouts", lambda p: _pair(p.get("naks"), p.get("rto_timeouts"))),
     ("CNPs sent", lambda p: p.get("cnps_sent")),
+    ("per-hop delay, switch port (us)", lambda p: _hop(p.get("per_hop_latency"))),
+    ("latency floor across leaves (us)",
+     lambda p: ((p.get("per_hop_latency") or {}).get("measured_min_us") or {}).get("cross_leaf")),
+    ("ECN marking", lambda p: p.get("ecn_marking")),
+    ("rxe ib_write_lat typical (us)", lambda p: _rxe(p, "ib_write_lat", "t_typical_usec")),
+    ("rxe ib_write_bw average (MB/s)", lambda p: _rxe(p, "ib_write_bw", "bw_average_mb_per_sec")),
     ("fidelity", lambda p: (p.get("fidelity") or {}).get("verdict")),
     ("spine load (packets)", lambda p: " / ".join(
         f"{v:,}" for v in (p.get("spine_load_packets") or {}).values()) or None),
 ]
 """The comparison: (label, figure of a policy's results) per row."""
+
+
+def _hop(h):
+    """The switch-to-switch delay applied per hop and the forwarding mode."""
+    if not h:
+        return None
+    if not h.get("applied"):
+        return "not applied (no netem)"
+    return f"{h['delay_us_applied']['switch_to_switch']:,.1f} ({h['forwarding'].replace('_', '-')})"
+
+
+def _rxe(p, test, figure):
+    t = ((p.get("rxe") or {}).get("tests") or {}).get(test)
+    if not t:
+        return None
+    return (t.get("results") or {}).get(figure) if not t.get("error") else "failed"
 
 
 def comparison(results: dict) -> Tuple[List[str], List[List[str]]]:
@@ -53,8 +75,10 @@ def comparison(results: dict) -> Tuple[List[str], List[List[str]]]:
     w = results.get("scenario", {}).get("workload", {})
     what = (f"per policy ({w.get('collective')}, {_size(w.get('size_bytes'))})"
             if w and not w.get("sizes") else "per policy")
+    rxe = any(policies[n].get("rxe") for n in names)
     return ([what] + names,
-            [[label] + [fmt(get(policies[n])) for n in names] for label, get in ROWS])
+            [[label] + [fmt(get(policies[n])) for n in names] for label, get in ROWS
+             if rxe or not label.startswith("rxe ")])
 
 
 def per_gpu(name: str, p: dict) -> Tuple[List[str], List[List[str]]]:

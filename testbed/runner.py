@@ -36,8 +36,11 @@ from .errors import ConfigError
 from .fabric import Fabric
 from .ledger import Ledger
 from .ovs_buffers import needed_bytes, ovs_socket_buffers, raised_socket_defaults
+from .shaping import marking_method
+from .rxe import RxeTraffic, endpoints as rxe_endpoints
 from .queues import egress_stats, queue_drops, spine_load
 from .fidelity import CpuSampler, evaluate
+from .hops import hop_model, path_floor_us
 from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, write_json_atomic
 from .switchq import EmulatorProcess, merge_reports
 from .topology import FabricPlan
@@ -79,8 +82,19 @@ def validate(scenario: Scenario, available_mb: Optional[int] = None) -> FabricPl
             raise ConfigError("cluster: packet capture and background traffic run on one "
                               "server only for now; drop measurement.pcap and background "
                               "from a split scenario")
+    if scenario.rxe.enabled:
+        a, b = rxe_endpoints(plan)  # ConfigError without two leaves
+        if scenario.cluster.servers and len(scenario.cluster.servers) > 1:
+            raise ConfigError("rxe: real verbs traffic runs on one server only for now; drop "
+                              "cluster.servers or rxe")
+        if not background_plan(plan, scenario).empty:
+            raise ConfigError("rxe: the rxe endpoints are neighbour hosts, which background "
+                              "traffic also uses; drop one of them")
     for name in scenario.policies:
         policy = make_policy(name, plan, scenario)  # parameters that need the plan
+        if scenario.rxe.enabled and not policy.may_reach(a.name, b.name):
+            raise ConfigError(f"policy_params.{name}: the rxe endpoints {a.name} and {b.name} "
+                              "are in different tenants")
         ring = [h.name for h in plan.gpus]
         apart = [(a, b) for a, b in zip(ring, ring[1:] + ring[:1]) if not policy.may_reach(a, b)]
         if apart:
@@ -113,12 +127,20 @@ def _validate_workload(scenario: Scenario, plan: FabricPlan) -> None:
                               f"(ranks 0..{n - 1})")
 
 
+def ecn_marking(scenario: Scenario, policy: Policy, caps: Capabilities) -> Optional[str]:
+    """How this policy's switches mark ECN here: "red", "sampled" or None."""
+    return marking_method(scenario.emulation.ecn_marking, caps.red, policy.traffic_classes(),
+                          caps.datapath)
+
+
 def run(scenario: Scenario, out_root: str = "results", progress: Progress = lambda s: None,
         caps: Optional[Capabilities] = None):
     """Run every policy of ``scenario``; returns (results dict, run directory)."""
     plan = validate(scenario, capacity.mem_available_mb())
     caps = caps or detect()
     caps.require_run()
+    for name in scenario.policies:  # ConfigError for a marking this machine cannot do
+        ecn_marking(scenario, make_policy(name, plan, scenario), caps)
     run_id = new_run_id()
     run_dir = os.path.abspath(os.path.join(out_root, run_id))
     os.makedirs(run_dir, mode=0o755)
@@ -243,7 +265,9 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
                         mtu=link_mtu(scenario.workload.mtu),
                         headroom=scenario.emulation.switch_rate_headroom,
                         where=where, ssh_user=scenario.cluster.ssh_user,
-                        events_path=ctl.events_path, cluster_link=scenario.cluster.link)
+                        events_path=ctl.events_path, cluster_link=scenario.cluster.link,
+                        hops=hop_model(scenario, policy.params),
+                        marking=ecn_marking(scenario, policy, caps))
         if where:
             say("placement: " + "; ".join(
                 f"{server}: {len(nodes)} nodes" for server, nodes in
@@ -267,6 +291,34 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
         for w in warnings:
             say(f"warning: {w}")
         yield Session(ctl, fabric, warnings)
+
+
+@contextlib.contextmanager
+def rxe_attached(policy: Policy, scenario: Scenario, session: Session, caps: Capabilities,
+                 run_dir: str, ledger: Ledger, say: Progress):
+    """The rxe endpoints of ``--traffic rxe`` attached to the fabric (None without it);
+    detached on exit, whatever happened inside."""
+    if not scenario.rxe.enabled:
+        yield None
+        return
+    rxe = RxeTraffic(session.fabric, policy.plan, scenario, policy, ledger, caps,
+                     os.path.join(run_dir, "rxe", policy.name))
+    try:
+        say(f"rxe: attaching {rxe.a.name} and {rxe.b.name} in the root namespace "
+            f"(rdma_rxe, perftest)")
+        rxe.start()
+        yield rxe
+    finally:
+        with shielded():
+            failed = rxe.stop()
+            if failed:
+                session.warnings.append("rxe: could not undo: " + "; ".join(failed))
+
+
+def rxe_warnings(report: Optional[dict]) -> List[str]:
+    if not report:
+        return []
+    return [f"rxe: {t['error']}" for t in report["tests"].values() if t.get("error")]
 
 
 @contextlib.contextmanager
@@ -311,7 +363,7 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
     t0 = time.monotonic()
     cpu = CpuSampler()
     background_report: dict = {}
-    pcaps = None
+    pcaps = rxe_report = None
     with fabric_up(policy, scenario, caps, run_dir, ledger, say) as session:
         results.setdefault("link_emulation", session.fabric.applied())
         split = session.fabric.cluster_report()
@@ -328,7 +380,8 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                     f"the servers' clocks differ by up to {worst:g} us: one-way latency of "
                     "packets between servers includes that offset (synchronise them with "
                     "PTP or chrony); same-server latencies are unaffected")
-        with queue_emulation(policy, scenario, session, run_dir, ledger) as (emu, queues):
+        with rxe_attached(policy, scenario, session, caps, run_dir, ledger, say) as rxe, \
+                queue_emulation(policy, scenario, session, run_dir, ledger) as (emu, queues):
             say(f"switch-queue emulator sampling every "
                 f"{scenario.emulation.sample_interval_us} us")
 
@@ -369,6 +422,8 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                     with shielded():
                         background_report = background.stop()
                 agents.collect()
+                if rxe:
+                    rxe_report = rxe.run(say)
             finally:
                 if not background.empty:
                     with shielded():
@@ -379,7 +434,8 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                 _shielded_call(agents.stop)
         stats = egress_stats(session.fabric)
         where = session.fabric.where
-        delay_us = session.fabric.applied().get("link_delay_us_applied", 0.0)
+        hops = session.fabric.hop_delays()
+        marking = session.fabric.marking
         say("tearing down the fabric")
     classes = policy.traffic_classes()
     cc = congestion_control(scenario, policy)
@@ -411,13 +467,19 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
         "pfc_pause_events": queues.get("pfc_pause_events", 0) if pfc else None,
         "pfc_paused_ms": queues.get("pfc_paused_ms", 0.0) if pfc else None,
         "switch_queues": queues,
+        "ecn_marking": marking,
+        "red_marked_by_port": ({k: v["marked"] for k, v in sorted(stats.items()) if v["marked"]}
+                               if marking == "red" else None),
         "reaction_time_us": scenario.emulation.sample_interval_us,
         "background": background_report or None,
         "pcap": pcaps,
-        "warnings": session.warnings,
+        "rxe": rxe_report,
+        "warnings": session.warnings + rxe_warnings(rxe_report),
         "duration_s": round(time.monotonic() - t0, 2),
     })
-    figures["fidelity"] = evaluate(records, plan, figures, packets.path_minima_us(), delay_us,
+    minima = packets.path_minima_us()
+    figures["per_hop_latency"] = dict(hops, measured_min_us=path_floor_us(plan, minima))
+    figures["fidelity"] = evaluate(records, plan, figures, minima, hops["delay_us_applied"],
                                    cpu.samples, scenario)
     say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "
         f"received, {figures['drops']:,} dropped, {_count(figures['ecn_marked_packets'])} "

@@ -5,7 +5,7 @@ Every switch egress port and every GPU NIC gets::
     htb root 1:  ->  class 1:1 (rate = ceil = link rate)
                        -> class 1:(10+i) per traffic class (prio = class priority)
                             -> [netem (30+i): delay] -> [tbf (50+i): PFC gate]
-                            -> FIFO (10+i): the class's buffer
+                            -> FIFO (10+i): the class's buffer (or RED, below)
     u32 filters on the IP DSCP pick the class; unmatched packets go to the default class.
 
 The FIFO of a lossless class, and every FIFO of a GPU NIC, is a ``bfifo`` (bytes). A lossy
@@ -25,7 +25,10 @@ HTB serves higher-priority classes first; the highest-priority class is guarante
 link, the others 1% and borrow the rest, which makes the priority strict. The bfifos are the
 ports' buffers: tail-drop byte FIFOs whose drops and backlog the kernel counts. netem is added
 only when the kernel has it and a delay is asked for (Mininet's ``max_queue_size`` needs netem,
-so the queue limit is set here instead). Open vSwitch resets a port's qdisc when the port is
+so the queue limit is set here instead): it holds every frame for the port's per-hop latency
+(``testbed.hops``) before the frame joins the class buffer. Where the kernel has RED, a class
+that marks ECN gets a RED qdisc as its buffer, which sets CE per packet (``red_qdisc``);
+elsewhere the switch-queue emulator marks from sampled backlogs. Open vSwitch resets a port's qdisc when the port is
 added to a bridge, so shaping is applied after the switches have started.
 
 These commands run once per interface at set-up, so they use the ``tc`` tool; the per-sample
@@ -36,7 +39,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from controllers.classes import TrafficClass, default_class
+from controllers.classes import EcnRule, TrafficClass, default_class
+
+from .errors import ConfigError
 
 HTB_QUANTUM = 1600  # bytes; at least one frame
 NETEM_LIMIT = 100_000  # packets in flight on a delayed link; the bfifo below is the buffer
@@ -51,6 +56,7 @@ class Shape:
     classes: Tuple[TrafficClass, ...]
     delay_us: float = 0.0
     nic_queue_bytes: Optional[int] = None  # set on GPU NICs: their buffers
+    red: bool = False  # ECN classes mark with the kernel's RED instead of the emulator
 
     def buffer(self, cls: TrafficClass) -> int:
         if self.nic_queue_bytes is None:
@@ -143,7 +149,7 @@ def tc_commands(intf: str, shape: Shape, netem: bool, mtu: int = 1500) -> List[s
         parent = f"1:{c.minor:x}"
         if delayed:
             cmds.append(f"tc qdisc replace dev {intf} parent {parent} "
-                        f"handle {netem_handle(c):x}: netem delay {shape.delay_us:.0f}us "
+                        f"handle {netem_handle(c):x}: netem delay {round(shape.delay_us, 3):g}us "
                         f"limit {NETEM_LIMIT}")
             parent = f"{netem_handle(c):x}:1"
         if c.lossless:
@@ -151,9 +157,12 @@ def tc_commands(intf: str, shape: Shape, netem: bool, mtu: int = 1500) -> List[s
             cmds.append(f"tc qdisc replace dev {intf} parent {parent} handle {gate_handle(c):x}: "
                         f"tbf rate {g.rate_bytes * 8}bit burst {g.burst} limit {g.limit}")
             parent = f"{gate_handle(c):x}:1"
+        if c.ecn and shape.red:
+            buffer = red_qdisc(c.ecn, shape.buffer(c), shape.rate_mbit, mtu)
+        else:
+            buffer = fifo(shape.buffer(c), c.lossless or shape.nic_queue_bytes is not None, mtu)
         cmds.append(f"tc qdisc replace dev {intf} parent {parent} handle {c.minor:x}: "
-                    + fifo(shape.buffer(c), c.lossless or shape.nic_queue_bytes is not None,
-                           mtu))
+                    + buffer)
         for dscp in c.dscp:
             cmds.append(f"tc filter add dev {intf} parent 1: protocol ip prio 1 u32 "
                         f"match ip dsfield {dscp << 2:#04x} 0xfc flowid 1:{c.minor:x}")
@@ -167,11 +176,43 @@ def fifo(buffer_bytes: int, in_bytes: bool, mtu: int) -> str:
     return f"pfifo_head_drop limit {max(2, buffer_bytes // frame_bytes(mtu))}"
 
 
-FIFO_KINDS = ("bfifo", "pfifo_head_drop")
+def red_qdisc(rule: EcnRule, buffer_bytes: int, rate_mbit: float, mtu: int) -> str:
+    """The class buffer as a RED qdisc that sets CE itself (``ecn``), per packet, by the
+    policy's rule: RED-like rules as they are; a step at K as a ramp from K to one frame above
+    it with probability 1. ``nodrop``: a packet RED would mark but cannot (not ECT) is queued,
+    never dropped early - the only drop is the byte limit, as with the bfifo it replaces.
+    The average follows the queue as fast as RED allows (the smallest burst tc accepts), so
+    marking tracks the instantaneous backlog as the sampled marking does."""
+    frame = frame_bytes(mtu)
+    if rule.kind == "step":
+        lo, hi, p = rule.kmin, rule.kmin + frame, 1.0
+    else:
+        lo, hi, p = rule.kmin, max(rule.kmax, rule.kmin + frame), rule.pmax
+    burst = lo // frame + 1
+    kbit = max(1, int(round(rate_mbit * 1000)))
+    return (f"red limit {max(buffer_bytes, hi + frame)} min {lo} max {hi} avpkt {frame} "
+            f"burst {burst} probability {p:g} bandwidth {kbit}kbit ecn nodrop")
 
 
-def delay_applied(delay_us: float, netem: bool) -> Optional[float]:
-    """The delay really configured on the links (None: asked for but impossible here)."""
-    if delay_us <= 0:
-        return 0.0
-    return delay_us if netem else None
+def marking_method(setting: str, red_available: bool, classes, datapath: str) -> Optional[str]:
+    """How the switches set CE for these classes: "red", "sampled", or None (no ECN class).
+
+    RED tail-drops at its limit, which the userspace datapath cannot take on a lossy class
+    (see the module docstring: a lossy class drops the oldest frame instead), so there it is
+    used only for lossless classes. ``setting`` "red" where RED cannot be used is an error,
+    "auto" falls back to "sampled"."""
+    ecn = [c for c in classes if c.ecn]
+    if not ecn:
+        return None
+    usable = red_available and (datapath == "kernel" or all(c.lossless for c in ecn))
+    if setting == "sampled" or (setting == "auto" and not usable):
+        return "sampled"
+    if not usable:
+        why = ("the kernel has no RED qdisc (sch_red with nodrop)" if not red_available else
+               "RED tail-drops a lossy class, which the userspace datapath cannot take; "
+               "load the openvswitch module for the kernel datapath")
+        raise ConfigError(f"emulation.ecn_marking: red is not possible here: {why}")
+    return "red"
+
+
+FIFO_KINDS = ("bfifo", "pfifo_head_drop", "red")

@@ -214,6 +214,8 @@ class Emulator:
         self.ecn_class = next((c for c in self.classes if c.ecn), None)
         self.pfc_class = next((c for c in self.classes if c.pfc), None)
         self.load_class = self.pfc_class or self.ecn_class or self.classes[0]
+        # the class this emulator marks; none where the kernel's RED marks (testbed.shaping)
+        self.marks = self.ecn_class if cfg.get("ecn_marking", "sampled") == "sampled" else None
         self.marking: Dict[str, bool] = {}
         self.marking_since: Dict[str, int] = {}
         self.marking_ns: Dict[str, int] = {}
@@ -245,7 +247,7 @@ class Emulator:
 
     # --- set-up -----------------------------------------------------------------------------
     def open(self) -> None:
-        if self.cfg.get("events") and (self.ecn_class or self.watch):
+        if self.cfg.get("events") and (self.marks or self.watch):
             self.events = Outbox(self.cfg["events"])
         if self.pfc_class and self.cfg.get("pfc_listen"):
             self.relay = PfcRelay(self.cfg)
@@ -270,8 +272,9 @@ class Emulator:
                    for f in self.pfc.feeders_of(Queue(node, intf))}
         c, mtu = self.pfc_class, self.cfg["mtu"]
         handle = gate_handle(c) << 16
-        parent = tc_handle(gate_parent(c, self.cfg.get("delayed", False)))
+        delayed = set(self.cfg.get("delayed", ()))
         for q in sorted(fed, key=lambda q: (q.node, q.intf)):
+            parent = tc_handle(gate_parent(c, q.intf in delayed))
             if self.plan.is_host(q.node):
                 if q.node not in host_socks:
                     pid = self.cfg["host_pids"][q.node]
@@ -314,8 +317,8 @@ class Emulator:
                                         for intf in self.port_order}
             return per_class[cls.minor]
 
-        if self.ecn_class:
-            self._ecn(backlog(self.ecn_class), now)
+        if self.marks:
+            self._ecn(backlog(self.marks), now)
         if self.pfc:
             self._pfc(backlog(self.pfc_class), now)
         if self.relay:  # pauses and resumes other servers decided for queues here
@@ -362,7 +365,7 @@ class Emulator:
         os.replace(tmp, path)
 
     def _ecn(self, backlog: Dict[str, int], now: int) -> None:
-        rule = self.ecn_class.ecn
+        rule = self.marks.ecn
         for intf, (_node, dpid, port) in self.ports.items():
             p = rule.probability(backlog[intf])
             want = p >= 1.0 or (p > 0.0 and self.rng.random() < p)
@@ -544,14 +547,15 @@ class EmulatorProcess:
         self.cfg = {
             "plan": policy.plan.to_dict(),
             "classes": [class_to_dict(c) for c in policy.traffic_classes()],
-            "host_pids": {h.name: session.fabric.host(h.name).pid for h in policy.plan.hosts},
+            "host_pids": {h.name: session.fabric.netns_pid(h.name) for h in policy.plan.hosts},
             "interval_us": scenario.emulation.sample_interval_us,
             "events": session.controller.events_path,
             "out": self.report_path,
             "timeline": self.timeline_path,
             "host_rate_mbit": t.host_rate_mbit, "fabric_rate_mbit": t.fabric_rate_mbit,
             "nic_queue_bytes": t.nic_queue_bytes,
-            "delayed": bool(session.fabric.applied()["link_delay_us_applied"]),
+            "delayed": session.fabric.delayed_interfaces(),
+            "ecn_marking": session.fabric.marking,
             "mtu": link_mtu,
             "watch": {str(d): p for d, p in watch.items()} if watch else None,
         }

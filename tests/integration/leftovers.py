@@ -29,6 +29,26 @@ def root_interfaces():
     return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
 
 
+def root_routing():
+    """What ``--traffic rxe`` changes in the root namespace and must undo (testbed.rxe): its
+    rules, its table, the local table's rule at pref 0, its rxe devices."""
+    from testbed import rxe
+
+    rules = subprocess.run(["ip", "rule", "show"], capture_output=True, text=True).stdout
+    left = [f"rule {line.strip()}" for line in rules.splitlines()
+            if line.split(":")[0] in {str(rxe.RULE_IIF), str(rxe.RULE_OUT), str(rxe.RULE_LOCAL)}]
+    if not any(line.startswith("0:") and "lookup local" in line for line in rules.splitlines()):
+        left.append("rule 0: from all lookup local is missing")
+    table = subprocess.run(["ip", "route", "show", "table", str(rxe.TABLE)],
+                           capture_output=True, text=True).stdout.strip()
+    if table:
+        left.append(f"routes in table {rxe.TABLE}: {table}")
+    if os.path.isdir("/sys/class/infiniband"):
+        left += [f"rdma device {d}" for d in os.listdir("/sys/class/infiniband")
+                 if d.startswith("rxe-")]
+    return left
+
+
 def leftovers(plan: FabricPlan = None):
     """Everything testbed-made still present (empty list = clean)."""
     plan = plan or FabricPlan(2, 4, 2, neighbours_per_leaf=2)
@@ -36,6 +56,7 @@ def leftovers(plan: FabricPlan = None):
     left = [f"bridge {b}" for b in tagged_bridges()]
     left += [f"interface {i}" for i in sorted(root_interfaces() & names)]
     left += [f"process {p}" for p in testbed_processes()]
+    left += root_routing()
     if read_record():
         left.append("ledger record /run/ai-fabric-testbed/run.json")
     return left

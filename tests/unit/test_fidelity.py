@@ -62,10 +62,14 @@ def test_idle_path_overhead_is_the_excess_over_propagation():
     assert not F.idle_path_check(minima, {}, allowed_us=80.0)["ok"]
 
 
+NO_DELAY = {"gpu_nic": 0.0, "switch_to_gpu": 0.0, "switch_to_switch": 0.0}
+
+
 def test_expected_idle_latency_counts_links_per_path():
     plan = FabricPlan(2, 2, 2)
-    e = F.expected_idle_us(plan, 10.0)
-    assert e[(0, 1)] == 20.0 and e[(0, 2)] == 40.0 and (0, 0) not in e
+    e = F.expected_idle_us(plan, {"gpu_nic": 1.0, "switch_to_gpu": 10.0,
+                                  "switch_to_switch": 100.0})
+    assert e[(0, 1)] == 10.0 and e[(0, 2)] == 210.0 and (0, 0) not in e
 
 
 def test_cpu_and_lag_checks():
@@ -96,7 +100,7 @@ def test_evaluate_reads_the_agents_tx_files(tmp_path):
             for t in tx:
                 f.write(f"0,{int(t * 1000)},{FRAME},d\n")
     figures = {"unexplained_drops": 0, "agent_loop_lag_us": None}
-    out = F.evaluate(str(tmp_path), plan, figures, {(0, 1): 60.0}, 0.0, [0.3, 0.4],
+    out = F.evaluate(str(tmp_path), plan, figures, {(0, 1): 60.0}, NO_DELAY, [0.3, 0.4],
                      Scenario.from_dict({}))
     assert out["checks"]["inter_dequeue"]["busy_gaps"] == 18
     assert out["checks"]["inter_dequeue"]["shaper_run_ahead_us_max"] == pytest.approx(822.0)

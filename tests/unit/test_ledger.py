@@ -44,3 +44,24 @@ def test_teardown_restores_a_setting_the_run_left_raised(tmp_path):
     assert w.read_text() == "212992"
     assert removed == [f"setting {w} = 5242880 (restored 212992)"]
     assert remove_resources(record) == []  # already restored: nothing to undo
+
+
+def test_undo_commands_run_newest_first_per_tag_and_after_a_kill(tmp_path):
+    from testbed.ledger import remove_resources
+    log = tmp_path / "log"
+    ledger = Ledger("run-u", state_dir=str(tmp_path))
+    ledger.acquire("/r")
+    try:
+        ledger.add_undo("rxe-a", f"echo first >> {log}")
+        ledger.add_undo("rxe-a", f"echo second >> {log}")
+        ledger.add_undo("rxe-b", f"echo other >> {log}")
+        ledger.add_undo("rxe-a", "false")
+        assert ledger.undo("rxe-a") == ["false"]  # the failures, for a warning
+        assert log.read_text().split() == ["second", "first"]
+        # what is left is in the record: a killed run's clean undoes it
+        record = read_record(str(tmp_path))
+        assert record["undo"] == [["rxe-b", f"echo other >> {log}"]]
+        assert remove_resources(record) == [f"undone: echo other >> {log}"]
+        assert log.read_text().split() == ["second", "first", "other"]
+    finally:
+        ledger.close()

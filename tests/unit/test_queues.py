@@ -12,9 +12,17 @@ def _q(dev, packets, drops, kind="bfifo"):
 def test_parse_keeps_the_bfifo_buffer_of_each_interface():
     text = json.dumps([_q("lf1-eth1", 5, 0, kind="htb"), _q("lf1-eth1", 7, 1), _q("lo", 1, 0,
                                                                                   kind="noqueue")])
-    one = {"packets": 7, "bytes": 700, "drops": 1, "backlog": 0}
+    one = {"packets": 7, "bytes": 700, "drops": 1, "backlog": 0, "marked": 0}
     assert parse_tc_json(text) == {"lf1-eth1": dict(one, classes={"10:": one})}
     assert parse_tc_json("") == {}
+
+
+def test_a_red_buffer_counts_its_marks_and_its_inner_fifo_is_not_counted_again():
+    red = dict(_q("lf1-eth3", 9, 0, kind="red"), handle="11:", marked=4)
+    inner = dict(_q("lf1-eth3", 9, 0), handle="0:", parent="11:1")
+    other = dict(_q("lf1-eth3", 2, 0), handle="10:", parent="1:10")
+    got = parse_tc_json(json.dumps([red, inner, other]))["lf1-eth3"]
+    assert (got["packets"], got["marked"]) == (11, 4) and set(got["classes"]) == {"11:", "10:"}
 
 
 def test_class_buffers_of_one_port_add_up():

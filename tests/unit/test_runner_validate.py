@@ -60,6 +60,8 @@ def test_a_refused_run_leaves_no_results_directory(tmp_path, monkeypatch):
             raise RunBusyError("another testbed run is active (pid 1)")
 
     class Caps:
+        red, datapath = False, "user"
+
         def require_run(self):
             pass
 

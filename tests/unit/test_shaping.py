@@ -1,10 +1,11 @@
 import pytest
 
-from controllers.classes import PfcRule, TrafficClass
+from controllers.classes import EcnRule, PfcRule, TrafficClass
 from controllers.enterprise import EnterprisePolicy
 from testbed.config import TopologyConfig
 from testbed.fabric import egress_shapes
-from testbed.shaping import Shape, delay_applied, gate_params, tc_commands
+from testbed.errors import ConfigError
+from testbed.shaping import Shape, gate_params, marking_method, red_qdisc, tc_commands
 from testbed.topology import FabricPlan
 
 ONE = (TrafficClass("all", 0, 0, (), 64000),)
@@ -51,8 +52,8 @@ def test_netem_only_when_the_kernel_has_it():
     cmds = tc_commands("x", with_delay, netem=True)
     assert any("handle 30: netem delay 50us" in c for c in cmds)
     assert cmds[-1].endswith("parent 30:1 handle 10: pfifo_head_drop limit 42")  # 1514-B frames
-    assert delay_applied(50, netem=False) is None  # asked for, not possible: say so
-    assert delay_applied(50, netem=True) == 50 and delay_applied(0, netem=False) == 0.0
+    assert any("netem delay 0.125us" in c
+               for c in tc_commands("x", Shape(40, ONE, delay_us=0.125), netem=True))
 
 
 def test_every_switch_port_and_nic_is_shaped():
@@ -88,3 +89,34 @@ def test_htb_burst_is_one_frame_or_250_us_of_the_rate():
     from testbed.shaping import burst_bytes
     assert burst_bytes(40, 4096) == 4110  # 4096 + 14
     assert burst_bytes(1000, 4096) == 31250  # 250 us at 1 Gbit/s
+
+
+def test_an_ecn_class_gets_a_red_buffer_where_asked():
+    rule = EcnRule("red", 32_000, 96_000, 0.2)
+    cls = (TrafficClass("roce", 0, 0, (), 200_000, ecn=rule, pfc=PfcRule(128_000, 96_000)),)
+    cmds = tc_commands("x", Shape(40, cls, red=True), netem=False, mtu=4110)
+    leaf = cmds[-1]
+    assert ("parent 50:1 handle 10: red limit 200000 min 32000 max 96000 avpkt 4124 burst 8 "
+            "probability 0.2 bandwidth 40000kbit ecn nodrop") in leaf
+    # without red: the bfifo
+    assert "bfifo limit 200000" in tc_commands("x", Shape(40, cls), netem=False, mtu=4110)[-1]
+    # a step rule: marks everything ECT one frame above K
+    step = red_qdisc(EcnRule("step", 32_000), 96_000, 40, 1500)
+    assert "min 32000 max 33514 avpkt 1514" in step and "probability 1 " in step
+
+
+def test_marking_method_uses_red_only_where_it_can():
+    lossless = (TrafficClass("roce", 0, 0, (), 1, ecn=EcnRule("red", 1, 2),
+                             pfc=PfcRule(2, 1)),)
+    lossy = (TrafficClass("be", 0, 0, (), 1, ecn=EcnRule("step", 1)),)
+    plain = (TrafficClass("be", 0, 0, (), 1),)
+    assert marking_method("auto", True, lossless, "user") == "red"
+    assert marking_method("auto", False, lossless, "kernel") == "sampled"
+    assert marking_method("auto", True, lossy, "user") == "sampled"  # tail drop: not here
+    assert marking_method("auto", True, lossy, "kernel") == "red"
+    assert marking_method("sampled", True, lossless, "kernel") == "sampled"
+    assert marking_method("auto", True, plain, "kernel") is None
+    with pytest.raises(ConfigError, match="no RED qdisc"):
+        marking_method("red", False, lossless, "kernel")
+    with pytest.raises(ConfigError, match="userspace datapath"):
+        marking_method("red", True, lossy, "user")

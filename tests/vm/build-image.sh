@@ -3,6 +3,7 @@
 # Vagrant VM is: debootstrap into a folder, the project's own scripts/install.sh --vm run in a
 # chroot (services not started), the Debian kernel inside, then an ext4 image (mkfs -d).
 #   tests/vm/build-image.sh OUT_DIR       -> OUT_DIR/disk.ext4, OUT_DIR/vmlinuz, OUT_DIR/initrd
+# REUSE_ROOT=1 keeps OUT_DIR/root from an earlier build (skips debootstrap).
 set -euo pipefail
 out=${1:?usage: build-image.sh OUT_DIR}
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -30,9 +31,14 @@ debootstrap --variant=minbase --include=systemd-sysv,linux-image-amd64,ca-certif
 say "debootstrap + kernel: ${SECONDS}s"
 fi
 
-# the project, as committed (what CI has), at the path the VM provisioning uses
-mkdir -p "$root/vagrant"
-git -C "$here" archive HEAD | tar -x -C "$root/vagrant"
+# the project, as committed (what CI has), at the path the VM provisioning uses; with
+# VM_WORKTREE=1 the working tree's files instead (tracked and new, not ignored): to try a change
+rm -rf "$root/vagrant" && mkdir -p "$root/vagrant"
+if [ -n "${VM_WORKTREE:-}" ]; then
+  (cd "$here" && git ls-files -co --exclude-standard -z | tar --null -T - -c) | tar -x -C "$root/vagrant"
+else
+  git -C "$here" archive HEAD | tar -x -C "$root/vagrant"
+fi
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 # Provisioned through this machine's package registries: its trusted CAs (a registry proxy may
 # sign with its own) and its pip configuration.

@@ -1,13 +1,25 @@
 #!/bin/sh
-# What the VM test runs inside the guest (full kernel): a short run on the kernel datapath.
+# What the VM test runs inside the guest (full kernel), results to $1 (the second disk):
+#  - a run from the command line, two policies with real verbs traffic (--traffic rxe), on the
+#    kernel datapath with netem per-hop latency and RED marking (all chosen automatically);
+#  - the integration tests that need the full kernel (tests/integration/test_full_kernel.py);
+#  - the root namespace's routing rules before and after, to show rxe left nothing behind.
 out=$1
-cat > /tmp/vm-scenario.yaml <<'YAML'
-name: vm-smoke
+cat > /tmp/vm-main.yaml <<'YAML'
+name: vm-main
 policies: [hyperscale, lossless]
 topology: {spines: 2, leaves: 2, gpus_per_leaf: 1, host_rate_mbit: 10, fabric_rate_mbit: 10}
 workload: {size_bytes: 65536, iterations: 2}
+rxe: {size_bytes: 1024, lat_iterations: 50, bw_iterations: 50}
 YAML
 cd /vagrant
-timeout 900 python -m testbed run --scenario /tmp/vm-scenario.yaml --out $out/results --json \
-  > $out/run.json 2> $out/run.log
-echo "run exit $?"
+ip rule show > $out/rules-before.txt
+SECONDS=0
+timeout 1200 python -m testbed run --scenario /tmp/vm-main.yaml --traffic rxe --out $out/results \
+  --json > $out/run.json 2> $out/run.log
+echo "run exit $? (${SECONDS}s)"
+ip rule show > $out/rules-after.txt
+SECONDS=0
+timeout 1200 python -m pytest -p no:cacheprovider -rs -v tests/integration/test_full_kernel.py \
+  --junitxml=$out/full-kernel.xml > $out/full-kernel.log 2>&1
+echo "full-kernel tests exit $? (${SECONDS}s)"

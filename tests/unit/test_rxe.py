@@ -1,0 +1,95 @@
+"""The pure parts of testbed.rxe: endpoints, routing changes, perftest command and output."""
+import pytest
+
+from testbed import rxe
+from testbed.config import Scenario
+from testbed.errors import ConfigError
+from testbed.topology import FabricPlan
+
+LAT = """
+---------------------------------------------------------------------------------------
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] 
+ 4096    200          10491.18      52081.36     11203.45         11987.02        3321.20         25012.11                52081.36   
+---------------------------------------------------------------------------------------
+"""
+BW = """
+ #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
+ 4096       200              1.19               1.18                 0.000302
+---------------------------------------------------------------------------------------
+"""
+FAILED = """
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]     Completion with error at client
+ Failed status 5: wr_id 0 syndrom 0x0
+scnt=1, ccnt=0
+"""
+
+
+def test_perftest_tables_parse_to_named_figures():
+    lat = rxe.parse_perftest(LAT)
+    assert lat["bytes"] == 4096 and lat["iterations"] == 200
+    assert lat["t_typical_usec"] == 11203.45 and lat["p99_usec"] == 25012.11
+    assert lat["p99_9_usec"] == 52081.36
+    bw = rxe.parse_perftest(BW)
+    assert bw["bw_average_mb_per_sec"] == 1.18 and bw["msgrate_mpps"] == 0.000302
+    assert rxe.parse_perftest(FAILED) is None and rxe.parse_perftest("") is None
+
+
+def test_endpoints_are_neighbours_on_the_first_and_last_leaf():
+    plan = FabricPlan(2, 3, 2, 1)
+    a, b = rxe.endpoints(plan)
+    assert (a.leaf, b.leaf) == (1, 3) and a.role == b.role == "neighbour"
+    with pytest.raises(ConfigError, match="neighbour"):
+        rxe.endpoints(FabricPlan(2, 2, 2, 0))
+
+
+def test_traffic_rxe_adds_a_neighbour_per_leaf():
+    s = Scenario.from_dict({"rxe": {"enabled": True}})
+    assert s.topology.neighbours_per_leaf == 1
+    assert Scenario.from_dict({}).topology.neighbours_per_leaf == 0
+
+
+def test_traffic_class_is_the_dscp_with_ect0():
+    assert rxe.traffic_class(26) == 106 and rxe.traffic_class(0) == 2
+
+
+def test_root_changes_route_each_way_and_move_the_local_table_last():
+    a, b = rxe.endpoints(FabricPlan(1, 2, 1, 1))
+    steps = rxe.root_changes(a, b, 4110)
+    commands = [c for c, _ in steps]
+    assert commands[-2:] == ["ip rule add pref 99 lookup local", "ip rule del pref 0 lookup local"]
+    assert f"ip rule add pref 91 from {a.ip} to {b.ip} iif lo lookup 4791" in commands
+    assert f"ip rule add pref 91 from {b.ip} to {a.ip} iif lo lookup 4791" in commands
+    assert f"ip route replace {b.ip}/32 dev {a.intf} src {a.ip} table 4791" in commands
+    assert f"ip rule add pref 90 iif {b.intf} lookup local" in commands
+    # every rule added is deleted by its undo, with the same selector
+    for command, undo in steps:
+        if command.startswith("ip rule add"):
+            assert undo == command.replace("ip rule add", "ip rule del")
+    # the local rule comes back only if it is missing
+    assert "grep -q 'lookup local' ||" in steps[-1][1]
+
+
+def test_route_clashes_name_a_network_that_holds_an_endpoint():
+    routes = [{"dst": "default", "dev": "eth0"}, {"dst": "10.0.2.0/24", "dev": "eth0"},
+              {"dst": "127.0.0.0/8", "table": "local", "dev": "lo"},
+              {"dst": "192.0.2.5", "table": "local", "dev": "eth0"}]
+    assert rxe.route_clashes(routes, ["10.0.1.3", "10.0.3.3"]) == []
+    clash = rxe.route_clashes(routes, ["10.0.2.15"])
+    assert clash == ["10.0.2.15 is in 10.0.2.0/24 (eth0, table main)"]
+
+
+def test_the_roce_v2_gid_of_the_address_is_chosen():
+    gids = [("fe80:0000:0000:0000:0000:00ff:fe00:0001", "IB/RoCE v1"),
+            ("fe80:0000:0000:0000:0000:00ff:fe00:0001", "RoCE v2"),
+            ("0000:0000:0000:0000:0000:ffff:0a00:0103", "IB/RoCE v1"),
+            ("0000:0000:0000:0000:0000:ffff:0a00:0103", "RoCE v2"), ("", "")]
+    assert rxe.roce_v2_ipv4_gid(gids, "10.0.1.3") == 3
+    assert rxe.roce_v2_ipv4_gid(gids, "10.0.1.4") is None
+
+
+def test_perftest_command_lines():
+    server = rxe.perftest_command("ib_write_lat", "rxe-nb1", 3, 4096, 200, 18515, 106)
+    client = rxe.perftest_command("ib_write_lat", "rxe-nb2", 1, 4096, 200, 18515, 106,
+                                  server_ip="10.0.2.3")
+    assert server[:5] == ["ib_write_lat", "-d", "rxe-nb1", "-x", "3"]
+    assert "--tclass=106" in server and client[-1] == "10.0.2.3" and server[-1] == "-F"
