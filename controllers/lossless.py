@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
+from testbed.hops import model
 from testbed.topology import leaf_subnet
 
 from . import l3
+
 from .classes import EcnRule, PfcRule, TrafficClass
 from .flows import (ETH_TYPE_IPV4, IPPROTO_UDP, PRIO_MISS, PRIO_ROCE, PRIO_ROUTE, ROCE_PORT,
                     ClearFlows, Learn, Message, Multipath, Resubmit, SetField, flow, prefix)
@@ -53,14 +55,22 @@ class LosslessPolicy(Policy):
     # --- queues -----------------------------------------------------------------------------
     def headroom_bytes(self) -> int:
         """Buffer beyond XOFF: every port that can feed one egress queue keeps sending for
-        the emulated reaction time (plus two frames in flight) before its pause lands."""
+        the emulated reaction time (plus two frames in flight) before its pause lands, and
+        what it sent during the switch's per-hop delay (``testbed.hops``: frames wait in that
+        delay line before they join the paused buffer) lands after it - REFERENCE's "rate x
+        one-way delay". Counted whether or not this kernel applies the delay."""
         if self.params.pfc_headroom_bytes:
             return self.params.pfc_headroom_bytes
         ctx, plan = self.context, self.plan
         rate = max(ctx.host_rate_mbit, ctx.fabric_rate_mbit) * 1e6 / 8
         feeders = max(plan.hosts_per_leaf - 1 + plan.n_spines, plan.n_leaves - 1,
                       plan.hosts_per_leaf)
-        return int(feeders * (rate * ctx.reaction_s + 2 * (ctx.mtu + 100)))
+        frame = ctx.mtu + 100
+        hop = model(self.params, ctx.time_scale, ctx.cable_m, ctx.link_delay_us,
+                    ctx.switch_latency)
+        delay_s = max(hop.switch_us(r, frame + 14)
+                      for r in (ctx.host_rate_mbit, ctx.fabric_rate_mbit)) / 1e6
+        return int(feeders * (rate * (ctx.reaction_s + delay_s) + 2 * frame))
 
     def traffic_classes(self) -> Tuple[TrafficClass, ...]:
         p = self.params

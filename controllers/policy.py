@@ -27,6 +27,11 @@ class FabricContext:
     fabric_rate_mbit: float = 40.0
     mtu: int = 4096  # RoCE path MTU
     sample_interval_s: float = 0.001  # of the switch-queue emulator
+    # the per-hop latency model's inputs (testbed.hops), besides the policy's own parameters
+    time_scale: float = 1.0
+    cable_m: float = 0.0
+    link_delay_us: float = 0.0
+    switch_latency: bool = False
 
     @property
     def reaction_s(self) -> float:
@@ -40,7 +45,8 @@ class FabricContext:
     def of(cls, scenario) -> "FabricContext":
         t = scenario.topology
         return cls(t.host_rate_mbit, t.fabric_rate_mbit, scenario.workload.mtu,
-                   scenario.emulation.sample_interval_us / 1e6)
+                   scenario.emulation.sample_interval_us / 1e6, scenario.time_scale,
+                   t.cable_m, t.link_delay_us, scenario.emulation.switch_latency)
 
 
 class Policy(ABC):

@@ -50,13 +50,20 @@ class HopModel:
                 "switch_to_switch": round(self.switch_us(fabric_rate_mbit, frame_bytes), 3)}
 
 
+def model(params, time_scale: float, cable_m: float = 0.0, extra_us: float = 0.0,
+          enabled: bool = True) -> HopModel:
+    """The model of a policy with ``params`` (its ``forwarding`` and ``switch_latency_ns``);
+    ``enabled`` False (``emulation.switch_latency``) keeps only ``extra_us``."""
+    if not enabled:
+        return HopModel(extra_us=extra_us, time_scale=time_scale)
+    return HopModel(params.forwarding, params.switch_latency_ns, cable_m, time_scale, extra_us)
+
+
 def hop_model(scenario, params) -> HopModel:
     """The model a run of ``scenario`` under a policy with ``params`` asks for."""
     t = scenario.topology
-    if not scenario.emulation.switch_latency:
-        return HopModel(extra_us=t.link_delay_us, time_scale=scenario.time_scale)
-    return HopModel(params.forwarding, params.switch_latency_ns, t.cable_m,
-                    scenario.time_scale, t.link_delay_us)
+    return model(params, scenario.time_scale, t.cable_m, t.link_delay_us,
+                 scenario.emulation.switch_latency)
 
 
 def path_delay_us(delays: dict, same_leaf: bool) -> float:

@@ -126,11 +126,10 @@ def read_record(state_dir: str = STATE_DIR) -> Optional[dict]:
 
 
 def remove_resources(record: dict) -> List[str]:
-    removed = []
+    removed = _kill_recorded(record.get("pids", {}))  # first: they may hold what is undone
     for _tag, command in reversed(record.get("undo", [])):
         if _shell(command):
             removed.append(f"undone: {command}")
-    removed += _kill_recorded(record.get("pids", {}))
     removed += _delete_bridges(record.get("run_id"))
     removed += _delete_interfaces(record.get("interfaces", []) + record.get("bridges", []))
     for path, (old, new) in record.get("sysctls", {}).items():

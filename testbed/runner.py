@@ -36,11 +36,11 @@ from .errors import ConfigError
 from .fabric import Fabric
 from .ledger import Ledger
 from .ovs_buffers import needed_bytes, ovs_socket_buffers, raised_socket_defaults
-from .shaping import marking_method
-from .rxe import RxeTraffic, endpoints as rxe_endpoints
 from .queues import egress_stats, queue_drops, spine_load
 from .fidelity import CpuSampler, evaluate
 from .hops import hop_model, path_floor_us
+from .rxe import RxeTraffic, endpoints as rxe_endpoints
+from .shaping import marking_method
 from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, write_json_atomic
 from .switchq import EmulatorProcess, merge_reports
 from .topology import FabricPlan
@@ -83,7 +83,7 @@ def validate(scenario: Scenario, available_mb: Optional[int] = None) -> FabricPl
                               "server only for now; drop measurement.pcap and background "
                               "from a split scenario")
     if scenario.rxe.enabled:
-        a, b = rxe_endpoints(plan)  # ConfigError without two leaves
+        ends = rxe_endpoints(plan)  # ConfigError without two leaves
         if scenario.cluster.servers and len(scenario.cluster.servers) > 1:
             raise ConfigError("rxe: real verbs traffic runs on one server only for now; drop "
                               "cluster.servers or rxe")
@@ -92,9 +92,9 @@ def validate(scenario: Scenario, available_mb: Optional[int] = None) -> FabricPl
                               "traffic also uses; drop one of them")
     for name in scenario.policies:
         policy = make_policy(name, plan, scenario)  # parameters that need the plan
-        if scenario.rxe.enabled and not policy.may_reach(a.name, b.name):
-            raise ConfigError(f"policy_params.{name}: the rxe endpoints {a.name} and {b.name} "
-                              "are in different tenants")
+        if scenario.rxe.enabled and not policy.may_reach(ends[0].name, ends[1].name):
+            raise ConfigError(f"policy_params.{name}: the rxe endpoints {ends[0].name} and "
+                              f"{ends[1].name} are in different tenants")
         ring = [h.name for h in plan.gpus]
         apart = [(a, b) for a, b in zip(ring, ring[1:] + ring[:1]) if not policy.may_reach(a, b)]
         if apart:

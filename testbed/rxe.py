@@ -310,9 +310,11 @@ class RxeTraffic:
             try:
                 return client.wait(timeout=self.cfg.timeout_s)
             except subprocess.TimeoutExpired:
-                client.kill()
-                client.wait()
                 return 124
+            finally:  # also on Ctrl-C
+                if client.poll() is None:
+                    client.kill()
+                    client.wait()
 
     def _counters(self) -> Dict[str, int]:
         def read(intf, what):

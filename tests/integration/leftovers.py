@@ -7,7 +7,7 @@ from testbed.procutil import cmdline
 from testbed.topology import FabricPlan
 
 PROCESS_MARKERS = ("traffic.agent", "traffic.flows", "testbed.switchq", "controllers.launcher",
-                   "mininet:", "iperf3 -")
+                   "mininet:", "iperf3 -", "ib_write_lat", "ib_write_bw")
 
 
 def processes():

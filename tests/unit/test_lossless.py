@@ -37,6 +37,11 @@ def test_headroom_covers_every_feeder_for_the_reaction_time(plan):
     assert policy.headroom_bytes() == expected
     fixed = LosslessPolicy(plan, resolve("lossless", {"pfc_headroom_bytes": 5000}, 40, 4096))
     assert fixed.headroom_bytes() == 5000
+    # with the per-hop delay: what the feeders sent during it arrives after the pause too
+    delayed = LosslessPolicy(plan, context=FabricContext(40, 40, 4096, 0.001, time_scale=2500,
+                                                         cable_m=10, switch_latency=True))
+    hop_s = (130 + 50) * 2500 / 1e9  # cut-through: pipeline + cable, scaled
+    assert delayed.headroom_bytes() == int(feeders * (rate * (0.006 + hop_s) + 2 * 4196))
 
 
 def test_every_gpu_reaches_every_other_gpu(plan):

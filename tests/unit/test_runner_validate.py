@@ -72,3 +72,18 @@ def test_a_refused_run_leaves_no_results_directory(tmp_path, monkeypatch):
     with pytest.raises(RunBusyError):
         runner.run(Scenario.from_dict({}), out_root=str(tmp_path), caps=Caps())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_rxe_traffic_is_refused_where_it_cannot_run():
+    one_leaf = Scenario.from_dict({"rxe": {"enabled": True}, "topology": {"leaves": 1,
+                                                                          "gpus_per_leaf": 2}})
+    with pytest.raises(ConfigError, match="at least 2 leaves"):
+        validate(one_leaf)
+    split = Scenario.from_dict({"rxe": {"enabled": True},
+                                "cluster": {"servers": ["localhost", "10.9.0.2"]}})
+    with pytest.raises(ConfigError, match="one server only"):
+        validate(split)
+    apart = Scenario.from_dict({"rxe": {"enabled": True}, "policies": ["enterprise"],
+                                "policy_params": {"enterprise": {"tenants": [["nb1"]]}}})
+    with pytest.raises(ConfigError, match="different tenants"):
+        validate(apart)

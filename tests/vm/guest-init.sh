@@ -25,7 +25,7 @@ bash /vagrant/scripts/install.sh --vm >> $log 2>&1 && step "install.sh: Open vSw
 cd /vagrant
 python -m testbed check --json > $out/check.json 2>>$log; step "check: exit $?"
 if [ -f /vagrant/tests/vm/guest-tests.sh ]; then
-  sh /vagrant/tests/vm/guest-tests.sh $out >> $log 2>&1; step "guest tests: exit $?"
+  bash /vagrant/tests/vm/guest-tests.sh $out >> $log 2>&1; step "guest tests: exit $?"
 fi
 echo done > $out/status
 sync

@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/bin/bash
 # What the VM test runs inside the guest (full kernel), results to $1 (the second disk):
 #  - a run from the command line, two policies with real verbs traffic (--traffic rxe), on the
 #    kernel datapath with netem per-hop latency and RED marking (all chosen automatically);
@@ -20,6 +20,6 @@ timeout 1200 python -m testbed run --scenario /tmp/vm-main.yaml --traffic rxe --
 echo "run exit $? (${SECONDS}s)"
 ip rule show > $out/rules-after.txt
 SECONDS=0
-timeout 1200 python -m pytest -p no:cacheprovider -rs -v tests/integration/test_full_kernel.py \
+timeout 1200 python -m pytest -p no:cacheprovider -rsP -v tests/integration/test_full_kernel.py \
   --junitxml=$out/full-kernel.xml > $out/full-kernel.log 2>&1
 echo "full-kernel tests exit $? (${SECONDS}s)"
