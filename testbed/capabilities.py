@@ -21,7 +21,8 @@ QDISC_PROBES = {
     "bfifo": "root bfifo limit 30000",
     "pfifo_head_drop": "root pfifo_head_drop limit 10",
     "netem": "root netem delay 1ms",
-    "red": "root red limit 400000 min 30000 max 90000 avpkt 1000 burst 55 probability 0.1 ecn nodrop",
+    "red": "root red limit 400000 min 30000 max 90000 avpkt 1000 burst 55 probability 0.1 "
+           "ecn nodrop",
     "tbf": "root tbf rate 10mbit burst 10kb latency 10ms",
 }
 REQUIRED_QDISCS = ("htb", "bfifo", "pfifo_head_drop", "tbf")

@@ -3,8 +3,8 @@
 A run holds an exclusive lock (one fabric per machine: the plan's names are fixed) and keeps a
 record in ``/run/ai-fabric-testbed/run.json``: the OVS bridges, the interfaces and the processes
 it created, the kernel settings it changed, and for changes of other kinds (routing rules of
-``--traffic rxe``) the shell command that undoes each. Bridges are also tagged in OVSDB (``external_ids:ai-fabric-testbed=<run id>``) in the
-same transaction that creates them. Teardown - at the end of a run, after an error or Ctrl-C,
+``--traffic rxe``) the shell command that undoes each. Bridges are also tagged in OVSDB
+(``external_ids:ai-fabric-testbed=<run id>``) in the same transaction that creates them. Teardown - at the end of a run, after an error or Ctrl-C,
 or by ``python -m testbed clean`` after the runner was killed - removes what the record and the
 tags name, and nothing else: never ``mn -c``, never a kill by process name.
 """

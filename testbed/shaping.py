@@ -28,8 +28,8 @@ only when the kernel has it and a delay is asked for (Mininet's ``max_queue_size
 so the queue limit is set here instead): it holds every frame for the port's per-hop latency
 (``testbed.hops``) before the frame joins the class buffer. Where the kernel has RED, a class
 that marks ECN gets a RED qdisc as its buffer, which sets CE per packet (``red_qdisc``);
-elsewhere the switch-queue emulator marks from sampled backlogs. Open vSwitch resets a port's qdisc when the port is
-added to a bridge, so shaping is applied after the switches have started.
+elsewhere the switch-queue emulator marks from sampled backlogs. Open vSwitch resets a port's
+qdisc when the port is added to a bridge, so shaping is applied after the switches started.
 
 These commands run once per interface at set-up, so they use the ``tc`` tool; the per-sample
 paths (``testbed.netlink``) speak netlink directly.

@@ -1,4 +1,6 @@
 """The pure parts of testbed.rxe: endpoints, routing changes, perftest command and output."""
+import os
+
 import pytest
 
 from testbed import rxe
@@ -6,11 +8,13 @@ from testbed.config import Scenario
 from testbed.errors import ConfigError
 from testbed.topology import FabricPlan
 
+# perftest 4.5's tables, as ib_write_lat and ib_write_bw print them (column widths shortened)
 LAT = """
----------------------------------------------------------------------------------------
- #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] 
- 4096    200          10491.18      52081.36     11203.45         11987.02        3321.20         25012.11                52081.36   
----------------------------------------------------------------------------------------
+-----------------------------------------------------------------------------
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]  """ \
+    """  t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]
+ 4096    200   10491.18   52081.36   11203.45   11987.02   3321.20   25012.11   52081.36
+-----------------------------------------------------------------------------
 """
 BW = """
  #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
@@ -18,7 +22,8 @@ BW = """
 ---------------------------------------------------------------------------------------
 """
 FAILED = """
- #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]     Completion with error at client
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    """ \
+    """t_avg[usec]     Completion with error at client
  Failed status 5: wr_id 0 syndrom 0x0
 scnt=1, ccnt=0
 """
@@ -93,3 +98,15 @@ def test_perftest_command_lines():
                                   server_ip="10.0.2.3")
     assert server[:5] == ["ib_write_lat", "-d", "rxe-nb1", "-x", "3"]
     assert "--tclass=106" in server and client[-1] == "10.0.2.3" and server[-1] == "-F"
+
+
+def test_real_perftest_output_from_the_vm_parses():
+    """Client logs of a --traffic rxe run in the VM test's guest (perftest 4.5, rxe, 6.1)."""
+    data = os.path.join(os.path.dirname(__file__), "data")
+    with open(os.path.join(data, "perftest-ib_write_lat.txt")) as f:
+        lat = rxe.parse_perftest(f.read())
+    with open(os.path.join(data, "perftest-ib_write_bw.txt")) as f:
+        bw = rxe.parse_perftest(f.read())
+    assert lat["bytes"] == 1024 and lat["iterations"] == 50
+    assert 0 < lat["t_min_usec"] <= lat["t_typical_usec"] <= lat["t_max_usec"]
+    assert bw["iterations"] == 50 and bw["bw_average_mb_per_sec"] > 0
