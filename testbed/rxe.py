@@ -203,6 +203,10 @@ class RxeTraffic:
                 "(scripts/install.sh --vm)")
         clashes = route_clashes(_json(["ip", "-j", "route", "show", "table", "all"]),
                                 [self.a.ip, self.b.ip])
+        rules = subprocess.run(["ip", "rule", "show", "pref", "0"], capture_output=True,
+                               text=True, timeout=20).stdout
+        if "lookup local" not in rules:  # moved already (VRF set-ups do): not ours to touch
+            clashes.append("the local table's rule is not at pref 0")
         if clashes:
             raise CapabilityError("rxe endpoints cannot join the root namespace here: "
                                   + "; ".join(clashes))

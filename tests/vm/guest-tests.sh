@@ -19,6 +19,7 @@ timeout 1200 python -m testbed run --scenario /tmp/vm-main.yaml --traffic rxe --
   --json > $out/run.json 2> $out/run.log
 echo "run exit $? (${SECONDS}s)"
 ip rule show > $out/rules-after.txt
+{ [ -d /sys/module/rdma_rxe ] && echo loaded || echo unloaded; } > $out/rxe-module-after.txt
 SECONDS=0
 timeout 1200 python -m pytest -p no:cacheprovider -rsP -v tests/integration/test_full_kernel.py \
   --junitxml=$out/full-kernel.xml > $out/full-kernel.log 2>&1
