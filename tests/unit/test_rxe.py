@@ -110,3 +110,11 @@ def test_real_perftest_output_from_the_vm_parses():
     assert lat["bytes"] == 1024 and lat["iterations"] == 50
     assert 0 < lat["t_min_usec"] <= lat["t_typical_usec"] <= lat["t_max_usec"]
     assert bw["iterations"] == 50 and bw["bw_average_mb_per_sec"] > 0
+
+
+def test_an_uncalibrated_clock_is_no_result():
+    """perftest under qemu TCG: its CPU clock calibration gave up, every figure is inf (a
+    client log from the VM guest); the run tries again (testbed.rxe.ATTEMPTS)."""
+    with open(os.path.join(os.path.dirname(__file__), "data", "perftest-uncalibrated.txt")) as f:
+        text = f.read()
+    assert rxe.CALIBRATION_FAILED in text and rxe.parse_perftest(text) is None
