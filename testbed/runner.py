@@ -39,7 +39,7 @@ from .ovs_buffers import needed_bytes, ovs_socket_buffers, raised_socket_default
 from .queues import egress_stats, queue_drops, spine_load
 from .fidelity import CpuSampler, evaluate
 from .hops import hop_model, path_floor_us
-from .rxe import RxeTraffic, endpoints as rxe_endpoints
+from .rxe import RxeTraffic, endpoints as rxe_endpoints, require as require_rxe
 from .shaping import marking_method
 from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, write_json_atomic
 from .switchq import EmulatorProcess, merge_reports
@@ -141,6 +141,8 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
     caps.require_run()
     for name in scenario.policies:  # ConfigError for a marking this machine cannot do
         ecn_marking(scenario, make_policy(name, plan, scenario), caps)
+    if scenario.rxe.enabled:
+        require_rxe(caps)
     run_id = new_run_id()
     run_dir = os.path.abspath(os.path.join(out_root, run_id))
     os.makedirs(run_dir, mode=0o755)

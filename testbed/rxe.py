@@ -183,6 +183,15 @@ def _column(header: str) -> str:
 
 
 # --- I/O --------------------------------------------------------------------------------------
+def require(caps) -> None:
+    """CapabilityError unless real verbs traffic can run on this machine."""
+    if not caps.rxe:
+        raise CapabilityError(
+            f"--traffic rxe needs the rdma_rxe module (here: {caps.rxe_module}) and perftest "
+            "(ib_write_lat, ib_write_bw, rdma): the Vagrant VM has them (scripts/install.sh "
+            "--vm)")
+
+
 class RxeTraffic:
     """The rxe endpoints of one policy's fabric: attached by ``start``, measured by ``run``,
     detached by ``stop`` (which also runs after errors)."""
@@ -197,11 +206,7 @@ class RxeTraffic:
         self.tclass = traffic_class(policy.dscp()[0])
 
     def start(self) -> None:
-        if not self.caps.rxe:
-            raise CapabilityError(
-                f"--traffic rxe needs the rdma_rxe module (here: {self.caps.rxe_module}) and "
-                "perftest (ib_write_lat, ib_write_bw, rdma): the Vagrant VM has them "
-                "(scripts/install.sh --vm)")
+        require(self.caps)
         clashes = route_clashes(_json(["ip", "-j", "route", "show", "table", "all"]),
                                 [self.a.ip, self.b.ip])
         rules = subprocess.run(["ip", "rule", "show", "pref", "0"], capture_output=True,

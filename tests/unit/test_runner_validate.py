@@ -87,3 +87,17 @@ def test_rxe_traffic_is_refused_where_it_cannot_run():
                                 "policy_params": {"enterprise": {"tenants": [["nb1"]]}}})
     with pytest.raises(ConfigError, match="different tenants"):
         validate(apart)
+
+
+def test_rxe_traffic_without_rdma_rxe_is_refused_before_anything_starts(tmp_path):
+    from testbed import runner
+    from testbed.capabilities import Capabilities
+    from testbed.errors import CapabilityError
+
+    caps = Capabilities(root=True, qdiscs={}, ovs_running=True, ovs_version="3.1.0",
+                        openvswitch_module=False, os_ken=True, mininet=True, tshark=True,
+                        rxe_module="missing", perftest=True)
+    with pytest.raises(CapabilityError, match="rdma_rxe module .here: missing"):
+        runner.run(Scenario.from_dict({"rxe": {"enabled": True}}), out_root=str(tmp_path),
+                   caps=caps)
+    assert list(tmp_path.iterdir()) == []
