@@ -65,7 +65,8 @@ def agent_configs(plan: FabricPlan, scenario: Scenario, out_dir: str, policy) ->
                  "probability": st.probability}
     return [{"rank": h.rank, "host": h.name, "intf": h.intf, "ip": h.ip, "mac": h.mac,
              "ranks": len(plan.gpus), "workloads": workloads, "mtu": w.mtu,
-             "compute": {"ns": int(w.compute_ms * 1e6), "jitter_ns": int(w.compute_jitter_ms * 1e6)},
+             "compute": {"ns": int(w.compute_ms * 1e6),
+                         "jitter_ns": int(w.compute_jitter_ms * 1e6)},
              "straggler": straggler if h.rank in st.ranks else None, "seed": w.seed,
              "transport": transport,
              "link_rate_bps": scenario.topology.host_rate_mbit * 1e6, "out_dir": out_dir,

@@ -3,8 +3,9 @@
 Each GPU is an agent process in its own namespace (Python with Scapy's layers: 73 MB resident
 mid-run, measured; 90 MB leaves room for records that grow with the iterations), each
 neighbour host a flow process; the controller (59 MB), the queue emulator (31 MB), the runner
-(up to 176 MB in the soak) and Mininet's shells take the rest of the base. A fabric whose processes cannot fit in the memory the
-kernel reports available would be killed midway or swap its timing away.
+(up to 176 MB in the soak) and Mininet's shells take the rest of the base. A fabric whose
+processes cannot fit in the memory the kernel reports available would be killed midway or swap
+its timing away.
 """
 from __future__ import annotations
 

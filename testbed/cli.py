@@ -40,12 +40,11 @@ def cmd_run(args) -> int:
     if args.collective:
         scenario = scenario.override({"workload": {"collective": args.collective}})
     if args.servers:
-        servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-        scenario = scenario.override({"cluster": {"servers": servers}})
+        scenario = scenario.override({"cluster": {"servers": _names(args.servers)}})
     if args.traffic:
         scenario = scenario.override({"rxe": {"enabled": args.traffic == "rxe"}})
     if args.policy:
-        names = [p.strip() for p in args.policy.split(",") if p.strip()]
+        names = _names(args.policy)
         if not names:
             raise ConfigError("--policy: give at least one policy name, or all")
         scenario = scenario.with_policies(ALL_POLICIES if names == ["all"] else names)
@@ -89,9 +88,14 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def _names(text: str):
+    """``a, b,,c`` -> [a, b, c]: a comma-separated option."""
+    return [s.strip() for s in (text or "").split(",") if s.strip()]
+
+
 def _servers(text: str):
-    servers = [s.strip() for s in (text or "").split(",") if s.strip()]
-    return [s for s in servers if s not in ("localhost", "127.0.0.1")]
+    """The other servers of a --servers list (this machine left out)."""
+    return [s for s in _names(text) if s not in ("localhost", "127.0.0.1")]
 
 
 def cmd_check_servers(args) -> int:

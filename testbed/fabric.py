@@ -31,7 +31,7 @@ from .config import TopologyConfig
 from .errors import CapabilityError, FabricError
 from .ledger import OVS_TAG, Ledger
 from .hops import PORT_KINDS, HopModel, path_delay_us
-from .shaping import Shape, frame_bytes, tc_commands
+from .shaping import Shape, frame_bytes, has_delay_line, tc_commands
 from .topology import PREFIX_LEN, FabricPlan
 
 LOG = logging.getLogger(__name__)
@@ -264,9 +264,8 @@ class Fabric:
 
     def delayed_interfaces(self) -> List[str]:
         """Interfaces whose classes have a netem delay line (``testbed.shaping``)."""
-        if not self.caps.netem:
-            return []
-        return sorted(name for name, shape in self.shapes.items() if shape.delay_us > 0)
+        return sorted(name for name, shape in self.shapes.items()
+                      if has_delay_line(shape, self.caps.netem))
 
     def applied(self) -> dict:
         """What link emulation is really in place (recorded with the results)."""

@@ -4,9 +4,10 @@ A run holds an exclusive lock (one fabric per machine: the plan's names are fixe
 record in ``/run/ai-fabric-testbed/run.json``: the OVS bridges, the interfaces and the processes
 it created, the kernel settings it changed, and for changes of other kinds (routing rules of
 ``--traffic rxe``) the shell command that undoes each. Bridges are also tagged in OVSDB
-(``external_ids:ai-fabric-testbed=<run id>``) in the same transaction that creates them. Teardown - at the end of a run, after an error or Ctrl-C,
-or by ``python -m testbed clean`` after the runner was killed - removes what the record and the
-tags name, and nothing else: never ``mn -c``, never a kill by process name.
+(``external_ids:ai-fabric-testbed=<run id>``) in the same transaction that creates them.
+Teardown - at the end of a run, after an error or Ctrl-C, or by ``python -m testbed clean``
+after the runner was killed - removes what the record and the tags name, and nothing else:
+never ``mn -c``, never a kill by process name.
 """
 from __future__ import annotations
 
@@ -86,6 +87,13 @@ class Ledger:
         """A kernel setting the run changes temporarily (restored unless changed since)."""
         self.data["sysctls"][path] = [old, new]
         self._write()
+
+    def restore_sysctl(self, path: str) -> None:
+        """Put back a setting recorded by ``add_sysctl`` now, and forget it."""
+        old, new = self.data["sysctls"].pop(path, (None, None))
+        if old is not None:
+            restore_sysctl(path, old, new)
+            self._write()
 
     def add_undo(self, tag: str, command: str) -> None:
         """A shell command that undoes a change about to be made (recorded first, so a

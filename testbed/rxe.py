@@ -31,6 +31,8 @@ thin I/O class at the end.
 """
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import re
 import socket
@@ -114,12 +116,10 @@ def route_clashes(routes: List[dict], ips: List[str]) -> List[str]:
     """Root-namespace routes (``ip -j route show table all``) that already cover an endpoint
     address (other than a default route): attaching it here would take that address from the
     machine's own network."""
-    import ipaddress
-
     out = []
     for r in routes:
         dst = r.get("dst", "")
-        if dst in ("default", "") or r.get("table") in ("local",) and dst.startswith("127."):
+        if dst in ("default", "") or dst.startswith("127."):
             continue
         try:
             net = ipaddress.ip_network(dst if "/" in dst else dst + "/32", strict=False)
@@ -135,8 +135,6 @@ def route_clashes(routes: List[dict], ips: List[str]) -> List[str]:
 def roce_v2_ipv4_gid(gids: List[Tuple[str, str]], ip: str) -> Optional[int]:
     """Index of the RoCE v2 GID that carries ``ip`` (an IPv4-mapped ::ffff:a.b.c.d), from
     the device's (gid, type) table."""
-    import ipaddress
-
     want = ipaddress.IPv6Address("::ffff:" + ip)
     for index, (gid, kind) in enumerate(gids):
         try:
@@ -197,13 +195,14 @@ class RxeTraffic:
     detached by ``stop`` (which also runs after errors)."""
 
     def __init__(self, fabric, plan: FabricPlan, scenario, policy, ledger, caps, out_dir: str):
-        self.fabric, self.plan, self.cfg = fabric, plan, scenario.rxe
-        self.policy, self.ledger, self.caps = policy, ledger, caps
+        self.fabric, self.cfg = fabric, scenario.rxe
+        self.ledger, self.caps = ledger, caps
         self.out_dir = out_dir
         self.a, self.b = endpoints(plan)
         self.tag = f"rxe-{policy.name}"
         self.mtu = fabric.mtu
         self.tclass = traffic_class(policy.dscp()[0])
+        self.changed: List[str] = []  # kernel settings set (restored by stop)
 
     def start(self) -> None:
         require(self.caps)
@@ -226,6 +225,7 @@ class RxeTraffic:
             self.fabric.moved_to_root.add(h.name)
         for path, value in sysctls(self.a, self.b).items():
             _set_sysctl(self.ledger, path, value)
+            self.changed.append(path)
         for command, undo in root_changes(self.a, self.b, self.mtu):
             self.ledger.add_undo(self.tag, undo)
             _check(["sh", "-c", command])
@@ -257,7 +257,10 @@ class RxeTraffic:
         """Undo every change (newest first); the failures, for a warning."""
         for h in (self.a, self.b):
             self.fabric.moved_to_root.discard(h.name)
-        return self.ledger.undo(self.tag)
+        failed = self.ledger.undo(self.tag)
+        for path in self.changed:
+            self.ledger.restore_sysctl(path)
+        return failed
 
     # --- helpers ----------------------------------------------------------------------------
     def _gid(self, host: Host) -> int:
@@ -351,8 +354,6 @@ def _read(path: str) -> str:
 
 
 def _json(cmd: List[str]) -> list:
-    import json
-
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
     try:
         return json.loads(out.stdout or "[]")

@@ -110,6 +110,11 @@ def gate_handle(cls: TrafficClass) -> int:
     return cls.minor + GATE_BASE
 
 
+def has_delay_line(shape: Shape, netem: bool) -> bool:
+    """Whether the classes of an interface shaped so get a netem delay line."""
+    return shape.delay_us > 0 and netem
+
+
 def gate_parent(cls: TrafficClass, delayed: bool) -> str:
     return f"{netem_handle(cls):x}:1" if delayed else f"1:{cls.minor:x}"
 
@@ -140,7 +145,7 @@ def tc_commands(intf: str, shape: Shape, netem: bool, mtu: int = 1500) -> List[s
     cmds = [f"tc qdisc replace dev {intf} root handle 1: htb default {default.minor:x}",
             f"tc class replace dev {intf} parent 1: classid 1:1 htb rate {link_kbit}kbit "
             f"ceil {link_kbit}kbit burst {burst} cburst {burst} quantum {quantum}"]
-    delayed = shape.delay_us > 0 and netem
+    delayed = has_delay_line(shape, netem)
     for c in classes:
         p = htb_params(shape.rate_mbit, c, classes, mtu)
         cmds.append(f"tc class replace dev {intf} parent 1:1 classid 1:{c.minor:x} htb "

@@ -172,7 +172,7 @@ def test_clean_servers_after_kill_9_removes_the_split_run_on_both(tmp_path, serv
     import subprocess
     import sys
 
-    from ..integration.test_interrupt import wait_for_line
+    from ..integration.runs import wait_for_line
 
     proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "--policy", "hyperscale",
                              "--iterations", "200", "--servers",

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from .leftovers import processes, wait_clean
-from .test_interrupt import results_of, wait_for_line
+from .runs import results_of, wait_for_line
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from testbed.api import run_scenario
 from testbed.capabilities import detect
 
 from .leftovers import root_routing, wait_clean
-from .test_interrupt import wait_for_line
+from .runs import wait_for_line
 
 pytestmark = [pytest.mark.integration, pytest.mark.full_kernel]
 

@@ -1,7 +1,4 @@
 """Ctrl-C, SIGTERM and kill -9 of a run in the middle of its traffic."""
-import json
-import os
-import select
 import signal
 import subprocess
 import sys
@@ -10,6 +7,7 @@ import time
 import pytest
 
 from .leftovers import leftovers, wait_clean
+from .runs import results_of, wait_for_line
 
 pytestmark = pytest.mark.integration
 
@@ -18,29 +16,6 @@ def start_run(out_dir, iterations=200):
     return subprocess.Popen(
         [sys.executable, "-m", "testbed", "run", "--iterations", str(iterations), "--out",
          str(out_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for_line(proc, needle, timeout=60.0):
-    """Read stderr until a line contains ``needle``; returns everything read."""
-    seen = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stderr], [], [], 0.5)
-        if ready:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            seen.append(line)
-            if needle in line:
-                return seen
-    proc.kill()
-    raise AssertionError(f"never saw {needle!r}; got: {''.join(seen)[-2000:]}")
-
-
-def results_of(out_dir):
-    (run_id,) = os.listdir(out_dir)
-    with open(os.path.join(out_dir, run_id, "results.json")) as f:
-        return json.load(f)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

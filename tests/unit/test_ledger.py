@@ -65,3 +65,18 @@ def test_undo_commands_run_newest_first_per_tag_and_after_a_kill(tmp_path):
         assert log.read_text().split() == ["second", "first", "other"]
     finally:
         ledger.close()
+
+
+def test_a_setting_restored_early_is_forgotten(tmp_path):
+    s = tmp_path / "rp_filter"
+    s.write_text("0")  # the run set it from 2
+    ledger = Ledger("run-s", state_dir=str(tmp_path))
+    ledger.acquire("/r")
+    try:
+        ledger.add_sysctl(str(s), 2, 0)
+        ledger.restore_sysctl(str(s))
+        assert s.read_text() == "2" and read_record(str(tmp_path))["sysctls"] == {}
+        ledger.restore_sysctl(str(s))  # twice: nothing more
+        assert s.read_text() == "2"
+    finally:
+        ledger.close()

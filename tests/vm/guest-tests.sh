@@ -3,7 +3,7 @@
 #  - a run from the command line, two policies with real verbs traffic (--traffic rxe), on the
 #    kernel datapath with netem per-hop latency and RED marking (all chosen automatically);
 #  - the integration tests that need the full kernel (tests/integration/test_full_kernel.py);
-#  - the root namespace's routing rules before and after, to show rxe left nothing behind.
+#  - the root namespace's routing rules and rp_filter before and after: rxe left nothing behind.
 out=$1
 cat > /tmp/vm-main.yaml <<'YAML'
 name: vm-main
@@ -13,12 +13,15 @@ workload: {size_bytes: 65536, iterations: 2}
 rxe: {size_bytes: 1024, lat_iterations: 50, bw_iterations: 50}
 YAML
 cd /vagrant
-ip rule show > $out/rules-before.txt
+# as systemd's sysctl defaults set it on the Vagrant VM: the rxe run changes it and must restore it
+sysctl -qw net.ipv4.conf.all.rp_filter=2
+root_state() { ip rule show; echo "all.rp_filter $(sysctl -n net.ipv4.conf.all.rp_filter)"; }
+root_state > $out/rules-before.txt
 SECONDS=0
 timeout 1200 python -m testbed run --scenario /tmp/vm-main.yaml --traffic rxe --out $out/results \
   --json > $out/run.json 2> $out/run.log
 echo "run exit $? (${SECONDS}s)"
-ip rule show > $out/rules-after.txt
+root_state > $out/rules-after.txt
 { [ -d /sys/module/rdma_rxe ] && echo loaded || echo unloaded; } > $out/rxe-module-after.txt
 SECONDS=0
 timeout 1200 python -m pytest -p no:cacheprovider -rsP -v tests/integration/test_full_kernel.py \
