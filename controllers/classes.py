@@ -75,6 +75,15 @@ def default_class(classes) -> TrafficClass:
     return defaults[0]
 
 
+def class_dscps(cls: TrafficClass, classes) -> Tuple[int, ...]:
+    """The DSCPs whose packets ``cls`` takes: its own, or for the default class every DSCP
+    that no other class claims."""
+    if cls.dscp:
+        return tuple(sorted(cls.dscp))
+    claimed = {d for c in classes for d in c.dscp}
+    return tuple(d for d in range(64) if d not in claimed)
+
+
 def class_to_dict(c: TrafficClass) -> dict:
     return dataclasses.asdict(c)
 

@@ -35,7 +35,8 @@ class HyperscalePolicy(Policy):
             msgs += l3.local_hosts(plan, sw.index, cookie) + l3.ecmp(plan, sw.index, cookie)
         else:
             msgs += l3.spine_routes(plan, cookie)
-        return msgs + l3.egress(l3.switch_ports(plan, dpid), cookie)
+        return msgs + l3.egress(l3.switch_ports(plan, dpid), cookie,
+                                self.context.openflow_marking)
 
     def ecn_changed(self, dpid: int, port: int, marking: bool) -> List[Message]:
         return [l3.mark_group(port, marking)]

@@ -7,11 +7,15 @@ Tables::
     1 FLOWLET   (lossless) flows learned by adaptive routing: reg0 = uplink
     2 AR        (lossless) AR slot -> reg0 = uplink, learn the flowlet
     3 ECMP      reg1 = slot -> reg0 = uplink                              -> EGRESS
-    4 EGRESS    reg0 = port: ECT packets through the port's marking group, others out
+    4 EGRESS    reg0 = port: out (with OpenFlow marking: ECT packets through the port's
+                marking group)
 
-Every egress port ``p`` has an indirect group ``MARK_BASE + p`` whose one bucket is either
-``output:p`` or ``set_field:3->ip_ecn, output:p``: the switch-queue emulator turns marking on and
-off per port by modifying that group, so ECN-capable packets leaving a congested queue get CE.
+ECN marking normally happens below the switch, in the kernel (RED, or the switch-queue
+emulator's BPF program: ``testbed.bpfmark``), and the pipeline never looks at the ECN bits.
+Where neither runs (``FabricContext.openflow_marking``), every egress port ``p`` has an
+indirect group ``MARK_BASE + p`` whose one bucket is either ``output:p`` or
+``set_field:3->ip_ecn, output:p``: the switch-queue emulator turns marking on and off per port by
+modifying that group, so ECN-capable packets leaving a congested queue get CE.
 """
 from __future__ import annotations
 
@@ -32,15 +36,16 @@ def mark_group(port: int, marking: bool, modify: bool = True) -> GroupMod:
     return GroupMod(MARK_BASE + port, "indirect", (Bucket(actions),), modify=modify)
 
 
-def egress(ports: List[int], cookie: int) -> List[Message]:
-    """EGRESS table: every port's marking group (marking off) and its two flows."""
+def egress(ports: List[int], cookie: int, marking_groups: bool = False) -> List[Message]:
+    """EGRESS table: every port's flow; with ``marking_groups``, its marking group (marking
+    off) and the flows that send ECT packets through it."""
     msgs: List[Message] = [flow(PRIO_MISS, {}, table=EGRESS, cookie=cookie)]
     for p in ports:
-        msgs.append(mark_group(p, False, modify=False))
-        for ecn in ECT:
-            msgs.append(flow(PRIO_HOST + PRIO_ECT, {"reg0": p, "eth_type": ETH_TYPE_IPV4,
-                                                    "ip_ecn": ecn},
-                             Group(MARK_BASE + p), table=EGRESS, cookie=cookie))
+        if marking_groups:
+            msgs.append(mark_group(p, False, modify=False))
+            msgs += [flow(PRIO_HOST + PRIO_ECT, {"reg0": p, "eth_type": ETH_TYPE_IPV4,
+                                                 "ip_ecn": ecn},
+                          Group(MARK_BASE + p), table=EGRESS, cookie=cookie) for ecn in ECT]
         msgs.append(flow(PRIO_HOST, {"reg0": p}, Output(p), table=EGRESS, cookie=cookie))
     return msgs
 

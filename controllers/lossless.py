@@ -94,7 +94,8 @@ class LosslessPolicy(Policy):
             msgs += l3.ecmp(plan, sw.index, cookie)
         else:
             msgs += l3.spine_routes(plan, cookie)
-        return msgs + l3.egress(l3.switch_ports(plan, dpid), cookie)
+        return msgs + l3.egress(l3.switch_ports(plan, dpid), cookie,
+                                self.context.openflow_marking)
 
     def _adaptive(self, leaf: int, dpid: int) -> List[Message]:
         cookie = self.cookie

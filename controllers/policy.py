@@ -32,6 +32,9 @@ class FabricContext:
     cable_m: float = 0.0
     link_delay_us: float = 0.0
     switch_latency: bool = False
+    # sampled ECN marking through OpenFlow marking groups (only where the kernel cannot run
+    # testbed.bpfmark's program): the EGRESS table then matches ip_ecn
+    openflow_marking: bool = False
 
     @property
     def reaction_s(self) -> float:

@@ -146,6 +146,7 @@ class PolicyResult:
     background: Optional[Dict[str, Any]]
     pcap: Optional[Dict[str, Dict[str, Any]]] = None
     ecn_marking: Optional[str] = None  # "red" (kernel), "sampled" (emulator), None (no ECN)
+    ecn_marking_via: Optional[str] = None  # sampled marking applied by "bpf" or "openflow"
     per_hop_latency: Optional[Dict[str, Any]] = None  # model, what was applied, floors seen
     rxe: Optional[Dict[str, Any]] = None  # --traffic rxe: mode and perftest figures
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)

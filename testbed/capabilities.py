@@ -10,6 +10,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from typing import Dict, Optional
 
@@ -40,6 +41,7 @@ class Capabilities:
     tshark: bool
     rxe_module: str = "missing"  # rdma_rxe: "loaded" | "available" (modprobe can) | "missing"
     perftest: bool = False  # ib_write_lat/ib_write_bw and the rdma tool
+    bpf_marking: Optional[bool] = False  # the tc BPF marking program runs (testbed.bpfmark)
 
     @property
     def rxe(self) -> bool:
@@ -143,7 +145,22 @@ def detect() -> Capabilities:
         tshark=bool(shutil.which("tshark")),
         rxe_module=rxe_module(),
         perftest=all(shutil.which(t) for t in ("ib_write_lat", "ib_write_bw", "rdma")),
+        bpf_marking=probe_bpf_marking(),
     )
+
+
+def probe_bpf_marking() -> Optional[bool]:
+    """Whether the ECN marking program loads, attaches and marks a frame: its self-test, run
+    in a throw-away namespace. None when not root (cannot tell)."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return None
+    try:
+        done = subprocess.run(["unshare", "--net", sys.executable, "-m", "testbed.bpfmark"],
+                              capture_output=True, text=True, timeout=30,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and done.stdout.strip() == "ok"
 
 
 def rxe_module() -> str:

@@ -14,7 +14,7 @@ import secrets
 import shutil
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, List, Optional
 
 from controllers.policy import Policy, make_policy, policy_names
@@ -40,7 +40,7 @@ from .queues import egress_stats, queue_drops, spine_load
 from .fidelity import CpuSampler, evaluate
 from .hops import hop_model, path_floor_us
 from .rxe import RxeTraffic, endpoints as rxe_endpoints, require as require_rxe
-from .shaping import marking_method
+from .shaping import marking_method, marking_via
 from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, write_json_atomic
 from .switchq import EmulatorProcess, merge_reports
 from .topology import FabricPlan
@@ -133,6 +133,15 @@ def ecn_marking(scenario: Scenario, policy: Policy, caps: Capabilities) -> Optio
                           caps.datapath)
 
 
+def configured_policy(name: str, plan, scenario: Scenario, caps: Capabilities) -> Policy:
+    """The policy as it runs here: told whether its switches mark ECN through OpenFlow (only
+    where the kernel can run neither RED nor the marking program)."""
+    policy = make_policy(name, plan, scenario)
+    via = marking_via(ecn_marking(scenario, policy, caps), caps.bpf_marking)
+    policy.context = replace(policy.context, openflow_marking=via == "openflow")
+    return policy
+
+
 def run(scenario: Scenario, out_root: str = "results", progress: Progress = lambda s: None,
         caps: Optional[Capabilities] = None):
     """Run every policy of ``scenario``; returns (results dict, run directory)."""
@@ -163,7 +172,7 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
     try:
         for i, name in enumerate(scenario.policies, 1):
             say = _prefixed(progress, f"[{name} {i}/{len(scenario.policies)}]")
-            policy = make_policy(name, plan, scenario)
+            policy = configured_policy(name, plan, scenario, caps)
             results["policies"][name] = run_policy(policy, scenario, caps, run_dir, ledger,
                                                    say, results)
             write_json_atomic(path, results)
@@ -470,6 +479,7 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
         "pfc_paused_ms": queues.get("pfc_paused_ms", 0.0) if pfc else None,
         "switch_queues": queues,
         "ecn_marking": marking,
+        "ecn_marking_via": marking_via(marking, caps.bpf_marking),
         "red_marked_by_port": ({k: v["marked"] for k, v in sorted(stats.items()) if v["marked"]}
                                if marking == "red" else None),
         "reaction_time_us": scenario.emulation.sample_interval_us,

@@ -28,7 +28,7 @@ only when the kernel has it and a delay is asked for (Mininet's ``max_queue_size
 so the queue limit is set here instead): it holds every frame for the port's per-hop latency
 (``testbed.hops``) before the frame joins the class buffer. Where the kernel has RED, a class
 that marks ECN gets a RED qdisc as its buffer, which sets CE per packet (``red_qdisc``);
-elsewhere the switch-queue emulator marks from sampled backlogs. Open vSwitch resets a port's
+elsewhere the switch-queue emulator marks from sampled backlogs (``marking_via``). Open vSwitch resets a port's
 qdisc when the port is added to a bridge, so shaping is applied after the switches started.
 
 These commands run once per interface at set-up, so they use the ``tc`` tool; the per-sample
@@ -218,6 +218,15 @@ def marking_method(setting: str, red_available: bool, classes, datapath: str) ->
                "load the openvswitch module for the kernel datapath")
         raise ConfigError(f"emulation.ecn_marking: red is not possible here: {why}")
     return "red"
+
+
+def marking_via(marking: Optional[str], bpf_available: bool) -> Optional[str]:
+    """What applies sampled marking: "bpf" (the kernel program of ``testbed.bpfmark``, where
+    it runs) or "openflow" (the controller's marking groups, which reorder a flow's marked
+    and unmarked packets on a loaded machine - see bpfmark); None for RED or no ECN."""
+    if marking != "sampled":
+        return None
+    return "bpf" if bpf_available else "openflow"
 
 
 FIFO_KINDS = ("bfifo", "pfifo_head_drop", "red")

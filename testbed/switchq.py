@@ -35,15 +35,16 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
-from controllers.classes import TrafficClass, class_from_dict, class_to_dict
+from controllers.classes import TrafficClass, class_dscps, class_from_dict, class_to_dict
 from controllers.pfc import PfcState, Queue
 
 from .errors import FabricError
 
+from .bpfmark import Marker
 from .netlink import QdiscSampler, send_and_check, socket_in_netns, tbf_message, tc_handle
 from .procutil import die_with_parent, stop_process
 from .results import write_json_atomic
-from .shaping import gate_handle, gate_params, gate_parent
+from .shaping import gate_handle, gate_params, gate_parent, marking_via
 from .topology import FabricPlan
 
 
@@ -216,6 +217,9 @@ class Emulator:
         self.load_class = self.pfc_class or self.ecn_class or self.classes[0]
         # the class this emulator marks; none where the kernel's RED marks (testbed.shaping)
         self.marks = self.ecn_class if cfg.get("ecn_marking", "sampled") == "sampled" else None
+        # who applies it: the kernel program on the ports (testbed.bpfmark), or the controller
+        self.marker: Optional[Marker] = None
+        self.via = cfg.get("marking_via") or "openflow"
         self.marking: Dict[str, bool] = {}
         self.marking_since: Dict[str, int] = {}
         self.marking_ns: Dict[str, int] = {}
@@ -247,7 +251,15 @@ class Emulator:
 
     # --- set-up -----------------------------------------------------------------------------
     def open(self) -> None:
-        if self.cfg.get("events") and (self.marks or self.watch):
+        if self.marks and self.via == "bpf":
+            self.marker = Marker(self.port_order, class_dscps(self.marks, self.classes))
+            try:
+                self.marker.open()
+            except (OSError, LookupError) as e:
+                self.marker.close()
+                raise FabricError(f"the ECN marking program could not be attached: {e}")
+        openflow_marks = self.marks and self.via == "openflow"
+        if self.cfg.get("events") and (openflow_marks or self.watch):
             self.events = Outbox(self.cfg["events"])
         if self.pfc_class and self.cfg.get("pfc_listen"):
             self.relay = PfcRelay(self.cfg)
@@ -378,7 +390,9 @@ class Emulator:
             else:
                 self.marking_ns[intf] = (self.marking_ns.get(intf, 0) + now
                                          - self.marking_since.pop(intf, now))
-            if self.events:
+            if self.marker:
+                self.marker.set(intf, want)
+            elif self.events:
                 self.events.ecn[(dpid, port)] = want
             self.counters["ecn_events"] += 1
 
@@ -470,6 +484,8 @@ class Emulator:
         }
 
     def close(self) -> None:
+        if self.marker:  # nothing marks once the emulator is gone (also after an error)
+            self.marker.close()
         for s in self.sockets + [self.sampler.sock] + ([self.events.sock] if self.events else []):
             s.close()
         if self.relay:
@@ -556,6 +572,7 @@ class EmulatorProcess:
             "nic_queue_bytes": t.nic_queue_bytes,
             "delayed": session.fabric.delayed_interfaces(),
             "ecn_marking": session.fabric.marking,
+            "marking_via": marking_via(session.fabric.marking, session.fabric.caps.bpf_marking),
             "mtu": link_mtu,
             "watch": {str(d): p for d, p in watch.items()} if watch else None,
         }

@@ -10,7 +10,6 @@ import select
 import subprocess
 import sys
 
-from controllers.policy import make_policy
 from testbed import runner
 from testbed.capabilities import detect
 from testbed.config import DEFAULT
@@ -95,9 +94,10 @@ def held_ledger(tmp_path):
 @contextlib.contextmanager
 def fabric_session(scenario, policy_name, tmp_path, progress=lambda message: None):
     """``runner.fabric_up`` for one policy of ``scenario``: yields (policy, session, ledger)."""
-    policy = make_policy(policy_name, runner.validate(scenario), scenario)
+    caps = detect()
+    policy = runner.configured_policy(policy_name, runner.validate(scenario), scenario, caps)
     with held_ledger(tmp_path) as ledger, \
-            runner.fabric_up(policy, scenario, detect(), str(tmp_path), ledger,
+            runner.fabric_up(policy, scenario, caps, str(tmp_path), ledger,
                              progress) as session:
         yield policy, session, ledger
 
@@ -107,9 +107,10 @@ def live(policy_name, tmp_path, **changes):
     scenario = DEFAULT.override(changes)
     t = scenario.topology
     plan = FabricPlan.for_topology(t)  # no collective: any tenants
-    policy = make_policy(policy_name, plan, scenario)
+    caps = detect()
+    policy = runner.configured_policy(policy_name, plan, scenario, caps)
     with held_ledger(tmp_path) as ledger, \
-            runner.fabric_up(policy, scenario, detect(), str(tmp_path), ledger) as session, \
+            runner.fabric_up(policy, scenario, caps, str(tmp_path), ledger) as session, \
             runner.queue_emulation(policy, scenario, session, str(tmp_path),
                                    ledger) as (emu, queues):
         yield Live(policy, scenario, session, emu, queues, ledger, str(tmp_path))

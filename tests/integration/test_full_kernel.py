@@ -50,6 +50,8 @@ def test_red_and_sampled_marking_agree_in_direction(tmp_path):
               marking_ports(p), p.cct_us.p50)
     red, sampled = runs["red"], runs["sampled"]
     assert red.ecn_marking == "red" and sampled.ecn_marking == "sampled"
+    assert red.ecn_marking_via is None
+    assert sampled.ecn_marking_via == ("bpf" if CAPS.bpf_marking else "openflow")
     for p in (red, sampled):
         # every byte of the all-to-all delivered (drops here would be the emulator's: a
         # sampler late on a saturated CPU; go-back-N repairs them)

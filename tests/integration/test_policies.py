@@ -1,14 +1,17 @@
 """Each policy's mechanisms, measured on a live fabric with real packets."""
+import subprocess
 import time
 
 import pytest
 
+from testbed.capabilities import detect
 from testbed.queues import egress_stats
 
 from .live import live, percentile, summary
 
 pytestmark = pytest.mark.integration
 
+CAPS = detect()
 SENDERS = ["gpu1", "gpu2", "gpu3", "gpu4", "gpu5", "gpu6", "gpu7"]
 
 
@@ -42,6 +45,8 @@ def test_hyperscale_incast_overflows_the_shallow_buffer(tmp_path):
 
 def test_lossless_incast_loses_nothing_pauses_and_marks(tmp_path):
     with live("lossless", tmp_path) as fabric:
+        flows = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", "sp1"],
+                               capture_output=True, text=True, check=True).stdout
         quiet = fabric.recv("gpu8")
         fabric.send("gpu7", "gpu8", packets=100).wait()  # one flow: the queue stays short
         time.sleep(0.5)
@@ -51,6 +56,11 @@ def test_lossless_incast_loses_nothing_pauses_and_marks(tmp_path):
     assert alone["packets"] == 100 and alone["ce"] == 0  # below Kmin: no marks
     assert got["packets"] == 7 * 150, f"lossless class dropped packets: {got['drops']}"
     assert got["ce"] > 0, "ECN marks appear once Kmin is crossed"
+    # marked by the kernel program where it runs: then no flow looks at the ECN bits
+    # (testbed.bpfmark: a flow's marked packets could otherwise overtake its unmarked ones)
+    openflow = fabric.policy.context.openflow_marking
+    assert openflow == (not CAPS.bpf_marking and not CAPS.red)
+    assert ("nw_ecn" in flows) == openflow
     assert report["pfc_pause_events"] > 0 and report["pfc_paused_ms"] > 0
     paused = report["pfc"]
     assert any(q.startswith("gpu") for q in paused)  # backpressure reached the GPU NICs

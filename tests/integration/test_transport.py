@@ -49,10 +49,10 @@ def test_drops_cost_go_back_n_retransmissions_and_lossless_has_none(tmp_path):
     scenario, hs_run, hs_dir = run(
         tmp_path / "hyperscale", ["hyperscale"],
         policy_params={"hyperscale": {"buffer_bytes": 48000}}, **common)
-    # adaptive routing off: it occasionally reorders a running flow in this emulator (README,
-    # fidelity notes), and this test is about drops, not routing. A long retransmission
+    # Adaptive routing off: this test is about drops, not routing. A long retransmission
     # timeout: on a loaded machine a PFC stall once outlasted the default 250 ms and the
-    # lossless run retransmitted without a single drop.
+    # lossless run retransmitted without a single drop. (NAKs without a drop also came from
+    # OpenFlow ECN marking reordering a flow: testbed.bpfmark, README fidelity notes.)
     _, ll_run, ll_dir = run(
         tmp_path / "lossless", ["lossless"], policy_params={"lossless": {
             "adaptive_routing": False}}, transport={"rto_ms": 1000}, **common)

@@ -1,7 +1,7 @@
 import pytest
 
-from controllers.classes import (EcnRule, PfcRule, TrafficClass, class_from_dict, class_to_dict,
-                                 default_class)
+from controllers.classes import (EcnRule, PfcRule, TrafficClass, class_dscps, class_from_dict,
+                                 class_to_dict, default_class)
 
 
 def test_step_marking():
@@ -25,3 +25,14 @@ def test_classes_round_trip_and_one_default():
     assert default_class((c, other)) is other
     with pytest.raises(ValueError):
         default_class((c,))
+
+
+def test_the_default_class_takes_every_dscp_no_other_class_claims():
+    cnp = TrafficClass("cnp", 0, 0, (48,), 10)
+    roce = TrafficClass("roce", 1, 1, (26, 24), 10)
+    other = TrafficClass("other", 2, 2, (), 10)
+    classes = (cnp, roce, other)
+    assert class_dscps(roce, classes) == (24, 26)
+    rest = class_dscps(other, classes)
+    assert len(rest) == 61 and not {24, 26, 48} & set(rest) and 0 in rest and 63 in rest
+    assert class_dscps(other, (other,)) == tuple(range(64))  # hyperscale: one class

@@ -3,10 +3,10 @@ import collections
 import pytest
 
 from controllers import l3
-from controllers.flows import ClearFlows, FlowMod, Multipath
+from controllers.flows import ClearFlows, FlowMod, GroupMod, Multipath
 from controllers.hyperscale import HyperscalePolicy
 from controllers.params import resolve
-from controllers.policy import policy_class, policy_names
+from controllers.policy import FabricContext, policy_class, policy_names
 from testbed.topology import FabricPlan
 from tests.fakeoftable import FakeFabric, udp_packet
 
@@ -80,8 +80,9 @@ def test_one_shallow_class_and_optional_step_ecn(plan):
     assert cls.ecn.kind == "step" and cls.ecn.kmin == 32_000
 
 
-def test_ecn_marking_sets_ce_on_ect_packets_through_that_port_only(plan):
-    policy = HyperscalePolicy(plan, resolve("hyperscale", {"ecn": "step"}, 40, 4096))
+def test_openflow_marking_sets_ce_on_ect_packets_through_that_port_only(plan):
+    policy = HyperscalePolicy(plan, resolve("hyperscale", {"ecn": "step"}, 40, 4096),
+                              FabricContext(openflow_marking=True))
     fabric = FakeFabric(plan, policy)
     lf1 = plan.leaves[0].dpid
     src, dst, other = plan.host("gpu1"), plan.host("gpu2"), plan.host("gpu3")
@@ -95,6 +96,21 @@ def test_ecn_marking_sets_ce_on_ect_packets_through_that_port_only(plan):
     fabric.by_dpid[lf1].apply(policy.ecn_changed(lf1, dst.index, False))
     (_, pkt), _ = fabric.send(src.name, udp_packet(src, dst, ecn=2))
     assert pkt["ip_ecn"] == 2
+
+
+def test_without_openflow_marking_the_pipeline_never_looks_at_ecn(plan):
+    """Marking below the switch (RED, the BPF program): no flow matches ip_ecn, so a flow's
+    ECT and CE packets share one datapath flow and cannot overtake each other in OVS."""
+    policy = HyperscalePolicy(plan, resolve("hyperscale", {"ecn": "step"}, 40, 4096))
+    for sw in plan.switches:
+        msgs = policy.switch_connected(sw.dpid)
+        assert not [m for m in msgs if isinstance(m, FlowMod) and "ip_ecn" in dict(m.match)]
+        assert not [m for m in msgs if isinstance(m, GroupMod)]
+    fabric = FakeFabric(plan, policy)
+    src, dst = plan.host("gpu1"), plan.host("gpu8")
+    for ecn in (0, 2, 3):
+        (got, pkt), _ = fabric.send(src.name, udp_packet(src, dst, ecn=ecn))
+        assert got == dst.name and pkt["ip_ecn"] == ecn
 
 
 def test_unknown_switch_raises_key_error(plan):

@@ -101,3 +101,25 @@ def test_rxe_traffic_without_rdma_rxe_is_refused_before_anything_starts(tmp_path
         runner.run(Scenario.from_dict({"rxe": {"enabled": True}}), out_root=str(tmp_path),
                    caps=caps)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_controller_marks_ecn_only_where_the_kernel_cannot():
+    """Sampled marking: by the BPF program where it runs (no ip_ecn in the pipeline), by
+    OpenFlow groups elsewhere; RED marks in the kernel whatever the program can do."""
+    from testbed.capabilities import Capabilities
+    from testbed.runner import configured_policy
+    from testbed.topology import FabricPlan
+
+    plan = FabricPlan(2, 4, 2)
+    scenario = Scenario.from_dict({})
+
+    def caps(bpf, red=False):
+        return Capabilities(root=True, qdiscs={"red": red}, ovs_running=True,
+                            ovs_version="3.1.0", openvswitch_module=False, os_ken=True,
+                            mininet=True, tshark=True, bpf_marking=bpf)
+
+    assert not configured_policy("lossless", plan, scenario, caps(True)).context.openflow_marking
+    assert configured_policy("lossless", plan, scenario, caps(False)).context.openflow_marking
+    assert not configured_policy("lossless", plan, scenario,
+                                 caps(False, red=True)).context.openflow_marking
+    assert not configured_policy("enterprise", plan, scenario, caps(False)).context.openflow_marking

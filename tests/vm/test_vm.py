@@ -42,6 +42,7 @@ def test_the_guest_uses_the_full_kernel(guest):
     assert check["datapath"] == "kernel" and check["openvswitch_module"] is True
     assert check["qdiscs"]["netem"] is True and check["qdiscs"]["red"] is True
     assert check["rxe"] is True and check["rxe_module"] == "available" and check["perftest"]
+    assert check["bpf_marking"] is True  # sampled ECN marking by the tc program
 
 
 @pytest.fixture(scope="module")
