@@ -5,8 +5,10 @@ the backlog of every traffic-class buffer of every switch port (one netlink dump
 ``testbed.netlink.QdiscSampler``) and acts as the policy's classes ask:
 
 * ECN: a class with an ``EcnRule`` marks while its rule says so (step: above K; RED-like:
-  with probability p(q), drawn once per sample). A change is sent to the controller, which
-  switches the port's marking group so ECT packets leaving that port get CE.
+  with probability p(q), drawn once per sample). A change is one map update of the marking
+  program on the switch ports (``testbed.bpfmark``), which sets CE on the class's ECT packets
+  leaving that port; where the kernel cannot run it, the change goes to the controller,
+  which switches the port's OpenFlow marking group.
 * PFC: a class with a ``PfcRule`` pauses the queues that feed its switch above XOFF and
   resumes them below XON (``controllers.pfc``); a pause closes the fed queue's PFC gate (a
   tbf, see ``testbed.shaping``) with a prebuilt netlink message, in the root namespace for
