@@ -143,6 +143,8 @@ def cmd_check(args) -> int:
              "not available: no per-hop switch latency or cable delay is added")
     print(f"{'per-hop delay (netem)':28} {delay}")
     applied = ("applied by a tc BPF program" if caps.bpf_marking else
+               "applied by a tc BPF program or OpenFlow groups (root can tell)"
+               if caps.bpf_marking is None else
                "applied by OpenFlow groups (no tc BPF here: marked packets may overtake "
                "unmarked ones under load)")
     marking = "kernel RED" if caps.red else f"sampled by the switch-queue emulator, {applied}"
