@@ -50,6 +50,10 @@ ECT0 = 0b10
 QP_TIMEOUT = 18  # 4 us x 2^18 = 1 s: above the deepest emulated queue's drain time
 ATTEMPTS = 3
 CALIBRATION_FAILED = "Correlation coefficient"  # perftest's clock calibration gave up
+_CALIBRATION_NOTE = re.compile(r"Correlation coefficient r\^2: \S+ < \S+")
+# Latency in CPU cycles (-C), converted here with the clock the kernel measured at boot: no
+# run-time calibration to fail (perftest's own gave up now and then under qemu TCG).
+CYCLES_TESTS = ("ib_write_lat",)
 
 
 # --- pure -------------------------------------------------------------------------------------
@@ -146,10 +150,22 @@ def roce_v2_ipv4_gid(gids: List[Tuple[str, str]], ip: str) -> Optional[int]:
 
 
 def perftest_command(test: str, dev: str, gid: int, size: int, iterations: int, port: int,
-                     tclass: int, server_ip: Optional[str] = None) -> List[str]:
+                     tclass: int, server_ip: Optional[str] = None,
+                     cycles: bool = False) -> List[str]:
     cmd = [test, "-d", dev, "-x", str(gid), "-s", str(size), "-n", str(iterations),
            "-p", str(port), "-u", str(QP_TIMEOUT), f"--tclass={tclass}", "-F"]
-    return cmd + ([server_ip] if server_ip else [])
+    return cmd + (["-C"] if cycles else []) + ([server_ip] if server_ip else [])
+
+
+def cpu_mhz(cpuinfo: str) -> Optional[float]:
+    """The first ``cpu MHz`` of /proc/cpuinfo (x86: the TSC rate the kernel calibrated)."""
+    m = re.search(r"^cpu MHz\s*:\s*([0-9.]+)", cpuinfo, re.MULTILINE)
+    return float(m.group(1)) if m and float(m.group(1)) > 0 else None
+
+
+def cycles_to_usec(figures: Dict[str, float], mhz: float) -> Dict[str, float]:
+    """A latency table perftest printed in cycles (-C keeps the [usec] headers) in usec."""
+    return {k: round(v / mhz, 2) if k.endswith("_usec") else v for k, v in figures.items()}
 
 
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
@@ -159,17 +175,23 @@ def parse_perftest(text: str) -> Optional[Dict[str, float]]:
     """perftest's result table -> {column: value}: the header line that starts with
     ``#bytes`` and the line of numbers after it (units as in the header: usec, MB/sec, Mpps).
     None when no result line is there (the test failed)."""
-    lines = [line.strip() for line in text.splitlines()]
+    lines = [_CALIBRATION_NOTE.sub("", line).strip() for line in text.splitlines()]
     for i, line in enumerate(lines):
         if not line.startswith("#bytes"):
             continue
-        header = [h.strip("#") for h in re.split(r"\s{2,}|\t+|\s(?=#)", line.strip())]
+        header = _split_header(line)
         for row in lines[i + 1:]:
             values = row.split()
             if values and all(_NUMBER.match(v) for v in values) and len(values) >= 3:
                 names = [_column(h) for h in header][:len(values)]
                 return {n: float(v) for n, v in zip(names, values)}
+            if "[" in row:  # the header went on (a calibration note broke its line)
+                header += _split_header(row)
     return None
+
+
+def _split_header(line: str) -> List[str]:
+    return [h.strip("#") for h in re.split(r"\s{2,}|\t+|\s(?=#)", line.strip()) if h.strip()]
 
 
 def _column(header: str) -> str:
@@ -181,6 +203,16 @@ def _column(header: str) -> str:
 
 
 # --- I/O --------------------------------------------------------------------------------------
+def _tsc_mhz() -> Optional[float]:
+    """The cycle rate perftest's x86 timer (rdtsc) runs at, as the kernel reports it."""
+    if os.uname().machine != "x86_64":
+        return None
+    try:
+        return cpu_mhz(_read("/proc/cpuinfo"))
+    except OSError:
+        return None
+
+
 def require(caps) -> None:
     """CapabilityError unless real verbs traffic can run on this machine."""
     if not caps.rxe:
@@ -198,6 +230,7 @@ class RxeTraffic:
         self.fabric, self.cfg = fabric, scenario.rxe
         self.ledger, self.caps = ledger, caps
         self.out_dir = out_dir
+        self.mhz = _tsc_mhz()  # None: perftest converts cycles itself
         self.a, self.b = endpoints(plan)
         self.tag = f"rxe-{policy.name}"
         self.mtu = fabric.mtu
@@ -292,8 +325,9 @@ class RxeTraffic:
 
     def _attempt(self, test: str, iterations: int, gids: Dict[str, int]) -> dict:
         port = _free_port()
+        cycles = test in CYCLES_TESTS and self.mhz is not None
         common = dict(size=self.cfg.size_bytes, iterations=iterations, port=port,
-                      tclass=self.tclass)
+                      tclass=self.tclass, cycles=cycles)
         server_cmd = perftest_command(test, device(self.b), gids[self.b.name], **common)
         client_cmd = perftest_command(test, device(self.a), gids[self.a.name],
                                       server_ip=self.b.ip, **common)
@@ -318,6 +352,9 @@ class RxeTraffic:
         figures = parse_perftest(text)
         result = {"command": " ".join(client_cmd), "exit_code": client, "results": figures,
                   "log": os.path.relpath(logs["client"], os.path.dirname(self.out_dir))}
+        if cycles and figures:
+            result["results"] = cycles_to_usec(figures, self.mhz)
+            result["clock"] = {"cycles_per_usec": self.mhz, "source": "/proc/cpuinfo cpu MHz"}
         if client != 0 or figures is None:
             tail = " / ".join(line.strip() for line in text.strip().splitlines()[-3:])
             result["error"] = f"{test} failed (exit {client}): {tail}"

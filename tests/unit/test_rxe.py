@@ -118,3 +118,27 @@ def test_an_uncalibrated_clock_is_no_result():
     with open(os.path.join(os.path.dirname(__file__), "data", "perftest-uncalibrated.txt")) as f:
         text = f.read()
     assert rxe.CALIBRATION_FAILED in text and rxe.parse_perftest(text) is None
+
+
+def test_a_calibration_note_inside_the_header_is_skipped():
+    """A real client log (VM guest): perftest's note broke the header line in two."""
+    with open(os.path.join(os.path.dirname(__file__), "data",
+                           "perftest-calibration-note.txt")) as f:
+        lat = rxe.parse_perftest(f.read())
+    assert lat["t_typical_usec"] == 24681.87 and lat["t_avg_usec"] == 25405.04
+    assert lat["t_stdev_usec"] == 3477.93 and lat["p99_9_usec"] == 37459.86
+
+
+def test_latency_in_cycles_is_converted_with_the_kernels_clock():
+    cmd = rxe.perftest_command("ib_write_lat", "rxe-nb2", 1, 1024, 50, 18515, 106,
+                               server_ip="10.0.2.3", cycles=True)
+    assert cmd[-2:] == ["-C", "10.0.2.3"]
+    assert "-C" not in rxe.perftest_command("ib_write_lat", "rxe-nb1", 1, 1024, 50, 1, 106)
+    cpuinfo = "processor\t: 0\nmodel name\t: QEMU Virtual CPU\ncpu MHz\t\t: 2495.998\n"
+    assert rxe.cpu_mhz(cpuinfo) == 2495.998 and rxe.cpu_mhz("processor\t: 0\n") is None
+    # -C keeps perftest's [usec] headers: the values are cycles
+    cycles = {"bytes": 1024.0, "iterations": 50.0, "t_min_usec": 2_496_000.0,
+              "t_typical_usec": 4_992_000.0, "p99_usec": 7_488_000.0}
+    usec = rxe.cycles_to_usec(cycles, 2496.0)
+    assert usec == {"bytes": 1024.0, "iterations": 50.0, "t_min_usec": 1000.0,
+                    "t_typical_usec": 2000.0, "p99_usec": 3000.0}
