@@ -165,16 +165,18 @@ def cpu_mhz(cpuinfo: str) -> Optional[float]:
 
 def cycles_to_usec(figures: Dict[str, float], mhz: float) -> Dict[str, float]:
     """A latency table perftest printed in cycles (-C keeps the [usec] headers) in usec."""
-    return {k: round(v / mhz, 2) if k.endswith("_usec") else v for k, v in figures.items()}
+    return {k: round(v / mhz, 2) if k.endswith("_usec") and v is not None else v
+            for k, v in figures.items()}
 
 
-_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+_NUMBER = re.compile(r"^-?(\d+(\.\d+)?|nan)$")  # inf is no figure (no clock); nan may be one
 
 
-def parse_perftest(text: str) -> Optional[Dict[str, float]]:
+def parse_perftest(text: str) -> Optional[Dict[str, Optional[float]]]:
     """perftest's result table -> {column: value}: the header line that starts with
     ``#bytes`` and the line of numbers after it (units as in the header: usec, MB/sec, Mpps).
-    None when no result line is there (the test failed)."""
+    A ``nan`` figure is None (perftest's stdev in cycles); None when no result line is there
+    (the test failed, or every figure is inf: no clock)."""
     lines = [_CALIBRATION_NOTE.sub("", line).strip() for line in text.splitlines()]
     for i, line in enumerate(lines):
         if not line.startswith("#bytes"):
@@ -184,7 +186,8 @@ def parse_perftest(text: str) -> Optional[Dict[str, float]]:
             values = row.split()
             if values and all(_NUMBER.match(v) for v in values) and len(values) >= 3:
                 names = [_column(h) for h in header][:len(values)]
-                return {n: float(v) for n, v in zip(names, values)}
+                return {n: None if v.endswith("nan") else float(v)
+                        for n, v in zip(names, values)}
             if "[" in row:  # the header went on (a calibration note broke its line)
                 header += _split_header(row)
     return None

@@ -142,3 +142,13 @@ def test_latency_in_cycles_is_converted_with_the_kernels_clock():
     usec = rxe.cycles_to_usec(cycles, 2496.0)
     assert usec == {"bytes": 1024.0, "iterations": 50.0, "t_min_usec": 1000.0,
                     "t_typical_usec": 2000.0, "p99_usec": 3000.0}
+
+
+def test_a_real_cycles_report_parses_and_converts():
+    """ib_write_lat -C in the VM guest: cycles under [usec] headers, stdev -nan."""
+    with open(os.path.join(os.path.dirname(__file__), "data",
+                           "perftest-ib_write_lat-cycles.txt")) as f:
+        cycles = rxe.parse_perftest(f.read())
+    assert cycles["t_typical_usec"] == 62038366.0 and cycles["t_stdev_usec"] is None
+    usec = rxe.cycles_to_usec(cycles, 2496.0)
+    assert round(usec["t_typical_usec"]) == 24855 and usec["t_stdev_usec"] is None

@@ -58,10 +58,16 @@ def test_the_run_used_what_the_kernel_offers_and_delivered_everything(run):
     assert run["link_emulation"]["datapath"] == "kernel"
     assert run["link_emulation"]["per_hop_delay"] == "netem"
     for name, p in run["policies"].items():
-        assert p["packets_received"] == p["packets_sent"] > 0, name
+        # every byte delivered; a lossy policy may drop in its shallow buffers (seen once
+        # under TCG: hyperscale lost 2 of 74, go-back-N resent them), but never silently
+        sent = p["collectives"][0]["bytes_sent_per_rank"]
+        assert p["packets_sent"] > 0 and sent["measured"] == sent["expected"], name
+        assert p["unexplained_drops"] == 0, name
         hop = p["per_hop_latency"]
         assert hop["applied"] is True and hop["delay_us_applied"] == hop["delay_us_modelled"]
-    assert run["policies"]["lossless"]["ecn_marking"] == "red"  # auto: the kernel's RED
+    lossless = run["policies"]["lossless"]
+    assert lossless["packets_received"] == lossless["packets_sent"]  # nothing lost
+    assert lossless["ecn_marking"] == "red"  # auto: the kernel's RED
     assert run["policies"]["hyperscale"]["ecn_marking"] is None  # default: no ECN
 
 
