@@ -207,8 +207,10 @@ def _column(header: str) -> str:
 
 # --- I/O --------------------------------------------------------------------------------------
 def _tsc_mhz() -> Optional[float]:
-    """The cycle rate perftest's x86 timer (rdtsc) runs at, as the kernel reports it."""
-    if os.uname().machine != "x86_64":
+    """The cycle rate perftest's x86 timer (rdtsc) runs at, as the kernel reports it: the
+    ``cpu MHz`` of a machine without frequency scaling (a VM) is the TSC rate calibrated at
+    boot; with a cpufreq driver it is the current clock, so perftest calibrates there."""
+    if os.uname().machine != "x86_64" or os.path.exists("/sys/devices/system/cpu/cpu0/cpufreq"):
         return None
     try:
         return cpu_mhz(_read("/proc/cpuinfo"))
