@@ -11,8 +11,8 @@ Why not Open vSwitch: marking with a flow that matches ``ip_ecn`` splits one RoC
 two datapath flows, ECT and CE. The first CE packet of a flow at the next switch misses the
 datapath's flow cache, and the userspace datapath executes a missed packet at once, ahead of
 the earlier packets of the same receive batch that hit the cache: on a loaded machine the
-marked packet overtook unmarked ones of the same flow (measured: 2-6 NAK-triggering
-reorderings per lossless run, no drop), and go-back-N retransmitted. With the program the
+marked packet overtook unmarked ones of the same flow (measured: 2-6 NAKs, with no drop, in
+the lossless runs that reordered), and go-back-N retransmitted. With the program the
 switches' pipeline never looks at the ECN bits.
 
 The program is built here as bytecode (no compiler needed) and loaded with the ``bpf`` system

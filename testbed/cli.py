@@ -142,11 +142,10 @@ def cmd_check(args) -> int:
     delay = ("available" if caps.netem else
              "not available: no per-hop switch latency or cable delay is added")
     print(f"{'per-hop delay (netem)':28} {delay}")
-    applied = ("applied by a tc BPF program" if caps.bpf_marking else
-               "applied by a tc BPF program or OpenFlow groups (root can tell)"
-               if caps.bpf_marking is None else
-               "applied by OpenFlow groups (no tc BPF here: marked packets may overtake "
-               "unmarked ones under load)")
+    applied = {True: "applied by a tc BPF program",
+               None: "applied by a tc BPF program or OpenFlow groups (root can tell)",
+               False: "applied by OpenFlow groups (no tc BPF here: marked packets may overtake "
+                      "unmarked ones under load)"}[caps.bpf_marking]
     marking = "kernel RED" if caps.red else f"sampled by the switch-queue emulator, {applied}"
     print(f"{'ECN marking':28} {marking}")
     rxe = (f"available (rdma_rxe {caps.rxe_module}, perftest)" if caps.rxe else

@@ -31,7 +31,7 @@ from .config import TopologyConfig
 from .errors import CapabilityError, FabricError
 from .ledger import OVS_TAG, Ledger
 from .hops import PORT_KINDS, HopModel, path_delay_us
-from .shaping import Shape, frame_bytes, has_delay_line, tc_commands
+from .shaping import Shape, frame_bytes, has_delay_line, marking_via, tc_commands
 from .topology import PREFIX_LEN, FabricPlan
 
 LOG = logging.getLogger(__name__)
@@ -106,6 +106,8 @@ class Fabric:
         self.plan, self.topo, self.caps = plan, topo, caps
         self.hops = hops or HopModel(extra_us=topo.link_delay_us)
         self.marking = marking  # "red" | "sampled" | None (testbed.shaping.marking_method)
+        # who applies sampled marking: "bpf" | "openflow" | None (testbed.shaping.marking_via)
+        self.marking_via = marking_via(marking, caps.bpf_marking)
         self.moved_to_root: set = set()  # hosts whose NIC is in the root namespace (rxe)
         self.where, self.ssh_user = where, ssh_user  # split over servers (testbed.cluster)
         self.tunnels: list = []

@@ -446,7 +446,7 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
         stats = egress_stats(session.fabric)
         where = session.fabric.where
         hops = session.fabric.hop_delays()
-        marking = session.fabric.marking
+        marking, marked_via = session.fabric.marking, session.fabric.marking_via
         say("tearing down the fabric")
     classes = policy.traffic_classes()
     cc = congestion_control(scenario, policy)
@@ -479,7 +479,7 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
         "pfc_paused_ms": queues.get("pfc_paused_ms", 0.0) if pfc else None,
         "switch_queues": queues,
         "ecn_marking": marking,
-        "ecn_marking_via": marking_via(marking, caps.bpf_marking),
+        "ecn_marking_via": marked_via,
         "red_marked_by_port": ({k: v["marked"] for k, v in sorted(stats.items()) if v["marked"]}
                                if marking == "red" else None),
         "reaction_time_us": scenario.emulation.sample_interval_us,

@@ -46,7 +46,7 @@ from .bpfmark import Marker
 from .netlink import QdiscSampler, send_and_check, socket_in_netns, tbf_message, tc_handle
 from .procutil import die_with_parent, stop_process
 from .results import write_json_atomic
-from .shaping import gate_handle, gate_params, gate_parent, marking_via
+from .shaping import gate_handle, gate_params, gate_parent
 from .topology import FabricPlan
 
 
@@ -574,7 +574,7 @@ class EmulatorProcess:
             "nic_queue_bytes": t.nic_queue_bytes,
             "delayed": session.fabric.delayed_interfaces(),
             "ecn_marking": session.fabric.marking,
-            "marking_via": marking_via(session.fabric.marking, session.fabric.caps.bpf_marking),
+            "marking_via": session.fabric.marking_via,
             "mtu": link_mtu,
             "watch": {str(d): p for d, p in watch.items()} if watch else None,
         }

@@ -6,7 +6,6 @@ program vanish with that process. Frames are written raw on one end and read on 
 import json
 import os
 import socket
-import struct
 import subprocess
 import sys
 
