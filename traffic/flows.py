@@ -40,9 +40,10 @@ STAMP = struct.Struct("!Q")
 
 
 def send_roce(cfg: dict, stop=lambda: False) -> dict:
-    """RoCE frames: ``packets`` of them back to back (or paced by ``interval_us``), or - with
-    ``bursts`` - ``packets`` per burst, bursts every ``period_us`` from ``start_ns`` until
-    ``duration_s`` has passed (synchronised incast when several senders share a start)."""
+    """RoCE frames: ``packets`` of them back to back (or paced by ``interval_us``) from
+    ``start_ns`` (default now), or - with ``bursts`` - ``packets`` per burst, bursts every
+    ``period_us`` from ``start_ns`` until ``duration_s`` has passed (synchronised incast when
+    several senders share a start)."""
     me = roce.Endpoint(cfg["src_mac"], cfg["src_ip"])
     peer = roce.Endpoint(cfg["dst_mac"], cfg["dst_ip"])
     per_packet = cfg.get("sport") == "per-packet"
@@ -81,6 +82,8 @@ def send_roce(cfg: dict, stop=lambda: False) -> dict:
                         break
                 k += 1
             return {"sent": psn, "bursts": k}
+        if not _sleep_until(cfg.get("start_ns") or 0, stop):
+            return {"sent": 0}
         interval = cfg.get("interval_us", 0) / 1e6
         next_at = time.monotonic()
         for _ in range(cfg["packets"]):

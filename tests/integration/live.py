@@ -9,6 +9,7 @@ import os
 import select
 import subprocess
 import sys
+import time
 
 from testbed import runner
 from testbed.capabilities import detect
@@ -16,6 +17,8 @@ from testbed.config import DEFAULT
 from testbed.ledger import Ledger
 from testbed.queues import egress_stats
 from testbed.topology import FabricPlan
+
+GO_LEAD_NS = 100_000_000  # time for the go lines to reach every held sender
 
 
 class Live:
@@ -28,30 +31,42 @@ class Live:
     def host(self, name):
         return self.plan.host(name)
 
-    def _start(self, host, mode, cfg):
+    def _start(self, host, mode, cfg, held=False):
         self.count += 1
         path = os.path.join(self.tmp, f"{mode}-{host}-{self.count}.json")
         cfg = dict(cfg, out=path + ".out")
+        if held:
+            cfg["start"] = "stdin"
         with open(path, "w") as f:
             json.dump(cfg, f)
         proc = self.session.fabric.host(host).popen(
             [sys.executable, "-m", "traffic.flows", mode, path], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE)
+            stderr=subprocess.PIPE, stdin=subprocess.PIPE if held else None)
         self.ledger.add_pid(proc.pid)
-        return Flow(proc, cfg["out"])
-
-    def recv(self, host, duration_s=120):
-        flow = self._start(host, "recv", {"ip": self.host(host).ip, "duration_s": duration_s})
-        ready, _, _ = select.select([flow.proc.stdout], [], [], 20)
-        assert ready and flow.proc.stdout.readline().strip() == b"ready", flow.proc.stderr.read()
+        flow = Flow(proc, cfg["out"])
+        if held or mode == "recv":
+            flow.ready()
         return flow
 
-    def send(self, src, dst, **flow):
+    def recv(self, host, duration_s=120):
+        return self._start(host, "recv", {"ip": self.host(host).ip, "duration_s": duration_s})
+
+    def send(self, src, dst, held=False, **flow):
+        """Start a sender. ``held``: loaded, then waiting for ``go`` - senders that must
+        overlap start together that way (a Python start takes long on a loaded machine)."""
         s, d = self.host(src), self.host(dst)
         cfg = {"intf": s.intf, "src_mac": s.mac, "src_ip": s.ip, "dst_mac": d.mac,
                "dst_ip": d.ip}
         cfg.update(flow)
-        return self._start(src, "send", cfg)
+        return self._start(src, "send", cfg, held)
+
+    @staticmethod
+    def go(*flows, at_ns=None):
+        """Start held senders at one time: ``at_ns`` or just after now; returns that time."""
+        start = at_ns or time.time_ns() + GO_LEAD_NS
+        for flow in flows:
+            flow.go(start)
+        return start
 
     def port_packets(self):
         """Packets that left each switch port so far (all classes)."""
@@ -66,6 +81,14 @@ class Live:
 class Flow:
     def __init__(self, proc, out):
         self.proc, self.out = proc, out
+
+    def ready(self):
+        ready, _, _ = select.select([self.proc.stdout], [], [], 20)
+        assert ready and self.proc.stdout.readline().strip() == b"ready", self.proc.stderr.read()
+
+    def go(self, start_ns):
+        self.proc.stdin.write(f"go {start_ns}\n".encode())
+        self.proc.stdin.flush()
 
     def wait(self, timeout=120):
         _o, err = self.proc.communicate(timeout=timeout)
