@@ -5,7 +5,7 @@ import pytest
 from controllers import l3
 from controllers.lossless import AR_SLOTS, LosslessPolicy
 from controllers.params import resolve
-from controllers.policy import FabricContext
+from controllers.policy import LANDING_S, FabricContext
 from testbed.topology import FabricPlan
 from tests.fakeoftable import FakeFabric, udp_packet
 
@@ -33,7 +33,7 @@ def test_headroom_covers_every_feeder_for_the_reaction_time(plan):
     policy = LosslessPolicy(plan, context=FabricContext(40, 40, 4096, 0.001))
     rate = 40e6 / 8
     feeders = 1 + 2  # the other GPU of the leaf and both spines
-    expected = int(feeders * (rate * (3 * 0.001 + 0.003) + 2 * (4096 + 100)))
+    expected = int(feeders * (rate * (3 * 0.001 + LANDING_S) + 2 * (4096 + 100)))
     assert policy.headroom_bytes() == expected
     fixed = LosslessPolicy(plan, resolve("lossless", {"pfc_headroom_bytes": 5000}, 40, 4096))
     assert fixed.headroom_bytes() == 5000
@@ -41,7 +41,7 @@ def test_headroom_covers_every_feeder_for_the_reaction_time(plan):
     delayed = LosslessPolicy(plan, context=FabricContext(40, 40, 4096, 0.001, time_scale=2500,
                                                          cable_m=10, switch_latency=True))
     hop_s = (130 + 50) * 2500 / 1e9  # cut-through: pipeline + cable, scaled
-    assert delayed.headroom_bytes() == int(feeders * (rate * (0.006 + hop_s) + 2 * 4196))
+    assert delayed.headroom_bytes() == int(feeders * (rate * (0.003 + LANDING_S + hop_s) + 2 * 4196))
 
 
 def test_every_gpu_reaches_every_other_gpu(plan):
