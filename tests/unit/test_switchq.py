@@ -1,0 +1,23 @@
+from testbed.switchq import merge_reports
+
+
+def report(scheduling, gap, late, pauses):
+    return {"interval_us": 1000.0, "scheduling": scheduling,
+            "counters": {"samples": 100, "late": late},
+            "sample_ms": {"mean": 0.2, "p99": 0.4, "max": 0.6, "max_gap": gap},
+            "max_backlog": {}, "ecn": {}, "pfc": {}, "pfc_pause_events": pauses,
+            "pfc_paused_ms": 1.5}
+
+
+def test_split_fabric_reports_merge_with_the_worst_gap_and_every_scheduling():
+    merged = merge_reports([report("fifo", 2.1, 1, 3), report("nice -10", 9.5, 4, 2)])
+    assert merged["scheduling"] == "fifo, nice -10"
+    assert merged["sample_ms"]["max_gap"] == 9.5
+    assert merged["counters"] == {"samples": 200, "late": 5}
+    assert merged["pfc_pause_events"] == 5 and merged["pfc_paused_ms"] == 3.0
+    assert merged["servers"] == 2
+
+
+def test_one_report_is_kept_as_it_is():
+    one = report("fifo", 2.1, 1, 3)
+    assert merge_reports([one, {}]) is one
