@@ -26,7 +26,9 @@ TRUESIZE_FACTOR = 2.5  # kernel memory charged per byte of frame (skb overhead, 
 MARGIN = 1 << 20
 
 
-MINIMUM = 32 << 20  # OVS keeps its socket for its lifetime: size it for later scenarios too
+# OVS keeps its socket for its lifetime: size it for later scenarios too (the default
+# scenario's lossless fabric needs 38 MiB: its RoCE buffers hold 15 ms of PFC headroom)
+MINIMUM = 64 << 20
 
 
 def needed_bytes(total_switch_buffer_bytes: int) -> int:

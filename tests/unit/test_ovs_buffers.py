@@ -18,8 +18,8 @@ def test_parse_ss_finds_ovs_sockets_only():
 
 
 def test_needed_bytes_covers_all_switch_buffers():
-    assert ovs_buffers.needed_bytes(1000) == 32 << 20
-    assert ovs_buffers.needed_bytes(24 * 1_000_000) == 59 << 20
+    assert ovs_buffers.needed_bytes(1000) == 64 << 20
+    assert ovs_buffers.needed_bytes(30 * 1_000_000) == 73 << 20
 
 
 def test_socket_defaults_are_raised_then_restored(tmp_path, monkeypatch):
