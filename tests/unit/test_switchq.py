@@ -10,8 +10,8 @@ def report(scheduling, gap, late, pauses):
 
 
 def test_split_fabric_reports_merge_with_the_worst_gap_and_every_scheduling():
-    merged = merge_reports([report("fifo", 2.1, 1, 3), report("nice -10", 9.5, 4, 2)])
-    assert merged["scheduling"] == "fifo, nice -10"
+    merged = merge_reports([report("nice -10", 2.1, 1, 3), report("normal", 9.5, 4, 2)])
+    assert merged["scheduling"] == "nice -10, normal"
     assert merged["sample_ms"]["max_gap"] == 9.5
     assert merged["counters"] == {"samples": 200, "late": 5}
     assert merged["pfc_pause_events"] == 5 and merged["pfc_paused_ms"] == 3.0
@@ -19,5 +19,5 @@ def test_split_fabric_reports_merge_with_the_worst_gap_and_every_scheduling():
 
 
 def test_one_report_is_kept_as_it_is():
-    one = report("fifo", 2.1, 1, 3)
+    one = report("nice -10", 2.1, 1, 3)
     assert merge_reports([one, {}]) is one
