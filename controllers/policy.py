@@ -21,7 +21,7 @@ from .params import resolve, to_dict
 # After the emulator acts, frames that left the feeding queues before it still arrive: those
 # in flight (netlink, the veth) and those Open vSwitch's userspace datapath held while it was
 # late - it then forwards them at once. Measured on a 2-core machine during a synchronised
-# 7:1 incast (lossless, 40 Mbit/s): a spine port fed by three uplinks grew by up to 187 KB
+# 7:1 incast (default lossless policy, 40 Mbit/s): a spine port fed by three uplinks grew by up to 187 KB
 # within one 1 ms sample, about 12 ms of their traffic (3 ms here before: the lossless class
 # dropped frames in 7 of 33 such incasts). Real switches size PFC headroom the same way: rate
 # x the time until a pause takes effect.

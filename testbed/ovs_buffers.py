@@ -27,7 +27,7 @@ MARGIN = 1 << 20
 
 
 # OVS keeps its socket for its lifetime: size it for later scenarios too (the default
-# scenario's lossless fabric needs 38 MiB: its RoCE buffers hold 15 ms of PFC headroom)
+# scenario's lossless fabric needs 37 MiB: its RoCE buffers hold 15 ms of PFC headroom)
 MINIMUM = 64 << 20
 
 

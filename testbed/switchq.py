@@ -456,7 +456,7 @@ class Emulator:
             self.sample_ns.append(took)
             next_at += interval
             # leave the CPU to the traffic: sleep at least as long as the sample took (the
-            # VM test's TCG guest needs 1.6-2.4 ms per sample, against 1 ms intervals)
+            # VM test's TCG guest needs up to 3 ms per sample, against 1 ms intervals)
             time.sleep(max(next_at - time.monotonic_ns(), took) / 1e9)
 
     def finish(self) -> dict:
@@ -504,10 +504,10 @@ class Emulator:
 def ahead_of_traffic() -> str:
     """Real switches react in hardware: keep the emulator ahead of the traffic for the CPU
     (nice -10, like ovs-vswitchd). Not real-time: tried (SCHED_FIFO), it cut the longest
-    sample gap during a 7:1 incast on the 2-core machine from 9-18 ms to 1.3-2.4 ms, but it
-    also runs ahead of the kernel's own packet processing (softirqs, kernel threads are not
-    real-time): in the VM test's TCG guest, at 1.6-2.4 ms per sample, the lossless
-    ib_write_lat was 9.2 ms in a boot with it, 8.5 ms in the next without (8.0 ms in four
+    sample gap during a 7:1 incast on the 2-core machine from 7-18 ms to mostly 1.3-2.4 ms,
+    but it also runs ahead of the kernel's own packet processing (softirqs, kernel threads
+    are not real-time): in the VM test's TCG guest, at up to 2.4 ms per sample, the lossless
+    ib_write_lat was 9.2 ms in a boot with it, 8.5 ms in the next without (8.0-8.1 ms in five
     boots before). Returns what it got."""
     try:
         os.setpriority(os.PRIO_PROCESS, 0, -10)
@@ -524,9 +524,8 @@ def main(argv=None) -> int:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
-    scheduling = ahead_of_traffic()
     emu = Emulator(cfg)
-    emu.scheduling = scheduling
+    emu.scheduling = ahead_of_traffic()
     try:
         emu.open()
         print("ready", flush=True)
