@@ -245,10 +245,66 @@ class Connection:
         key = (opcode, payload_len)
         tpl = self._templates.get(key)
         if tpl is None:
-            frame = bytes(scapy_packet(self.src, self.dst, self.sport, opcode, self.dqpn, 0,
-                                       bytes(payload_len), tos=self.tos))
-            tpl = self._templates[key] = WriteTemplate(frame, opcode)
+            frame = readdress(_write_shape(opcode, payload_len, self.tos), self.src, self.dst,
+                              self.sport, self.dqpn)
+            tpl = self._templates[key] = WriteTemplate(bytes(frame), opcode)
         return tpl
+
+
+# Scapy builds each frame shape once per process, between two placeholder endpoints;
+# ``readdress`` turns it into any connection's frame (what Scapy would build for it).
+_PLACEHOLDER = (Endpoint("02:00:00:00:00:01", "10.255.0.1"),
+                Endpoint("02:00:00:00:00:02", "10.255.0.2"))
+
+
+@functools.lru_cache(maxsize=None)
+def _write_shape(opcode: int, payload_len: int, tos: int) -> bytes:
+    return bytes(scapy_packet(*_PLACEHOLDER, 0xC000, opcode, 1, 0, bytes(payload_len),
+                              tos=tos))
+
+
+@functools.lru_cache(maxsize=None)
+def _ack_shape(tos: int) -> bytes:
+    return bytes(ack_packet(*_PLACEHOLDER, 0xC000, 1, 0, 0, 0, tos=tos))
+
+
+@functools.lru_cache(maxsize=None)
+def _cnp_shape(tos: int) -> bytes:
+    return bytes(cnp_packet(*_PLACEHOLDER, 0xC000, 1, tos))
+
+
+def ack_frame(src: Endpoint, dst: Endpoint, sport: int, dqpn: int, tos: int) -> bytes:
+    """The bytes of ``ack_packet(src, dst, sport, dqpn, 0, 0, 0, tos)``, without Scapy."""
+    return bytes(readdress(_ack_shape(tos), src, dst, sport, dqpn))
+
+
+def cnp_frame(src: Endpoint, dst: Endpoint, sport: int, dqpn: int, tos: int) -> bytes:
+    """The bytes of ``cnp_packet(src, dst, sport, dqpn, tos)``, without Scapy."""
+    return bytes(readdress(_cnp_shape(tos), src, dst, sport, dqpn))
+
+
+def readdress(frame: bytes, src: Endpoint, dst: Endpoint, sport: int, dqpn: int) -> bytearray:
+    """``frame`` with new MAC and IPv4 addresses, UDP source port and destination QP: the
+    IPv4 header checksum and the ICRC redone."""
+    buf = bytearray(frame)
+    buf[0:6] = bytes.fromhex(dst.mac.replace(":", ""))
+    buf[6:12] = bytes.fromhex(src.mac.replace(":", ""))
+    buf[ETH_LEN + 12:ETH_LEN + 16] = socket.inet_aton(src.ip)
+    buf[ETH_LEN + 16:ETH_LEN + 20] = socket.inet_aton(dst.ip)
+    buf[ETH_LEN + 10:ETH_LEN + 12] = b"\0\0"
+    struct.pack_into("!H", buf, ETH_LEN + 10, ipv4_checksum(buf[ETH_LEN:ETH_LEN + IP_LEN]))
+    struct.pack_into("!H", buf, SPORT_OFFSET, sport)
+    buf[BTH_OFFSET + 5:BTH_OFFSET + 8] = (dqpn & PSN_MASK).to_bytes(3, "big")
+    struct.pack_into("<I", buf, len(buf) - ICRC_LEN, icrc(buf))
+    return buf
+
+
+def ipv4_checksum(header) -> int:
+    """RFC 791 header checksum (the checksum field itself zero)."""
+    total = sum(struct.unpack(f"!{len(header) // 2}H", bytes(header)))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
 
 
 def udp_source_port(qpn: int) -> int:

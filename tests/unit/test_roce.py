@@ -139,3 +139,16 @@ def test_a_receiver_with_only_the_udp_payload_checks_the_icrc(frame):
         assert not _payload_check(bytes(bad), src, dst), where
     assert not _payload_check(frame, "10.0.9.9", dst)  # the addresses are covered
     assert not roce.payload_icrc_ok(frame[roce.BTH_OFFSET:roce.BTH_OFFSET + 10], src, dst, 1)
+
+
+@pytest.mark.parametrize("src, dst, sport, dqpn", [
+    (SRC, DST, 0xC123, 0x10100), (DST, SRC, 0xFFFF, 0x1), (SRC, DST, 0xC000, 0xFFFFFF)])
+def test_frames_readdressed_from_one_shape_equal_what_scapy_builds(src, dst, sport, dqpn):
+    for op, size in ((RC_RDMA_WRITE_FIRST, 4096), (roce.RC_RDMA_WRITE_MIDDLE, 1024),
+                     (RC_RDMA_WRITE_ONLY, 16)):
+        want = bytes(roce.scapy_packet(src, dst, sport, op, dqpn, 0, bytes(size), tos=0x6A))
+        assert bytes(Connection(src, dst, sport, dqpn, tos=0x6A).template(op, size).buf) == want
+    assert roce.ack_frame(src, dst, sport, dqpn, 0x68) == bytes(
+        roce.ack_packet(src, dst, sport, dqpn, 0, 0, 0, tos=0x68))
+    assert roce.cnp_frame(src, dst, sport, dqpn, 0xC0) == bytes(
+        roce.cnp_packet(src, dst, sport, dqpn, 0xC0))
