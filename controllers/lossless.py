@@ -5,10 +5,11 @@
   marking for DCQCN; everything else best effort, lossy. The RoCE buffer is XOFF plus headroom
   for what arrives while a pause takes effect.
 * Adaptive routing at the leaves: RoCE to another leaf looks up its flowlet (table FLOWLET);
-  a new flow - or one idle for ``flowlet_gap_s`` - is hashed (5-tuple) into one of ``AR_SLOTS``
-  slots, each pointing at an uplink, and the choice is learned for the flowlet. The slots all
-  point at the least-loaded uplinks, re-pointed as the switch-queue emulator reports uplink
-  backlog, so new flows avoid congested uplinks while running flowlets stay in order.
+  a new flow - or one idle for ``flowlet_gap_s`` - is hashed (5-tuple) over the leaf's
+  least-loaded uplinks (one AR slot each), and the choice is learned for the flowlet. The
+  slots follow the uplink backlog the switch-queue emulator reports, so new flows avoid
+  congested uplinks while running flowlets stay in order; a change of the least-loaded set
+  costs one flow mod per slot that moved, plus one for the hash when the set's size changed.
 * Spraying: when senders vary the UDP source port per packet, every packet is a new 5-tuple,
   so packets are hashed over the slots - spread over the least-loaded uplinks.
 
@@ -28,7 +29,6 @@ from .flows import (ETH_TYPE_IPV4, IPPROTO_UDP, PRIO_MISS, PRIO_ROCE, PRIO_ROUTE
                     ClearFlows, Learn, Message, Multipath, Resubmit, SetField, flow, prefix)
 from .policy import Policy, register
 
-AR_SLOTS = 64
 FLOWLET_FIELDS = ("ipv4_src", "ipv4_dst", "udp_src", "udp_dst")
 
 
@@ -41,9 +41,8 @@ class LosslessPolicy(Policy):
     def __init__(self, plan, params=None, context=None):
         super().__init__(plan, params, context)
         uplinks = [port for _, port in sorted(plan.uplinks().items())]
-        self.slots: Dict[int, List[int]] = {
-            leaf.dpid: [uplinks[i % len(uplinks)] for i in range(AR_SLOTS)]
-            for leaf in plan.leaves}
+        # per leaf, the uplinks new flowlets are hashed over (slot i -> uplink)
+        self.slots: Dict[int, List[int]] = {leaf.dpid: list(uplinks) for leaf in plan.leaves}
 
     def dscp(self):
         return self.params.roce_dscp, self.params.cnp_dscp
@@ -106,10 +105,14 @@ class LosslessPolicy(Policy):
                                              "udp_dst": ROCE_PORT,
                                              "ipv4_dst": prefix(leaf_subnet(other.index))},
                                  Resubmit(l3.FLOWLET), Resubmit(l3.EGRESS), cookie=cookie))
-        msgs.append(flow(PRIO_MISS, {}, Multipath(AR_SLOTS), Resubmit(l3.AR),
-                         table=l3.FLOWLET, cookie=cookie))
+        msgs.append(self._hash(len(self.slots[dpid])))
         msgs += [self._slot(i, port) for i, port in enumerate(self.slots[dpid])]
         return msgs
+
+    def _hash(self, slots: int) -> Message:
+        """FLOWLET's miss: a new flowlet is hashed (5-tuple) into one of ``slots`` slots."""
+        return flow(PRIO_MISS, {}, Multipath(slots), Resubmit(l3.AR), table=l3.FLOWLET,
+                    cookie=self.cookie)
 
     def _slot(self, slot: int, port: int) -> Message:
         learn = Learn(table=l3.FLOWLET, const=(("eth_type", ETH_TYPE_IPV4),
@@ -127,19 +130,23 @@ class LosslessPolicy(Policy):
         return {leaf.dpid: sorted(self.plan.uplinks().values()) for leaf in self.plan.leaves}
 
     def queue_load(self, load: Dict[int, Dict[int, int]]) -> Dict[int, List[Message]]:
-        """Point every AR slot of a leaf at its least-loaded uplinks (within one frame)."""
+        """Hash new flowlets of a leaf over its least-loaded uplinks (within one frame)."""
         out: Dict[int, List[Message]] = {}
         frame = self.context.mtu + 100
         for dpid, backlog in load.items():
             if dpid not in self.slots or not backlog:
                 continue
             least = min(backlog.values())
-            best = sorted(p for p, b in backlog.items() if b <= least + frame)
-            want = [best[i % len(best)] for i in range(AR_SLOTS)]
+            want = sorted(p for p, b in backlog.items() if b <= least + frame)
             old = self.slots[dpid]
-            changed = [self._slot(i, port) for i, port in enumerate(want) if old[i] != port]
-            if changed:
-                out[dpid] = changed
+            if want == old:
+                continue
+            # slots first, then the hash: a packet never hashes into a slot not yet pointed
+            msgs = [self._slot(i, port) for i, port in enumerate(want)
+                    if i >= len(old) or old[i] != port]
+            if len(want) != len(old):
+                msgs.append(self._hash(len(want)))
+            out[dpid] = msgs
             self.slots[dpid] = want
         return out
 
