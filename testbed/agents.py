@@ -1,9 +1,11 @@
-"""Start the GPU traffic agents in their hosts' namespaces and follow them to the end.
+"""Start the GPU traffic agents and follow them to the end.
 
-``agent_configs`` (pure) says what each agent does; ``AgentGroup`` starts ``python -m
-traffic.agent`` inside each Mininet host, waits until all are ready, gives them one common start
-time, reports progress from their ``iter`` lines and fails with the agent's name and last log
-line if one dies or stalls.
+``agent_configs`` (pure) says what each GPU does; ``process_groups`` (pure) puts the GPUs of
+each server into a few agent processes (one per CPU unless the scenario says otherwise);
+``AgentGroup`` starts ``python -m traffic.agent`` for each group (it opens every GPU's sockets
+in that host's namespace), waits until all are ready, gives them one common start time,
+reports progress from their ``iter`` lines and fails naming the hosts of a process that dies
+or stalls, with the last line of its log.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import select
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 from .config import Scenario
 from .errors import AgentError
@@ -96,38 +98,81 @@ def finish_timeout_s(scenario: Scenario) -> float:
     return 30 + 10 * expected_duration_s(scenario) + worst_recovery
 
 
+def process_groups(hosts: List[str], servers: Dict[str, str], loops: int
+                   ) -> List[Tuple[str, List[str]]]:
+    """(server, hosts) of each agent process: a server's GPUs in rank order, cut into
+    ``loops`` contiguous groups of near-equal size (pure)."""
+    by_server: Dict[str, List[str]] = {}
+    for h in hosts:
+        by_server.setdefault(servers.get(h, "localhost"), []).append(h)
+    out = []
+    for server, mine in by_server.items():
+        k = max(1, min(loops, len(mine)))
+        size, extra = divmod(len(mine), k)
+        at = 0
+        for i in range(k):
+            n = size + (1 if i < extra else 0)
+            out.append((server, mine[at:at + n]))
+            at += n
+    return out
+
+
+def loops_wanted(scenario: Scenario) -> int:
+    """Agent processes per server: the scenario's, or one per CPU of this machine."""
+    return scenario.emulation.agent_processes or os.cpu_count() or 1
+
+
 class AgentGroup:
+    """The agent processes of one policy's run: each serves several GPU hosts."""
+
     def __init__(self, fabric, policy, scenario: Scenario, records_dir: str,
                  log_dir: str, ledger: Ledger, tag: str):
         self.fabric, self.policy, self.plan, self.scenario = fabric, policy, policy.plan, scenario
         self.records_dir, self.log_dir, self.ledger, self.tag = records_dir, log_dir, ledger, tag
-        self.procs: Dict[str, subprocess.Popen] = {}
+        self.procs: Dict[str, subprocess.Popen] = {}  # process name -> its process
+        self.hosts_of: Dict[str, List[str]] = {}
         self.lines: Dict[str, str] = {}
         self.remote: Dict[str, tuple] = {}  # host -> (server, records dir there)
 
-    def start(self, ready_timeout: float = 30.0) -> None:
+    def start(self) -> None:
         os.makedirs(self.records_dir, exist_ok=True)
-        for cfg in agent_configs(self.plan, self.scenario, self.records_dir, self.policy):
-            path = os.path.join(self.records_dir, f"{cfg['host']}.agent.json")
-            server = self.fabric.server_of(cfg["host"])
+        configs = {c["host"]: c for c in agent_configs(self.plan, self.scenario,
+                                                       self.records_dir, self.policy)}
+        groups = process_groups(list(configs), self.fabric.where or {},
+                                loops_wanted(self.scenario))
+        for k, (server, hosts) in enumerate(groups, 1):
+            name = f"agent-{self.tag}-{k}"
+            out_dir = self.records_dir
             if server != "localhost":  # the agent runs there: its files live there
-                cfg["out_dir"] = self.fabric.workspace.dir(server) + "/records"
-                self.remote[cfg["host"]] = (server, cfg["out_dir"])
+                out_dir = self.fabric.workspace.dir(server) + "/records"
+                self.remote.update({h: (server, out_dir) for h in hosts})
+            gpus = [dict(configs[h], netns_pid=self.fabric.netns_pid(h)) for h in hosts]
+            path = os.path.join(self.ledger.private_dir, f"{name}.json")
             with open(path, "w", encoding="utf-8") as f:
-                json.dump(cfg, f)
-            if server != "localhost":
-                path = self.fabric.workspace.put(server, path)
-            log = open(os.path.join(self.log_dir, f"agent-{self.tag}-{cfg['host']}.log"), "ab")
+                json.dump({"gpus": gpus, "out_dir": out_dir}, f)
+            argv = [sys.executable, "-m", "traffic.agent", path]
+            log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")
             try:
-                proc = self.fabric.popen(
-                    cfg["host"], [sys.executable, "-m", "traffic.agent", path],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=log, cwd=os.getcwd())
+                if server == "localhost":  # its own session: Ctrl-C reaches the runner only
+                    proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=log,
+                                            cwd=os.getcwd(), start_new_session=True)
+                else:  # through ssh, attached to the first host it serves
+                    argv[-1] = self.fabric.workspace.put(server, path)
+                    proc = self.fabric.popen(hosts[0], argv, stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=log,
+                                             cwd=os.getcwd())
             finally:
                 log.close()
-            self.procs[cfg["host"]] = proc
+            self.procs[name] = proc
+            self.hosts_of[name] = hosts
             self.ledger.add_pid(proc.pid)
-        self._expect_all("ready", ready_timeout)
+        self._expect_all("ready", 30.0 + 0.5 * max(len(h) for h in self.hosts_of.values()))
+
+    def pids(self) -> List[int]:
+        """The agent processes on this machine (for the cost meter)."""
+        return [p.pid for name, p in self.procs.items()
+                if self.hosts_of[name][0] not in self.remote]
 
     @property
     def iterations(self) -> int:
@@ -137,12 +182,12 @@ class AgentGroup:
     def go(self) -> int:
         """Tell every agent when to start; returns that time (ns since the epoch)."""
         start_ns = time.time_ns() + int(START_MARGIN_S * 1e9)
-        for host, proc in self.procs.items():
+        for name, proc in self.procs.items():
             try:
                 proc.stdin.write(f"go {start_ns}\n".encode())
                 proc.stdin.flush()
             except BrokenPipeError:
-                self._died(host)
+                self._died(name)
         return start_ns
 
     def wait(self, timeout: float, on_iteration: Callable[[int], None] = lambda i: None,
@@ -153,23 +198,25 @@ class AgentGroup:
 
     def wait_finished(self, timeout: float, on_iteration: Callable[[int], None] = lambda i: None,
                       alive: Callable[[], None] = lambda: None) -> None:
-        """Follow the agents until every one has ``finished`` its collectives (they keep
+        """Follow the agents until every GPU has ``finished`` its collectives (they keep
         answering their peers until told to stop). ``alive`` checks the controller and the
         queue emulator."""
         deadline = time.monotonic() + timeout
-        pending = set(self.procs)
+        pending = {h for hosts in self.hosts_of.values() for h in hosts}
         reported = -1
-        iters: Dict[str, int] = {h: -1 for h in self.procs}
+        iters: Dict[str, int] = dict.fromkeys(pending, -1)
         while pending:
             alive()
             if time.monotonic() > deadline:
                 slow = ", ".join(sorted(pending))
                 raise AgentError(f"agents did not finish within {timeout:.0f} s: {slow}")
-            for host, line in self._read_lines(pending, 0.2):
-                if line == "finished":
-                    pending.discard(host)
-                elif line.startswith("iter "):
-                    iters[host] = int(line.split()[1])
+            for _name, line in self._read_lines(self.procs, 0.2):
+                word, _, rest = line.partition(" ")
+                if word == "finished":
+                    pending.discard(rest)
+                elif word == "iter":
+                    host, _, it = rest.partition(" ")
+                    iters[host] = int(it)
                     slowest = min(iters.values())
                     if slowest > reported:
                         reported = slowest
@@ -177,16 +224,16 @@ class AgentGroup:
 
     def collect(self) -> None:
         """Tell the agents to ``stop``; wait until they wrote their records (``done``)."""
-        for host, proc in self.procs.items():
+        for name, proc in self.procs.items():
             try:
                 proc.stdin.write(b"stop\n")
                 proc.stdin.flush()
             except BrokenPipeError:
-                self._died(host)
+                self._died(name)
         self._expect_all("done", 60.0)
-        for host, proc in self.procs.items():
+        for name, proc in self.procs.items():
             if proc.wait(timeout=10) != 0:
-                self._died(host)
+                self._died(name)
         for host, (server, out_dir) in self.remote.items():  # records back to this machine
             self.fabric.workspace.get(server, f"{out_dir}/{host}.*", self.records_dir)
 
@@ -195,40 +242,42 @@ class AgentGroup:
         pending = set(self.procs)
         while pending:
             if time.monotonic() > deadline:
+                hosts = [h for name in sorted(pending) for h in self.hosts_of[name]]
                 raise AgentError(f"agents not {word} after {timeout:.0f} s: "
-                                 f"{', '.join(sorted(pending))}")
-            for host, line in self._read_lines(pending, 0.2):
+                                 f"{', '.join(hosts)}")
+            for name, line in self._read_lines(pending, 0.2):
                 if line == word:
-                    pending.discard(host)
+                    pending.discard(name)
 
-    def _read_lines(self, hosts, timeout: float):
-        """Yield (host, line) for complete stdout lines; raise if an agent exited early."""
-        fds = {self.procs[h].stdout.fileno(): h for h in hosts}
+    def _read_lines(self, names, timeout: float):
+        """Yield (process name, line) for complete stdout lines; raise if one exited."""
+        fds = {self.procs[n].stdout.fileno(): n for n in names}
         ready, _, _ = select.select(list(fds), [], [], timeout)
         for fd in ready:
-            host = fds[fd]
-            chunk = os.read(fd, 4096)
+            name = fds[fd]
+            chunk = os.read(fd, 65536)
             if not chunk:
-                self._died(host)
-            buf = self.lines.get(host, "") + chunk.decode(errors="replace")
+                self._died(name)
+            buf = self.lines.get(name, "") + chunk.decode(errors="replace")
             *complete, rest = buf.split("\n")
-            self.lines[host] = rest
+            self.lines[name] = rest
             for line in complete:
-                yield host, line.strip()
+                yield name, line.strip()
 
-    def _died(self, host: str) -> None:
-        proc = self.procs[host]
+    def _died(self, name: str) -> None:
+        proc = self.procs[name]
         try:
             code = proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             code = None
-        log = os.path.join(self.log_dir, f"agent-{self.tag}-{host}.log")
+        log = os.path.join(self.log_dir, f"{name}.log")
         try:
             with open(log, encoding="utf-8", errors="replace") as f:
                 last = (f.read().strip().splitlines() or ["(empty log)"])[-1]
         except OSError:
             last = "(no log)"
-        raise AgentError(f"traffic agent on {host} died (exit code {code}): {last}")
+        raise AgentError(f"traffic agent of {', '.join(self.hosts_of[name])} died "
+                         f"(exit code {code}): {last}")
 
     def stop(self) -> None:
         stop_processes(list(self.procs.values()))

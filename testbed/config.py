@@ -218,6 +218,10 @@ class EmulationConfig:
         "doc": "delay every switch egress by the policy's per-hop latency (pipeline, plus one "
                "serialization when store-and-forward) and every link by its cable, scaled by "
                "the time scale; needs netem, recorded as not applied where it is missing"})
+    agent_processes: int = field(default=0, metadata={
+        "min": 0, "max": 1024,
+        "doc": "processes the GPU agents run in per server, each one event loop serving "
+               "several GPU hosts; 0 = one per CPU of this machine"})
     ecn_marking: str = field(default="auto", metadata={
         "choices": ("auto", "red", "sampled"),
         "doc": "how switches set CE: red = the kernel's RED qdisc marks per packet; sampled = "

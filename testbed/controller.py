@@ -52,6 +52,9 @@ class ControllerProcess:
             log.close()
         self.ledger.add_pid(self.proc.pid)
 
+    def pids(self) -> list:
+        return [self.proc.pid] if self.proc is not None else []
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 

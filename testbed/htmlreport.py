@@ -16,6 +16,7 @@ from typing import Callable, List, Tuple
 import yaml
 
 from . import report, rundata
+from .cost import cost_text
 from .results import write_atomic
 
 LOG = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ def _verdicts(results: dict) -> str:
             text += ": " + _e("; ".join(f["problems"]))
         if f.get("advice") and verdict != "ok":
             text += f"<br><i>{_e(f['advice'])}</i>"
+        text += f"<br>emulation cost: {_e(cost_text(p.get('emulation_cost')))}"
         items.append(text + "</li>")
     for name, p in (results.get("policies") or {}).items():
         for w in p.get("warnings") or []:

@@ -17,11 +17,12 @@ Layouts follow <linux/rtnetlink.h>, <linux/pkt_sched.h> and <linux/gen_stats.h>.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import socket
 import struct
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
+
+from .procutil import in_netns
 
 NETLINK_ROUTE = 0
 RTM_NEWQDISC, RTM_GETQDISC = 36, 38
@@ -31,7 +32,6 @@ TCA_KIND, TCA_OPTIONS, TCA_STATS = 1, 2, 3
 TCA_TBF_PARMS, TCA_TBF_BURST = 1, 6
 NLA_F_NESTED = 0x8000
 TC_LINKLAYER_ETHERNET = 1
-CLONE_NEWNET = 0x40000000
 
 NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
@@ -181,36 +181,15 @@ def send_and_check(sock: socket.socket, messages: List[bytes]) -> None:
             off += _align(length)
 
 
-_libc = None
-
-
 def socket_in_netns(pid: int, family: int = socket.AF_NETLINK
                     ) -> Tuple[socket.socket, Dict[str, int]]:
     """A NETLINK_ROUTE (or, with ``family=AF_PACKET``, a raw packet) socket living in the
-    network namespace of process ``pid``, and the interface indexes of that namespace.
-
-    The calling thread enters the namespace just long enough to create the socket (a socket
-    stays bound to the namespace it was made in), then returns to its own.
-    """
-    global _libc
-    _libc = _libc or ctypes.CDLL(None, use_errno=True)
-    own = os.open("/proc/self/ns/net", os.O_RDONLY)
-    target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
-    try:
-        if _libc.setns(target, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns into the namespace of pid {pid}: {os.strerror(err)}")
-        try:
-            if family == socket.AF_PACKET:
-                sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
-            else:
-                sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
-                sock.bind((0, 0))
-            index = {name: idx for idx, name in socket.if_nameindex()}
-        finally:
-            if _libc.setns(own, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "could not return to the own namespace")
-    finally:
-        os.close(own)
-        os.close(target)
+    network namespace of process ``pid``, and the interface indexes of that namespace."""
+    with in_netns(pid):
+        if family == socket.AF_PACKET:
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+        else:
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+            sock.bind((0, 0))
+        index = {name: idx for idx, name in socket.if_nameindex()}
     return sock, index

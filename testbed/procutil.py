@@ -1,6 +1,7 @@
 """Process helpers shared by the runner, the controller launcher and the agents."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -10,12 +11,43 @@ import time
 
 PR_SET_PDEATHSIG = 1
 PR_SET_TIMERSLACK = 29
+CLONE_NEWNET = 0x40000000
+_libc = None
+
+
+def libc():
+    global _libc
+    _libc = _libc or ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+@contextlib.contextmanager
+def in_netns(pid: int):
+    """The calling thread inside the network namespace of process ``pid`` for the ``with``
+    block, then back in its own. A socket made inside stays in that namespace."""
+    own = os.open("/proc/self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+    except OSError:
+        os.close(own)
+        raise
+    try:
+        if libc().setns(target, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into the namespace of pid {pid}: {os.strerror(err)}")
+        try:
+            yield
+        finally:
+            if libc().setns(own, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "could not return to the own namespace")
+    finally:
+        os.close(own)
+        os.close(target)
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """Ask the kernel to send ``sig`` to this process when its parent exits (Linux prctl)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    libc().prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
     if os.getppid() == 1:  # the parent already died before prctl took effect
         os.kill(os.getpid(), sig)
 
@@ -23,8 +55,7 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
 def precise_timers(slack_ns: int = 1000) -> None:
     """Let the kernel wake this process at most ``slack_ns`` after a timeout (default slack:
     50 us, more for long timeouts): the agents pace packets and end compute phases on time."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_TIMERSLACK, slack_ns, 0, 0, 0)
+    libc().prctl(PR_SET_TIMERSLACK, slack_ns, 0, 0, 0)
 
 
 def free_tcp_port(host: str = "127.0.0.1") -> int:

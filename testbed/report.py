@@ -47,6 +47,9 @@ ROWS = [
     ("rxe ib_write_lat typical (us)", lambda p: _rxe(p, "ib_write_lat", "t_typical_usec")),
     ("rxe ib_write_bw average (MB/s)", lambda p: _rxe(p, "ib_write_bw", "bw_average_mb_per_sec")),
     ("fidelity", lambda p: (p.get("fidelity") or {}).get("verdict")),
+    ("CPU per delivered frame (us)",
+     lambda p: (p.get("emulation_cost") or {}).get("total_us_per_frame")),
+    ("  agents / OVS / kernel / rest", lambda p: _cost_split(p.get("emulation_cost"))),
     ("spine load (packets)", lambda p: " / ".join(
         f"{v:,}" for v in (p.get("spine_load_packets") or {}).values()) or None),
 ]
@@ -60,6 +63,16 @@ def _hop(h):
     if not h.get("applied"):
         return "not applied (no netem)"
     return f"{h['delay_us_applied']['switch_to_switch']:,.1f} ({h['forwarding'].replace('_', '-')})"
+
+
+def _cost_split(c):
+    """Where the machine went, per delivered frame: the three big shares and the rest."""
+    if not c or c.get("total_us_per_frame") is None:
+        return None
+    us = c["us_per_frame"]
+    big = ("agents", "open_vswitch", "kernel")
+    rest = c["total_us_per_frame"] - sum(us[k] for k in big)
+    return " / ".join(f"{v:,.0f}" for v in [us[k] for k in big] + [rest])
 
 
 def _rxe(p, test, figure):

@@ -26,7 +26,7 @@ from traffic.collectives import build as build_collective
 from .agents import (AgentGroup, congestion_control, expected_duration_s, finish_timeout_s,
                      workload_specs)
 from .background import Background, background_plan
-from . import capacity, htmlreport
+from . import capacity, cost, htmlreport
 from .placement import by_server, place
 from .capture import PacketCapture
 from .capabilities import Capabilities, detect
@@ -363,6 +363,10 @@ class Emulators:
         for p in self.procs:
             p.check_alive()
 
+    def local_pids(self) -> List[int]:
+        """The emulators running on this machine (for the cost meter)."""
+        return [p.proc.pid for p in self.procs if p.proc is not None and p.server == "localhost"]
+
     def stop(self) -> dict:
         return merge_reports([p.stop() or {} for p in self.procs])
 
@@ -407,8 +411,16 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
             background = Background(session.fabric, plan, scenario, policy,
                                     os.path.join(run_dir, "background", name), ledger)
             expected = expected_duration_s(scenario)
+
+            def snapshot() -> cost.Snapshot:
+                return cost.Snapshot.take({
+                    "agents": agents.pids(), "open_vswitch": cost.ovs_pids(),
+                    "switch_queue_emulator": emu.local_pids(),
+                    "controller": session.controller.pids(), "runner": [os.getpid()]})
             try:
+                before = snapshot()
                 agents.start()
+                started = snapshot()
                 if not background.empty:
                     background.start_receivers()
                     background.start_senders(30 + 10 * expected)
@@ -429,6 +441,7 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                                              f"iteration {i + 1}/{total} "
                                              f"({time.monotonic() - t_traffic:.1f} s)"),
                                          alive=alive)
+                finished = snapshot()
                 if not background.empty:
                     with shielded():
                         background_report = background.stop()
@@ -457,6 +470,9 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                                            pfc=any(c.pfc for c in classes),
                                            cnp=cc == "dcqcn"))
     figures, packets = collect(records, ctx)
+    figures["emulation_cost"] = dict(
+        cost.cost_report(before, finished, figures["packets_received"], os.cpu_count() or 1),
+        agents_start_cpu_s=round(cost.breakdown(before, started)["agents"], 3))
     if where:  # cross-server latency depends on the servers' clocks: never mixed silently
         figures["latency_us_by_path"] = latency_by_path(packets, plan, where)
     incast = (background_report or {}).get("incast")

@@ -1,63 +1,74 @@
-"""The GPU traffic agent: one process per emulated GPU host, behaving like a RoCEv2 RNIC.
+"""The GPU traffic agent: emulated RoCEv2 RNICs, many GPU hosts served by one event loop.
 
-``python -m traffic.agent CONFIG.json`` replays training iterations - a compute phase, then a
-collective (``traffic.collectives``) - as RDMA WRITEs over Reliable Connection queue pairs
-(``traffic.rc``), with DCQCN congestion control (``traffic.dcqcn``) when the scenario asks:
+``python -m traffic.agent CONFIG.json`` serves every GPU host the configuration lists (the
+runner starts one such process per CPU). Each GPU's sockets are opened inside its host's
+network namespace (``setns`` per socket), so one process can be many NICs; one ``epoll`` set
+waits on all of them and on one timer (``traffic.timers``). Each GPU replays training
+iterations - a compute phase, then a collective (``traffic.progress``) - as RDMA WRITEs over
+Reliable Connection queue pairs (``traffic.rc``), with DCQCN (``traffic.dcqcn``) when the
+scenario asks:
 
 * one or more QPs per peer (``qps_per_peer``: a message is split over them, each with its own
   UDP source port derived from its QP number); or, with per-packet entropy, a fresh source port
   on every packet and a responder that tolerates reordering;
-* send path: Scapy-built frame templates patched in place (PSN, send time, ICRC) and written to
-  a non-blocking AF_PACKET socket whose send buffer is kept tiny, so a full NIC queue (or a PFC
-  pause) stops the agent like a NIC; with DCQCN each QP is paced at its current rate;
+* send path: frame templates patched in place (PSN, send time, ICRC) and written to a
+  non-blocking AF_PACKET socket. The NIC holds ``NIC_QUEUE_FRAMES`` frames: the one on the
+  wire and the next, counted by their kernel transmit timestamps, so the shaped link stays
+  busy however late the loop wakes within a frame time, and a PFC pause stops the GPU like a
+  NIC; the loop then waits for the next frame to leave. With DCQCN each QP is paced at its
+  current rate;
 * receive path: a UDP socket on port 4791 that reports each packet's kernel receive time and
   ECN bits; data goes to the QP's responder (in-order delivery, coalesced ACKs, NAKs on gaps,
   CNPs for CE marks), ACKs/NAKs to its requester (go-back-N), CNPs to its reaction point;
 * the iteration (lock-step): the compute phase (``compute_ns`` +- jitter, plus a straggler
   delay on the chosen ranks) while still answering peers; then every transfer of this rank is
   posted as soon as the transfers it depends on were delivered; the iteration ends when all
-  its transfers are acknowledged and all transfers to it delivered - so completion times
-  include every retransmission - and the next compute phase starts at once.
+  its transfers are acknowledged and all transfers to it delivered, and the next compute phase
+  starts at once.
 
-One-way latency of every data packet = kernel receive time - kernel transmit time (all emulated
-hosts share one clock). Protocol with the runner on stdout/stdin: ``ready`` once the sockets are
-bound; ``go <start_ns>``; ``iter <i>`` after each iteration; ``finished`` when its collectives
-are done - it keeps answering its peers (a lost ACK is re-sent on their retransmission) until
-``stop``; then it writes its records and prints ``done``. Any failure exits non-zero with one
-line on stderr.
+Ranks, QPs, transport state, straggler draws and records are per GPU, exactly as if each had
+its own process. One-way latency of every data packet = kernel receive time - kernel transmit
+time (all emulated hosts share one clock). Protocol with the runner on stdout/stdin: ``ready``
+once every socket is bound; ``go <start_ns>``; ``iter <host> <i>`` after each iteration;
+``finished <host>`` when a GPU's collectives are done - it keeps answering its peers (a lost
+ACK is re-sent on their retransmission) until ``stop``; then the records are written and it
+prints ``done``. Any failure exits non-zero with one line on stderr.
 """
 from __future__ import annotations
 
 import csv
+import fcntl
 import gc
 import json
 import os
 import random
 import select
 import sys
+import termios
 import time
 from collections import defaultdict
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from scapy.compat import raw
-
-from testbed.procutil import die_with_parent, precise_timers
+from testbed.procutil import die_with_parent, in_netns
 
 from . import roce
 from .dcqcn import NotificationPoint, Parameters, ReactionPoint
-from .rc import Requester, Responder, RetryExceeded
-from .collectives import Collective, Transfer, build, chunk_sizes
 from .metrics import LagHistogram
+from .progress import Progress, Workload  # noqa: F401  (Workload: part of the agent's API)
+from .rc import Requester, Responder, RetryExceeded
 from .rxsocket import ANCILLARY_BYTES, ancillary, open_rx, open_tx, read_tx_timestamps
+from .timers import TimerFd, TimerHeap
 
 ECN_CE = 0b11
 RETX_FLAG = 0x80000000  # in the probe header's step field: a retransmitted packet
 QP_BASE = 0x100  # QPs 0 and 1 are special in InfiniBand
-STUCK_S = 120.0  # a step that makes no progress for this long fails the run
+STUCK_S = 120.0  # a collective that makes no progress for this long fails the run
 RATE_SAMPLE_NS = 10_000_000
 AGENT_NICE = -10
-SPIN_NS = 500_000  # the end of a compute phase is polled for this long
 PROBE_CLOCK_SLACK_NS = 1_000_000_000  # all agents share one clock: a probe "sent" later is forged
+HOUSEKEEPING_NS = 1_000_000_000
+STAMPS_BATCH = 32  # transmit timestamps are collected once this many wait (and at the end)
+NIC_QUEUE_FRAMES = 2  # frames handed to the NIC and not yet on the wire, at most
 
 # sent_ns: the sender's clock when it handed the packet to its NIC (carried in the packet);
 # the kernel transmit time is in the sender's tx file, joined on (src, sent_ns). The tx file
@@ -71,63 +82,79 @@ ITERATION_FIELDS = ("rank", "iteration", "workload", "collective", "size", "comp
                     "bytes_received")
 QP_FIELDS = ("qpn", "peer", "t_ns", "rate_bps", "bytes_sent")
 
+IDLE, COMPUTING, COLLECTIVE, FINISHED = "idle", "computing", "collective", "finished"
+
 
 def qp_number(local_rank: int, remote_rank: int, index: int = 0, per_peer: int = 1) -> int:
     """The QP number ``local_rank`` uses for its ``index``-th connection to ``remote_rank``."""
     return QP_BASE + remote_rank * per_peer + index
 
 
-class Workload:
-    """One collective at one size, replayed for some iterations: this rank's part of it."""
-
-    def __init__(self, spec: dict, index: int, rank: int, n: int, first_iteration: int):
-        self.index = index
-        self.collective: Collective = build(spec["collective"], n, spec["size"],
-                                            spec.get("chunks", 1), spec.get("group", 1))
-        self.name = self.collective.name
-        self.size = spec["size"]
-        self.iterations = range(first_iteration, first_iteration + spec["iterations"])
-        self.sends: List[Transfer] = self.collective.sends(rank)
-        self.receives: Dict[Tuple[int, int], Transfer] = {
-            t.ref: t for t in self.collective.receives(rank)}
-        self.bytes_sent = sum(t.nbytes for t in self.sends)
-        self.bytes_received = sum(t.nbytes for t in self.receives.values())
-
-
 class QueuePair:
-    """One RC connection of this agent: requester, responder, congestion control, templates."""
+    """One RC connection of a GPU: requester, responder, congestion control, templates."""
 
-    __slots__ = ("qpn", "dqpn", "peer", "conn", "ack", "cnp", "req", "resp", "rp", "np",
-                 "next_tx_ns", "bytes_sent", "samples", "next_sample_ns", "placed")
+    __slots__ = ("gpu", "qpn", "dqpn", "peer", "conn", "ack", "cnp", "req", "resp", "rp", "np",
+                 "next_tx_ns", "bytes_sent", "samples", "next_sample_ns", "placed", "queued",
+                 "armed", "control_frames", "control_bytes")
 
-    def __init__(self, agent: "Agent", peer: dict, index: int):
-        t = agent.transport
+    def __init__(self, gpu: "Gpu", peer: dict, index: int, now_ns: int):
+        t = gpu.transport
         q = t["qps_per_peer"]
-        self.qpn = qp_number(agent.rank, peer["rank"], index, q)
-        self.dqpn = qp_number(peer["rank"], agent.rank, index, q)
+        self.gpu = gpu
+        self.qpn = qp_number(gpu.rank, peer["rank"], index, q)
+        self.dqpn = qp_number(peer["rank"], gpu.rank, index, q)
         self.peer = peer["rank"]
-        me = roce.Endpoint(agent.cfg["mac"], agent.cfg["ip"])
+        me = roce.Endpoint(gpu.cfg["mac"], gpu.cfg["ip"])
         them = roce.Endpoint(peer["mac"], peer["ip"])
         sport = roce.udp_source_port(self.qpn)
         self.conn = roce.Connection(me, them, sport, self.dqpn, tos=t["roce_tos"])
-        self.ack = roce.AckTemplate(raw(roce.ack_packet(me, them, sport, self.dqpn, 0, 0, 0,
-                                                        tos=t["ack_tos"])))
-        self.cnp = raw(roce.cnp_packet(me, them, sport, self.dqpn, t["cnp_tos"]))
+        self.ack = roce.AckTemplate(roce.ack_frame(me, them, sport, self.dqpn, t["ack_tos"]))
+        self.cnp = roce.cnp_frame(me, them, sport, self.dqpn, t["cnp_tos"])
         self.req = Requester(t["mtu"], t["rto_ns"], t["max_rto_ns"], t["retry_limit"])
         self.resp = Responder(t["ack_every"], t["reorder_ns"])
         dcqcn = t["congestion_control"] == "dcqcn"
-        self.rp = ReactionPoint(agent.dcqcn, now_ns=time.time_ns()) if dcqcn else None
-        self.np = NotificationPoint(agent.dcqcn.cnp_interval_ns) if dcqcn else None
+        self.rp = ReactionPoint(gpu.dcqcn, now_ns=now_ns) if dcqcn else None
+        self.np = NotificationPoint(gpu.dcqcn.cnp_interval_ns) if dcqcn else None
         self.next_tx_ns = 0
         self.bytes_sent = 0
         self.samples: List[Tuple[int, float, int]] = []
         self.next_sample_ns = 0
         self.placed: Dict[int, Tuple[int, int, int]] = {}  # psn -> (iteration, step, opcode)
+        self.queued = False  # in the GPU's round-robin of QPs with data to send
+        self.armed: Optional[int] = None  # the deadline this QP has in the loop's heap
+        self.control_frames = self.control_bytes = 0  # ACKs, NAKs, CNPs it sent
+
+    def next_timer_ns(self, nic_blocked: bool) -> Optional[int]:
+        """The earliest time one of this QP's timers needs the loop (None: no timer)."""
+        when = self.req.deadline()
+        rp = self.rp
+        if rp is not None:
+            candidates = []
+            if rp.congested:
+                candidates.append(rp.next_event_ns())
+                if self.queued and not nic_blocked:
+                    candidates.append(self.next_tx_ns)
+            if rp.congested or self.queued or self._unsampled():
+                candidates.append(self.next_sample_ns)
+            for c in candidates:
+                when = c if when is None or c < when else when
+        resp = self.resp
+        if resp.reorder_ns and resp.gap_since is not None:
+            gap = resp.gap_since + resp.reorder_ns
+            when = gap if when is None or gap < when else when
+        return when
+
+    def _unsampled(self) -> bool:
+        last = self.samples[-1] if self.samples else (0, None, 0)
+        return (self.rp.rate, self.bytes_sent) != last[1:]
 
 
-class Agent:
-    def __init__(self, config: dict):
+class Gpu:
+    """One emulated GPU host: its RNIC (sockets, QPs) and its training iterations."""
+
+    def __init__(self, config: dict, loop: "Loop"):
         self.cfg = config
+        self.loop = loop
         self.rank = config["rank"]
         self.host = config["host"]
         self.n = config["ranks"]
@@ -138,58 +165,52 @@ class Agent:
                                          t["dcqcn_byte_counter"], t["cnp_interval_ns"])
         self.peers = {p["rank"]: p for p in config["peers"]}
         self.rank_by_ip = {p["ip"]: p["rank"] for p in config["peers"]}
-        self.workloads: List[Workload] = []
-        first = 0
-        for i, spec in enumerate(config["workloads"]):
-            self.workloads.append(Workload(spec, i, self.rank, self.n, first))
-            first += spec["iterations"]
-        self.iterations = first
-        self.workload_of = [w for w in self.workloads for _ in w.iterations]
-        self.spray = self.transport["entropy"] == "per-packet"
+        self.progress = Progress(config["workloads"], self.rank, self.n, t["qps_per_peer"])
+        self.workloads = self.progress.workloads
+        self.iterations = self.progress.iterations
+        self.spray = t["entropy"] == "per-packet"
         self.rng = random.Random(self.rank)
         self.work_rng = random.Random(config.get("seed", 1) * 1_000_003 + self.rank)
         self.qps: Dict[Tuple[int, int], QueuePair] = {}
         self.by_qpn: Dict[int, QueuePair] = {}
         self.active: List[QueuePair] = []  # QPs with data to send, in round-robin order
-        self.control: List[bytes] = []  # ACK/NAK/CNP frames waiting for the NIC
+        self.control: List[Tuple[QueuePair, bytes]] = []  # ACK/NAK/CNP frames for the NIC
+        self.dirty: set = set()  # QPs whose timers may have moved earlier
         self.packets: List[tuple] = []
         self.iteration_rows: List[tuple] = []
-        # the graph of the current iteration: transfers waiting for deliveries
-        self.current = -1
-        self.waiting: Dict[int, int] = {}  # tag -> deliveries still missing
-        self.waiters: Dict[Tuple[int, int], List[Transfer]] = defaultdict(list)
-        self.open_sends: Dict[int, int] = {}  # iteration -> transfers not fully acknowledged
-        self.open_recvs: Dict[int, int] = {}  # iteration -> transfers not yet delivered
-        self.posted_ns: Dict[Tuple[int, int], int] = {}  # (it, tag)
-        self.unacked: Dict[Tuple[int, int], int] = defaultdict(int)  # (it, tag) -> messages
-        self.acked_ns: Dict[Tuple[int, int], int] = {}
-        self.lasts: Dict[Tuple[int, int, int], int] = defaultdict(int)  # (src, it, tag)
-        self.delivered_ns: Dict[Tuple[int, int, int], int] = {}  # (src, it, tag)
-        self.lag = LagHistogram()  # how late the loop woke for a timer
+        self.state = IDLE
+        self.it = -1
+        self.compute_start = self.ready_at = self.collective_start = 0
+        self.compute = (0, 0)
+        self.lag = LagHistogram()  # how late the loop acted on this GPU's timers
         self.first_start_lag_ns = 0
         self.counters: Dict[str, int] = defaultdict(int)
         self.tx = self.rx = None
-        self.nic_blocked = False
+        self.nic_blocked = False  # the NIC takes no more now: the loop waits for it
+        self.kernel_full = False  # ... because the kernel refused a frame
         self.tx_key = 0  # SO_TIMESTAMPING OPT_ID of the next frame sent
+        self.stamped = 0  # frames whose transmit timestamp came back: they left the NIC
+        self.stamp_mark = 0  # ``stamped`` at the last housekeeping
         self.tx_pending: Dict[int, tuple] = {}  # key -> (sent_ns, bytes, kind)
         self.tx_log: List[tuple] = []  # (sent_ns, kernel transmit ns, bytes, kind)
+        self.mark = None  # progress seen by the stuck check, and since when
+        self.mark_ns = 0
 
     # --- sockets ----------------------------------------------------------------------------
     def open(self) -> None:
-        self.tx = open_tx(self.cfg["intf"])
-        self.rx = open_rx(self.cfg["ip"], roce.ROCE_UDP_PORT)
-        for peer in self.peers.values():  # connect every QP up front, as a job would
+        """Both sockets inside the host's namespace; every QP connected up front, as a job
+        would, with every frame shape it will send built now (ranks start in step)."""
+        with in_netns(self.cfg["netns_pid"]):
+            self.tx = open_tx(self.cfg["intf"])
+            self.rx = open_rx(self.cfg["ip"], roce.ROCE_UDP_PORT)
+        now = time.time_ns()
+        for peer in self.peers.values():
             for i in range(self.transport["qps_per_peer"]):
-                self.qp(peer["rank"], i)
-        self.warm_up()
-
-    def warm_up(self) -> None:
-        """Build every frame shape this rank will send now, not on the first send: Scapy
-        takes milliseconds per shape, which would make the ranks start out of step."""
+                self.qp(peer["rank"], i, now)
         mtu = self.transport["mtu"]
         for w in self.workloads:
             for t in w.sends:
-                for i, part in enumerate(self._parts(t.nbytes)):
+                for i, part in enumerate(self.progress.parts(t.nbytes)):
                     conn = self.qp(t.dst, i).conn
                     payloads = roce.packet_payloads(part, mtu)
                     for opcode, size in set(zip(roce.opcodes_for(len(payloads)), payloads)):
@@ -200,22 +221,18 @@ class Agent:
             if s is not None:
                 s.close()
 
-    def qp(self, peer: int, index: int) -> QueuePair:
+    def qp(self, peer: int, index: int, now_ns: int = 0) -> QueuePair:
         key = (peer, index)
         if key not in self.qps:
-            qp = QueuePair(self, self.peers[peer], index)
+            qp = QueuePair(self, self.peers[peer], index, now_ns or time.time_ns())
             self.qps[key] = self.by_qpn[qp.qpn] = qp
         return self.qps[key]
 
     # --- receive ------------------------------------------------------------------------------
-    def drain(self) -> None:
-        """Collect transmit timestamps; handle every received packet: data, ACK/NAK, CNP."""
-        pending, log = self.tx_pending, self.tx_log
-        for key, ts in read_tx_timestamps(self.tx):
-            sent = pending.pop(key, None)
-            if sent is not None:
-                log.append((sent[0], ts, sent[1], sent[2]))
+    def receive(self) -> None:
+        """Handle every packet waiting on the receive socket: data, ACK/NAK, CNP."""
         rx, counters, my_ip = self.rx, self.counters, self.cfg["ip"]
+        by_qpn, rank_by_ip = self.by_qpn, self.rank_by_ip
         while True:
             try:
                 data, anc, _flags, addr = rx.recvmsg(9216, ANCILLARY_BYTES)
@@ -228,11 +245,11 @@ class Agent:
                 counters["rx_no_timestamp"] += 1
                 rx_ns = time.time_ns()
             bth = roce.parse_bth(data)
-            qp = self.by_qpn.get(bth[1]) if bth else None
+            qp = by_qpn.get(bth[1]) if bth else None
             if qp is None and bth is not None:
                 counters["rx_foreign_qp"] += 1  # another job's traffic (e.g. an incast)
                 continue
-            if qp is None or self.rank_by_ip.get(addr[0]) != qp.peer:
+            if qp is None or rank_by_ip.get(addr[0]) != qp.peer:
                 counters["rx_invalid"] += 1
                 continue
             if not roce.payload_icrc_ok(data, addr[0], my_ip, addr[1]):
@@ -245,10 +262,11 @@ class Agent:
                 counters["cnps_received"] += 1
                 if qp.rp is not None:
                     qp.rp.on_cnp(rx_ns)
+                    self.dirty.add(qp)
             else:
-                self._on_data(qp, data, bth, tos & ECN_CE, rx_ns)
+                self._on_data(qp, data, tos & ECN_CE, rx_ns)
 
-    def _on_data(self, qp: QueuePair, data, bth, ecn: int, rx_ns: int) -> None:
+    def _on_data(self, qp: QueuePair, data, ecn: int, rx_ns: int) -> None:
         pkt = roce.parse_udp_payload(data)
         if pkt is None or not (0 < pkt.tx_ns <= rx_ns + PROBE_CLOCK_SLACK_NS
                                and pkt.iteration < self.iterations):
@@ -257,48 +275,37 @@ class Agent:
         if ecn == ECN_CE:
             self.counters["rx_ce"] += 1
             if qp.np is not None and qp.np.on_ce(rx_ns):
-                self.control.append(bytes(qp.cnp))
-        placed_before = qp.resp.counters["placed_ahead"]
-        delivered, response = qp.resp.on_packet(pkt.psn, pkt.opcode, pkt.ackreq, rx_ns)
+                self.control.append((qp, qp.cnp))
+        resp = qp.resp
+        placed_before = resp.counters["placed_ahead"]
+        delivered, response = resp.on_packet(pkt.psn, pkt.opcode, pkt.ackreq, rx_ns)
         step = pkt.step & ~RETX_FLAG
         self.packets.append((qp.peer, self.rank, pkt.psn, pkt.payload_len, pkt.tx_ns, rx_ns,
                              pkt.iteration, step, ecn, int(bool(delivered)),
                              int(bool(pkt.step & RETX_FLAG))))
-        if qp.resp.counters["placed_ahead"] != placed_before:  # held until the gap fills
+        if resp.counters["placed_ahead"] != placed_before:  # held until the gap fills
             qp.placed[pkt.psn] = (pkt.iteration, step, pkt.opcode)
         elif delivered:
-            self._count_last(qp, pkt.iteration, step, pkt.opcode, rx_ns)
+            self._message_end(qp, pkt.iteration, step, pkt.opcode, rx_ns)
         for psn in delivered[1:]:  # placed earlier, in order now
             it, st, op = qp.placed.pop(psn)
-            self._count_last(qp, it, st, op, rx_ns)
+            self._message_end(qp, it, st, op, rx_ns)
         if response is not None:
-            self.control.append(bytes(qp.ack.fill(response.psn, response.syndrome,
-                                                  response.msn)))
+            self.control.append((qp, bytes(qp.ack.fill(response.psn, response.syndrome,
+                                                       response.msn))))
+        if resp.reorder_ns:
+            self.dirty.add(qp)
 
-    def _count_last(self, qp: QueuePair, iteration: int, tag: int, opcode: int,
-                    rx_ns: int) -> None:
-        """A message ended in order; the transfer is delivered when all its parts are."""
+    def _message_end(self, qp: QueuePair, iteration: int, tag: int, opcode: int,
+                     rx_ns: int) -> None:
         if opcode not in (roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY):
             return
-        key = (qp.peer, iteration, tag)
-        self.lasts[key] += 1
-        w = self.workload_of[iteration] if 0 <= iteration < self.iterations else None
-        t = w.receives.get((qp.peer, tag)) if w else None
-        if t is None:
+        ready = self.progress.message_end(qp.peer, iteration, tag, rx_ns)
+        if ready is None:
             self.counters["rx_unexpected_messages"] += 1
             return
-        if self.lasts[key] == len(self._parts(t.nbytes)):
-            self._delivered(t, iteration, rx_ns)
-
-    def _delivered(self, t: Transfer, iteration: int, rx_ns: int) -> None:
-        self.delivered_ns[(t.src, iteration, t.tag)] = rx_ns
-        w = self.workload_of[iteration]
-        self.open_recvs[iteration] = self.open_recvs.get(iteration, len(w.receives)) - 1
-        if iteration == self.current:
-            for ready in self.waiters.pop(t.ref, ()):
-                self.waiting[ready.tag] -= 1
-                if self.waiting[ready.tag] == 0:
-                    self._post(ready, iteration)
+        for t in ready:
+            self._post(t, iteration)
 
     def _on_ack(self, qp: QueuePair, data, psn: int, rx_ns: int) -> None:
         aeth = roce.parse_aeth(data)
@@ -306,43 +313,78 @@ class Agent:
             self.counters["rx_invalid"] += 1
             return
         for msg in qp.req.on_ack(psn, aeth[0], rx_ns):
-            self.unacked[msg.tag] -= 1
-            if self.unacked[msg.tag] == 0:
-                self.acked_ns[msg.tag] = rx_ns
-                self.open_sends[msg.tag[0]] -= 1
-        if qp.req.pending() and qp not in self.active:
-            self.active.append(qp)  # a NAK rewound it
+            self.progress.acked(msg.tag, rx_ns)
+        if qp.req.pending():
+            self._queue(qp)  # a NAK rewound it
+        self.dirty.add(qp)
 
     # --- send ---------------------------------------------------------------------------------
+    def _queue(self, qp: QueuePair) -> None:
+        if not qp.queued:
+            qp.queued = True
+            self.active.append(qp)
+            self.dirty.add(qp)
+
+    def nic_full(self) -> bool:
+        """Whether the NIC holds ``NIC_QUEUE_FRAMES`` frames still (then it is blocked)."""
+        if self.tx_key - self.stamped < NIC_QUEUE_FRAMES:
+            return False
+        self.collect_stamps()
+        if self.tx_key - self.stamped < NIC_QUEUE_FRAMES:
+            return False
+        self.nic_blocked = True
+        self.counters["tx_blocked"] += 1
+        return True
+
+    def reconcile_stamps(self) -> None:
+        """A NIC blocked although the kernel holds none of its frames (SIOCOUTQ): their
+        timestamps were lost (a frame dropped before the driver gets none); count them."""
+        if self.nic_blocked and not self.kernel_full and self.stamp_mark == self.stamped:
+            queued = fcntl.ioctl(self.tx.fileno(), termios.TIOCOUTQ, b"\0" * 4)
+            if int.from_bytes(queued, sys.byteorder) == 0:
+                self.counters["tx_stamps_lost"] += self.tx_key - self.stamped
+                self.stamped = self.tx_key
+                self.loop.unblock(self)
+        self.stamp_mark = self.stamped
+
     def flush_control(self) -> None:
-        while self.control:
-            frame = self.control[0]
+        control = self.control
+        sent = 0
+        for qp, frame in control:
+            if self.nic_full():
+                break
             try:
                 self.tx.send(frame)
             except BlockingIOError:
-                self.nic_blocked = True
-                return
+                self.nic_blocked = self.kernel_full = True
+                break
             self.tx_pending[self.tx_key] = (time.time_ns(), len(frame), "c")
             self.tx_key += 1
-            self.control.pop(0)
+            qp.control_frames += 1
+            qp.control_bytes += len(frame)
+            sent += 1
+        del control[:sent]
 
     def send_data(self) -> None:
         """Send packets round-robin over the QPs that may send now, until the NIC is full."""
-        tx, spray = self.tx, self.spray
-        while self.active and not self.nic_blocked:
+        tx, spray, active = self.tx, self.spray, self.active
+        while active and not self.nic_blocked:
             progressed = False
-            for qp in list(self.active):
+            for qp in list(active):
                 now = time.time_ns()
                 rp = qp.rp
                 if rp is not None and rp.congested and qp.next_tx_ns > now:
                     continue
                 o = qp.req.peek()
                 if o is None:
-                    self.active.remove(qp)
+                    active.remove(qp)
+                    qp.queued = False
                     continue
                 tpl = qp.conn.template(o.opcode, o.payload)
                 if spray:
                     tpl.set_sport(0xC000 | self.rng.getrandbits(14))
+                if self.nic_full():
+                    return
                 it, step = o.message.tag
                 frame = tpl.fill(o.psn, o.ackreq, now, it, step | (RETX_FLAG if o.retransmit
                                                                    else 0),
@@ -350,7 +392,7 @@ class Agent:
                 try:
                     tx.send(frame)
                 except BlockingIOError:
-                    self.nic_blocked = True
+                    self.nic_blocked = self.kernel_full = True
                     self.counters["tx_blocked"] += 1
                     return
                 size = len(frame)
@@ -361,143 +403,102 @@ class Agent:
                 if rp is not None and rp.congested:  # at line rate the NIC paces
                     qp.next_tx_ns = max(now, qp.next_tx_ns) + int(size * 8e9 / rp.rate)
                     rp.on_sent(size, now)
+                self.dirty.add(qp)
                 progressed = True
             if not progressed:
                 return
 
-    # --- time ---------------------------------------------------------------------------------
-    def timers(self, now: int) -> None:
-        for qp in self.qps.values():
-            if qp.req.check_timeout(now) and qp not in self.active:
-                self.active.append(qp)
-            if qp.rp is not None:
-                qp.rp.tick(now)
-                if now >= qp.next_sample_ns:
-                    last = qp.samples[-1] if qp.samples else (0, None, 0)
-                    if (qp.rp.rate, qp.bytes_sent) != last[1:]:
-                        qp.samples.append((now, qp.rp.rate, qp.bytes_sent))
-                    qp.next_sample_ns = now + RATE_SAMPLE_NS
-            nak = qp.resp.tick(now)
-            if nak is not None:
-                self.control.append(bytes(qp.ack.fill(nak.psn, nak.syndrome, nak.msn)))
+    def collect_stamps(self) -> None:
+        """Join the kernel transmit timestamps waiting on the NIC socket to their frames."""
+        pending, log = self.tx_pending, self.tx_log
+        for key, ts in read_tx_timestamps(self.tx):
+            self.stamped += 1
+            sent = pending.pop(key, None)
+            if sent is not None:
+                log.append((sent[0], ts, sent[1], sent[2]))
 
-    def next_wake(self, now: int, until_ns: int = 0) -> int:
-        wake = now + 100_000_000
-        if until_ns:
-            wake = min(wake, until_ns)
-        for qp in self.qps.values():
-            d = qp.req.deadline()
-            if d is not None:
-                wake = min(wake, d)
-            if qp.rp is not None:
-                wake = min(wake, qp.rp.next_event_ns(), qp.next_sample_ns)
-                if qp in self.active and not self.nic_blocked and qp.rp.congested:
-                    wake = min(wake, qp.next_tx_ns)
-            if qp.resp.gap_since is not None and qp.resp.reorder_ns:
-                wake = min(wake, qp.resp.gap_since + qp.resp.reorder_ns)
-        return wake
-
-    def pump(self, done, what: str, until_ns: int = 0) -> None:
-        """Run the NIC until ``done()``: receive, timers, control, data, then sleep (at most
-        until ``until_ns``, when ``done`` turns true by the clock; the last ``SPIN_NS``
-        before it are polled, not slept: the kernel wakes a sleeper hundreds of
-        microseconds late on a busy machine)."""
-        last_progress = time.monotonic()
-        mark = None
-        while not done():
-            self.drain()
-            now = time.time_ns()
-            self.timers(now)
+    def service(self, now: int) -> None:
+        """After this GPU's events: answer, send, re-arm its timers, move its iteration on."""
+        if self.control and not self.nic_blocked:
             self.flush_control()
+        if self.active and not self.nic_blocked:
             self.send_data()
-            if done():
-                return
-            progress = (len(self.packets), sum(q.req.counters["acks"] + q.req.counters["tx_packets"]
-                                                 for q in self.qps.values()))
-            if progress != mark:
-                mark, last_progress = progress, time.monotonic()
-            elif time.monotonic() - last_progress > STUCK_S:
-                raise RuntimeError(f"{self.host}: no progress for {STUCK_S:.0f} s {what}")
-            self._wait(self.next_wake(time.time_ns(), until_ns), until_ns)
+        if len(self.tx_pending) >= STAMPS_BATCH:
+            self.collect_stamps()
+        if self.state == COLLECTIVE and self.progress.complete(self.it):
+            self._end_iteration(time.time_ns())
+        for qp in self.dirty:
+            self.loop.rearm(qp, now)
+        self.dirty.clear()
+        if self.nic_blocked:
+            self.loop.wait_for_nic(self)
 
-    def _wait(self, wake_ns: int, until_ns: int = 0) -> None:
-        """Sleep until a packet arrives, the NIC takes more, or ``wake_ns`` (microsecond
-        precision: pacing needs it); poll instead when ``until_ns`` is near."""
-        now = time.time_ns()
-        if until_ns and until_ns - now <= SPIN_NS:
-            select.select([self.rx], [self.tx] if self.nic_blocked else [], [], 0)
-            self.nic_blocked = False
-            os.sched_yield()  # several agents poll at once: take turns, in microseconds
-            return
-        early = bool(until_ns) and wake_ns >= until_ns - SPIN_NS
-        if early:  # wake before the deadline, to poll up to it (lateness here is harmless)
-            wake_ns = until_ns - SPIN_NS
-        timeout = min(0.1, max(0.0, (wake_ns - now) / 1e9))
-        readable, writable, _ = select.select([self.rx], [self.tx] if self.nic_blocked else [],
-                                              [], timeout)
-        self.nic_blocked = False
-        if not readable and not writable and 0 < timeout < 0.1 and not early:
-            # woke for a timer (pacing, retransmission): how late?
-            self.lag.add(time.time_ns() - wake_ns)
+    # --- time ---------------------------------------------------------------------------------
+    def qp_timers(self, qp: QueuePair, now: int) -> None:
+        """Run the timers of ``qp`` that are due at ``now``."""
+        if qp.req.check_timeout(now):
+            self._queue(qp)
+        rp = qp.rp
+        if rp is not None:
+            rp.tick(now)
+            if now >= qp.next_sample_ns:
+                if qp._unsampled():
+                    qp.samples.append((now, rp.rate, qp.bytes_sent))
+                qp.next_sample_ns = now + RATE_SAMPLE_NS
+        nak = qp.resp.tick(now)
+        if nak is not None:
+            self.control.append((qp, bytes(qp.ack.fill(nak.psn, nak.syndrome, nak.msn))))
+        self.dirty.add(qp)
 
     # --- the training iterations ---------------------------------------------------------------
-    def run(self, start_ns: int, progress=lambda i: None) -> None:
-        compute_start = start_ns
-        for w in self.workloads:
-            for it in w.iterations:
-                compute_start = self._iteration(w, it, compute_start)
-                progress(it)
+    def go(self, start_ns: int) -> None:
+        self._compute_from(start_ns)
 
-    def _iteration(self, w: Workload, it: int, compute_start: int) -> int:
-        """Compute, then this rank's part of the collective; returns when it ended."""
-        compute_ns, straggle_ns = self._compute_time()
-        ready_at = compute_start + compute_ns + straggle_ns
-        self.pump(lambda: time.time_ns() >= ready_at, f"computing iteration {it}",
-                  until_ns=ready_at)
-        start = time.time_ns()
-        if it == 0:  # all ranks start at once: the first bursts compete for the CPUs
-            self.first_start_lag_ns = start - ready_at
+    def _compute_from(self, compute_start: int) -> None:
+        """The next iteration's compute phase starts at ``compute_start``."""
+        self.it += 1
+        self.state = COMPUTING
+        self.compute_start = compute_start
+        self.compute = self._compute_time()
+        self.ready_at = compute_start + self.compute[0] + self.compute[1]
+        self.loop.at(self.ready_at, self)
+
+    def compute_done(self, when: int, now: int) -> None:
+        """The compute phase ended (its timer, due at ``when``, runs at ``now``)."""
+        if self.state != COMPUTING or when != self.ready_at:
+            return
+        if self.it == 0:  # all ranks start at once: the first bursts compete for the CPUs
+            self.first_start_lag_ns = now - self.ready_at
         else:
-            self.lag.add(start - ready_at)
-        self.begin_collective(w, it)
-        self.pump(lambda: self.open_sends[it] == 0 and self.open_recvs[it] == 0,
-                  f"in iteration {it} ({w.name}, {w.size:,} B)")
-        end = time.time_ns()
-        self.iteration_rows.append((self.rank, it, w.index, w.name, w.size, compute_start,
-                                    start, end, compute_ns, straggle_ns, w.bytes_sent,
+            self.lag.add(now - self.ready_at)
+        self.state = COLLECTIVE
+        self.collective_start = now
+        self.mark, self.mark_ns = None, now
+        for t in self.progress.begin(self.it):
+            self._post(t, self.it)
+
+    def _end_iteration(self, end: int) -> None:
+        w = self.progress.workload_of[self.it]
+        self.iteration_rows.append((self.rank, self.it, w.index, w.name, w.size,
+                                    self.compute_start, self.collective_start, end,
+                                    self.compute[0], self.compute[1], w.bytes_sent,
                                     w.bytes_received))
-        return end
+        self.loop.say(f"iter {self.host} {self.it}")
+        if self.it + 1 < self.iterations:
+            self._compute_from(end)
+        else:
+            self.state = FINISHED
+            self.loop.finished += 1
+            self.loop.say(f"finished {self.host}")
 
-    def op_rows(self) -> List[tuple]:
-        """One row per transfer sent or received (built at the end: no work between
-        iterations)."""
-        rows = []
-        for row in self.iteration_rows:
-            it, w = row[1], self.workloads[row[2]]
-            for t in w.sends:
-                rows.append((self.rank, it, "send", t.dst, t.tag, t.phase, t.nbytes,
-                             self.posted_ns[(it, t.tag)], self.acked_ns[(it, t.tag)]))
-            for t in w.receives.values():
-                at = self.delivered_ns[(t.src, it, t.tag)]
-                rows.append((self.rank, it, "recv", t.src, t.tag, t.phase, t.nbytes, at, at))
-        return rows
-
-    def begin_collective(self, w: Workload, it: int) -> None:
-        """Post every transfer whose inputs are here; the others wait for their deliveries
-        (``_delivered`` posts them)."""
-        self.current = it
-        self.waiting.clear()
-        self.waiters.clear()
-        self.open_sends[it] = len(w.sends)
-        self.open_recvs.setdefault(it, len(w.receives))
-        for t in w.sends:
-            missing = [d for d in t.after if (d[0], it, d[1]) not in self.delivered_ns]
-            if missing:
-                self.waiting[t.tag] = len(missing)
-                for d in missing:
-                    self.waiters[d].append(t)
-            else:
-                self._post(t, it)
+    def _post(self, t, it: int) -> None:
+        now = time.time_ns()
+        at = t.dst_offset
+        for i, part in enumerate(self.progress.posted(t, it, now)):
+            qp = self.qp(t.dst, i)
+            qp.req.post((it, t.tag), part, now, va=at)
+            at += part
+            self._queue(qp)
 
     def _compute_time(self) -> Tuple[int, int]:
         """(compute phase, straggler delay) of the next iteration, in ns."""
@@ -519,26 +520,18 @@ class Agent:
                 delay = int(mean)
         return int(compute), delay
 
-    def _parts(self, nbytes: int) -> List[int]:
-        """How a transfer is split over the QPs to its peer."""
-        q = self.transport["qps_per_peer"]
-        return chunk_sizes(nbytes, q) if nbytes >= q else [nbytes]
-
-    def _post(self, t: Transfer, it: int) -> None:
-        now = time.time_ns()
-        self.posted_ns[(it, t.tag)] = now
-        at = t.dst_offset
-        for i, part in enumerate(self._parts(t.nbytes)):
-            qp = self.qp(t.dst, i)
-            qp.req.post((it, t.tag), part, now, va=at)
-            at += part
-            self.unacked[(it, t.tag)] += 1
-            if qp not in self.active:
-                self.active.append(qp)
-
-    def serve(self, stop) -> None:
-        """Keep answering peers (ACKs, retransmissions) until ``stop()``."""
-        self.pump(stop, "while serving peers")
+    def check_stuck(self, now: int) -> None:
+        """Fail a collective that made no progress for ``STUCK_S``."""
+        if self.state != COLLECTIVE:
+            return
+        mark = (len(self.packets), self.tx_key,
+                sum(q.req.counters["acks"] for q in self.qps.values()))
+        if mark != self.mark:
+            self.mark, self.mark_ns = mark, now
+        elif now - self.mark_ns > STUCK_S * 1e9:
+            w = self.progress.workload_of[self.it]
+            raise RuntimeError(f"{self.host}: no progress for {STUCK_S:.0f} s in iteration "
+                               f"{self.it} ({w.name}, {w.size:,} B)")
 
     # --- records ------------------------------------------------------------------------------
     def summary(self) -> dict:
@@ -558,10 +551,23 @@ class Agent:
         c["tx_bytes"] = sum(qp.bytes_sent for qp in self.qps.values())
         return c
 
+    def frames_to(self) -> Dict[str, List[int]]:
+        """Per peer rank: [data frames, their bytes, control frames, their bytes] sent."""
+        out: Dict[str, List[int]] = {}
+        for qp in self.qps.values():
+            r = qp.req.counters
+            row = out.setdefault(str(qp.peer), [0, 0, 0, 0])
+            row[0] += r["tx_packets"] + r["retransmitted"]
+            row[1] += qp.bytes_sent
+            row[2] += qp.control_frames
+            row[3] += qp.control_bytes
+        return {k: v for k, v in out.items() if any(v)}
+
     def write_records(self, out_dir: str) -> None:
+        self.collect_stamps()
         base = os.path.join(out_dir, self.host)
         _write_csv(base + ".packets.csv", PACKET_FIELDS, self.packets)
-        _write_csv(base + ".ops.csv", OP_FIELDS, self.op_rows())
+        _write_csv(base + ".ops.csv", OP_FIELDS, self.progress.op_rows(self.iteration_rows))
         _write_csv(base + ".iterations.csv", ITERATION_FIELDS, self.iteration_rows)
         _write_csv(base + ".tx.csv", TX_FIELDS, self.tx_log)
         rows = []
@@ -576,11 +582,148 @@ class Agent:
         _write_csv(base + ".qps.csv", QP_FIELDS, rows)
         summary = {"rank": self.rank, "host": self.host, "counters": self.summary(),
                    "rx_packets": len(self.packets), "loop_lag": self.lag.to_dict(),
-                   "first_start_lag_us": round(self.first_start_lag_ns / 1000.0, 3)}
+                   "first_start_lag_us": round(self.first_start_lag_ns / 1000.0, 3),
+                   "frames_to": self.frames_to()}
         tmp = base + ".summary.json.tmp"
         with open(tmp, "w") as f:
             json.dump(summary, f)
         os.replace(tmp, base + ".summary.json")
+
+
+class Loop:
+    """One epoll set and one timer for every GPU of this process."""
+
+    def __init__(self, configs: List[dict], out=sys.stdout, commands: int = 0):
+        self.out, self.commands = out, commands
+        self.epoll = select.epoll()
+        self.timer = TimerFd()
+        self.heap = TimerHeap()
+        self.gpus = [Gpu(c, self) for c in configs]
+        self.by_fd: Dict[int, Gpu] = {}
+        self.blocked: Dict[int, Gpu] = {}  # NIC fds registered for "may send again"
+        self.lines: List[str] = []
+        self.finished = 0  # GPUs whose collectives are done
+        self.wakes = 0
+        self.stopping = False
+        self.command_buf = b""
+
+    def open(self) -> None:
+        for gpu in self.gpus:
+            gpu.open()
+            self.by_fd[gpu.rx.fileno()] = gpu
+            self.epoll.register(gpu.rx.fileno(), select.EPOLLIN)
+        self.epoll.register(self.timer.fd, select.EPOLLIN)
+
+    def close(self) -> None:
+        for gpu in self.gpus:
+            gpu.close()
+        self.timer.close()
+        self.epoll.close()
+
+    # --- what the GPUs ask of the loop --------------------------------------------------------
+    def at(self, when: int, gpu: Gpu) -> None:
+        """Wake ``gpu`` at ``when`` (the end of its compute phase)."""
+        self.heap.push(when, gpu)
+
+    def rearm(self, qp: QueuePair, now: int) -> None:
+        when = qp.next_timer_ns(qp.gpu.nic_blocked)
+        if when is not None and (qp.armed is None or when < qp.armed):
+            when = max(when, now)  # due already: the loop learns of it only now
+            qp.armed = when
+            self.heap.push(when, qp)
+
+    def wait_for_nic(self, gpu: Gpu) -> None:
+        """Wake ``gpu`` when its NIC has room: a transmit timestamp on the socket's error
+        queue (always reported by epoll) says a frame left, EPOLLOUT that the kernel takes
+        more."""
+        fd = gpu.tx.fileno()
+        if fd not in self.blocked:
+            self.blocked[fd] = gpu
+            self.epoll.register(fd, select.EPOLLOUT if gpu.kernel_full else 0)
+
+    def unblock(self, gpu: Gpu) -> None:
+        fd = gpu.tx.fileno()
+        if self.blocked.pop(fd, None) is not None:
+            self.epoll.unregister(fd)
+        gpu.nic_blocked = gpu.kernel_full = False
+
+    def say(self, line: str) -> None:
+        self.lines.append(line)
+
+    # --- the loop -----------------------------------------------------------------------------
+    def run(self, start_ns: int) -> None:
+        """From ``start_ns`` until every GPU finished and the runner said ``stop``."""
+        for gpu in self.gpus:
+            gpu.go(start_ns)
+        self.heap.push(start_ns + HOUSEKEEPING_NS, None)
+        if self.commands is not None:
+            self.epoll.register(self.commands, select.EPOLLIN)
+        timer_fd, epoll, by_fd, blocked = self.timer.fd, self.epoll, self.by_fd, self.blocked
+        heap = self.heap
+        while not (self.stopping and self.finished == len(self.gpus)):
+            self.timer.arm(heap.next_ns())
+            touched = set()
+            events = epoll.poll()
+            self.wakes += 1
+            for fd, _ev in events:
+                gpu = by_fd.get(fd)
+                if gpu is not None:
+                    gpu.receive()
+                    touched.add(gpu)
+                elif fd in blocked:
+                    gpu = blocked[fd]
+                    self.unblock(gpu)
+                    gpu.collect_stamps()
+                    touched.add(gpu)
+                elif fd == timer_fd:
+                    self.timer.fired()
+                elif fd == self.commands:
+                    self._read_commands()
+            now = time.time_ns()
+            while True:
+                due = heap.pop_due(now)
+                if due is None:
+                    break
+                when, what = due
+                if isinstance(what, QueuePair):
+                    if what.armed != when:
+                        continue  # superseded by an earlier deadline
+                    what.armed = None
+                    gpu = what.gpu
+                    gpu.lag.add(now - when)
+                    gpu.qp_timers(what, now)
+                elif what is None:
+                    for g in self.gpus:
+                        g.check_stuck(now)
+                        g.reconcile_stamps()
+                        touched.add(g)
+                    heap.push(now + HOUSEKEEPING_NS, None)
+                    continue
+                else:
+                    gpu = what
+                    gpu.compute_done(when, now)
+                touched.add(gpu)
+            for gpu in touched:
+                gpu.service(now)
+            if self.lines:
+                self.out.write("\n".join(self.lines) + "\n")
+                self.out.flush()
+                self.lines.clear()
+
+    def _read_commands(self) -> None:
+        chunk = os.read(self.commands, 4096)
+        if not chunk:  # the runner went away
+            raise RuntimeError("the runner closed the agents' stdin")
+        self.command_buf += chunk
+        *lines, self.command_buf = self.command_buf.split(b"\n")
+        for line in lines:
+            if line.strip() == b"stop":
+                self.stopping = True
+
+    def write_records(self, out_dir: str) -> None:
+        for gpu in self.gpus:
+            gpu.counters["loop_wakes"] = self.wakes
+            gpu.write_records(out_dir)
 
 
 def _write_csv(path: str, header, rows) -> None:
@@ -590,24 +733,19 @@ def _write_csv(path: str, header, rows) -> None:
         w.writerows(rows)
 
 
-def _stdin_says(word: str):
-    """A predicate: has the runner written ``word`` on stdin yet? (non-blocking)"""
-    seen = []
-
-    def check() -> bool:
-        if not seen:
-            ready, _, _ = select.select([sys.stdin], [], [], 0)
-            if ready:
-                line = sys.stdin.readline()
-                seen.append(line.strip() == word or not line)
-        return bool(seen)
-    return check
+def read_line(fd: int) -> str:
+    """One line from ``fd``, unbuffered: what follows it stays for the loop's epoll."""
+    out = bytearray()
+    while True:
+        b = os.read(fd, 1)
+        if not b or b == b"\n":
+            return out.decode(errors="replace")
+        out += b
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent()
-    precise_timers()
     try:  # as Open vSwitch and the queue emulator: wake on time when they hold the CPUs
         os.setpriority(os.PRIO_PROCESS, 0, AGENT_NICE)
     except OSError:
@@ -617,33 +755,32 @@ def main(argv=None) -> int:
         return 2
     with open(argv[0]) as f:
         config = json.load(f)
-    agent = Agent(config)
+    loop = Loop(config["gpus"], commands=sys.stdin.fileno())
+    hosts = ", ".join(g["host"] for g in config["gpus"])
     try:
-        agent.open()
+        loop.open()
         # Cyclic garbage collection pauses the loop for milliseconds once the records grow;
-        # the loop creates no reference cycles, so collect once now and then not at all.
+        # the loop creates no reference cycles that matter, so collect once now, then never.
         gc.collect()
         gc.freeze()
         gc.disable()
         print("ready", flush=True)
-        line = sys.stdin.readline().split()
+        line = read_line(sys.stdin.fileno()).split()
         if len(line) != 2 or line[0] != "go":
-            print(f"agent {agent.host}: expected 'go <start_ns>', got {line!r}", file=sys.stderr)
+            print(f"agent of {hosts}: expected 'go <start_ns>', got {line!r}", file=sys.stderr)
             return 1
-        agent.run(int(line[1]), progress=lambda i: print(f"iter {i}", flush=True))
-        print("finished", flush=True)
-        agent.serve(_stdin_says("stop"))
-        agent.write_records(config["out_dir"])
+        loop.run(int(line[1]))
+        loop.write_records(config["out_dir"])
         print("done", flush=True)
         return 0
     except RetryExceeded as e:
-        print(f"agent {agent.host}: a queue pair went to error: {e}", file=sys.stderr)
+        print(f"agent of {hosts}: a queue pair went to error: {e}", file=sys.stderr)
         return 1
-    except RuntimeError as e:
-        print(f"agent {agent.host}: {e}", file=sys.stderr)
+    except (RuntimeError, OSError) as e:
+        print(f"agent of {hosts}: {e}", file=sys.stderr)
         return 1
     finally:
-        agent.close()
+        loop.close()
 
 
 if __name__ == "__main__":

@@ -62,11 +62,11 @@ SOCK_EXTENDED_ERR = struct.Struct("@IBBBBII")  # errno, origin, type, code, pad,
 SO_EE_ORIGIN_TIMESTAMPING = 4
 
 
-def open_tx(intf: str) -> socket.socket:
-    """A non-blocking AF_PACKET socket on ``intf`` that blocks - like a NIC - when the NIC queue
-    holds a frame, and reports each frame's kernel transmit time."""
+def open_tx(intf: str, sndbuf: int = 1 << 20) -> socket.socket:
+    """A non-blocking AF_PACKET socket on ``intf`` that reports each frame's kernel transmit
+    time; the agent itself keeps the NIC's queue short (``traffic.agent``)."""
     tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)  # protocol 0: send only
-    tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # kernel minimum: ~2 frames
+    tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
     tx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)  # for the timestamps
     tx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING,
                   SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE

@@ -4,12 +4,26 @@ import statistics
 import pytest
 
 from traffic import metrics
-from traffic.agent import Agent
+from traffic.agent import Gpu
+from traffic.progress import Progress
 
 TRANSPORT = {"congestion_control": "none", "qps_per_peer": 1, "entropy": "per-qp",
              "ack_every": 16, "rto_ns": 10**8, "max_rto_ns": 8 * 10**8, "retry_limit": 7,
              "reorder_ns": 0, "dcqcn_timer_ns": 10**7, "dcqcn_byte_counter": 256000,
              "cnp_interval_ns": 10**7, "roce_tos": 106, "ack_tos": 104, "cnp_tos": 192}
+
+
+class _Loop:
+    """What a GPU asks of its event loop, recorded."""
+
+    def __init__(self):
+        self.timers, self.lines, self.finished = [], [], 0
+
+    def at(self, when, gpu):
+        self.timers.append(when)
+
+    def say(self, line):
+        self.lines.append(line)
 
 
 def _agent(rank=1, n=4, collective="ring", size=4096, chunks=1, straggler=None, compute=None,
@@ -24,13 +38,29 @@ def _agent(rank=1, n=4, collective="ring", size=4096, chunks=1, straggler=None, 
                           "chunks": chunks, "group": 1}],
            "compute": compute or {"ns": 0, "jitter_ns": 0}, "straggler": straggler,
            "peers": [p for p in peers if p["rank"] != rank]}
-    return Agent(cfg)
+    return Gpu(cfg, _Loop())
 
 
-def _start_iteration(agent, it=0):
-    w = agent.workload_of[it]
-    agent.begin_collective(w, it)
-    return w
+def _progress(rank=1, n=4, collective="ring", size=4096):
+    return Progress([{"collective": collective, "size": size, "iterations": 2, "chunks": 1,
+                      "group": 1}], rank, n, 1)
+
+
+class _Posting:
+    """A rank's progress, posting what becomes ready (as the GPU does)."""
+
+    def __init__(self, **kw):
+        self.p = _progress(**kw)
+        self.posted_ns = {}
+
+    def begin(self, it=0):
+        for t in self.p.begin(it):
+            self.posted_ns[(it, t.tag)] = 0
+        return self.p.workload_of[it]
+
+    def delivered(self, t, it, rx_ns):
+        for ready in self.p.delivered(t, it, rx_ns):
+            self.posted_ns[(it, ready.tag)] = rx_ns
 
 
 def _posted(agent):
@@ -38,38 +68,54 @@ def _posted(agent):
 
 
 def test_a_ring_rank_sends_its_next_step_only_after_the_previous_one_arrived():
-    a = _agent(rank=1, n=4)
-    w = _start_iteration(a)
+    a = _Posting(rank=1, n=4)
+    w = a.begin()
     assert _posted(a) == [0]  # step 0 needs nothing
     first = w.receives[(0, 0)]  # rank 0's step 0 to us
-    a._delivered(first, 0, 123)
+    a.delivered(first, 0, 123)
     assert _posted(a) == [0, 1]
-    assert a.open_recvs[0] == len(w.receives) - 1
+    assert a.p.open_recvs[0] == len(w.receives) - 1
 
 
 def test_deliveries_for_the_next_iteration_wait_until_it_starts():
-    a = _agent(rank=1, n=4)
-    w = _start_iteration(a, 0)
-    a._delivered(w.receives[(0, 0)], 1, 5)  # rank 0 already in iteration 1
+    a = _Posting(rank=1, n=4)
+    w = a.begin(0)
+    a.delivered(w.receives[(0, 0)], 1, 5)  # rank 0 already in iteration 1
     assert _posted(a) == [0]  # nothing of iteration 1 was posted
-    assert (0, 1, 0) in a.delivered_ns and a.open_recvs[1] == len(w.receives) - 1
+    assert (0, 1, 0) in a.p.delivered_ns and a.p.open_recvs[1] == len(w.receives) - 1
     a.posted_ns.clear()
-    _start_iteration(a, 1)
+    a.begin(1)
     assert _posted(a) == [0, 1]  # iteration 1: step 0, and step 1 whose input is here
 
 
 def test_transfers_are_split_over_the_qps_to_a_peer():
     a = _agent(rank=0, n=2, qps=3, size=6000)
-    _start_iteration(a)
+    a.go(0)
+    a.compute_done(0, 0)  # the compute phase (0 ns) ended: the collective starts
     sizes = [m.size for i in range(3) for m in a.qp(1, i).req.messages]
     assert sum(sizes) == a.workloads[0].sends[0].nbytes and len(sizes) == 3
-    assert a._parts(2) == [2]  # fewer bytes than QPs: one message
+    assert a.progress.parts(2) == [2]  # fewer bytes than QPs: one message
 
 
 def test_all_to_all_posts_everything_at_once():
-    a = _agent(rank=2, n=4, collective="all_to_all")
-    _start_iteration(a)
+    a = _Posting(rank=2, n=4, collective="all_to_all")
+    a.begin()
     assert _posted(a) == [0, 1, 2]
+
+
+def test_an_iteration_ends_when_its_sends_are_acked_and_its_receives_delivered():
+    p = _progress(rank=0, n=2, collective="ring")
+    w = p.workload_of[0]
+    ready = p.begin(0)
+    for t in ready:
+        for _ in p.posted(t, 0, 1):
+            p.acked((0, t.tag), 2)
+    assert not p.complete(0)  # sends acked, receives missing
+    for t in w.receives.values():
+        for ready_now in p.delivered(t, 0, 3):
+            for _ in p.posted(ready_now, 0, 3):
+                p.acked((0, ready_now.tag), 4)
+    assert p.complete(0) and not p.complete(1)
 
 
 def test_straggler_delays_follow_their_distribution():

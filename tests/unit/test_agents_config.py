@@ -82,3 +82,15 @@ def test_the_wait_for_agents_covers_the_longest_recovery():
     # 7 retries at the backed-off 8 x RTO: 14 s and 56 s
     assert finish_timeout_s(long) - finish_timeout_s(short) == 56 - 14
     assert finish_timeout_s(short) == 30 + 10 * expected_duration_s(short) + 14
+
+
+def test_gpus_go_to_a_few_processes_per_server_in_rank_order():
+    from testbed.agents import process_groups
+    hosts = [f"gpu{i}" for i in range(1, 9)]
+    assert process_groups(hosts, {}, 2) == [("localhost", hosts[:4]), ("localhost", hosts[4:])]
+    assert process_groups(hosts[:3], {}, 2) == [("localhost", ["gpu1", "gpu2"]),
+                                                ("localhost", ["gpu3"])]
+    assert process_groups(hosts[:2], {}, 8) == [("localhost", ["gpu1"]), ("localhost", ["gpu2"])]
+    split = {h: ("localhost" if i < 4 else "10.9.0.2") for i, h in enumerate(hosts)}
+    groups = process_groups(hosts, split, 1)
+    assert groups == [("localhost", hosts[:4]), ("10.9.0.2", hosts[4:])]
