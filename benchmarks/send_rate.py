@@ -6,7 +6,7 @@
 Both send valid RoCEv2 RDMA WRITE frames with a per-packet PSN, send time and ICRC on one end
 of a veth pair, pinned to one CPU core, in the same run:
 
-* agent: ``traffic.agent.Agent.send_data`` with the RC requester in the loop - Scapy-built
+* agent: ``traffic.agent.Gpu.send_data`` with the RC requester in the loop - Scapy-built
   templates patched in place, written to an AF_PACKET socket, transmit timestamps collected
   (the code path of a real run); once with a fixed UDP source port, once with a new one per
   packet (spraying);
@@ -38,17 +38,30 @@ ME = {"mac": "02:00:0a:00:01:01", "ip": "10.0.1.1"}
 PEER = {"rank": 1, "host": "peer", "ip": "10.0.2.1", "mac": "02:00:0a:00:02:01"}
 
 
+class NoLoop:
+    """The send path alone: no event loop behind the GPU."""
+
+    finished = 0
+
+    def at(self, when, gpu):
+        pass
+
+    def say(self, line):
+        pass
+
+
 def make_agent(mtu: int, entropy: str = "per-qp"):
-    from traffic.agent import Agent
+    from traffic.agent import Gpu
     transport = {"congestion_control": "none", "qps_per_peer": 1, "entropy": entropy,
                  "ack_every": 16, "rto_ns": 10**12, "max_rto_ns": 10**12, "retry_limit": 7,
                  "reorder_ns": 0, "dcqcn_timer_ns": 10**7, "dcqcn_byte_counter": 1 << 20,
                  "cnp_interval_ns": 10**7, "roce_tos": 0x6A, "ack_tos": 0x68, "cnp_tos": 0xC0}
     cfg = {"rank": 0, "host": "bench", "intf": "bench0", "ip": ME["ip"], "mac": ME["mac"],
            "ranks": 2, "workloads": [{"collective": "ring", "size": 2 * mtu, "iterations": 1}],
-           "mtu": mtu, "transport": transport, "link_rate_bps": 40e6, "out_dir": "/nonexistent",
-           "peers": [PEER]}
-    agent = Agent(cfg)
+           "mtu": mtu, "transport": transport, "link_rate_bps": 10e9,  # an unshaped veth
+           "out_dir": "/nonexistent",
+           "netns_pid": os.getpid(), "peers": [PEER]}
+    agent = Gpu(cfg, NoLoop())
     agent.open()
     return agent
 
@@ -58,10 +71,10 @@ def pump_sends(agent, size: int, tag) -> int:
     templates, NIC socket, transmit timestamps) until every packet is on the wire."""
     qp = agent.qp(1, 0)
     msg = qp.req.post(tag, size, time.time_ns())
-    agent.active.append(qp)
+    agent._queue(qp)
     while qp.req.pending():
         agent.send_data()
-        agent.drain()  # what a real run does between sends: timestamps, arrivals
+        agent.collect_stamps()  # what a real run does between sends
         agent.nic_blocked = False
     return len(msg.opcodes)
 
@@ -130,12 +143,17 @@ def scapy_rate(mtu: int, packets: int, reuse_socket: bool = False) -> dict:
     return {"packets": packets, "seconds": dt, "pps": packets / dt}
 
 
-def inner(args) -> int:
+def setup() -> None:
+    """The veth pair the benchmark sends on (in the private namespace it runs in)."""
     for cmd in ("ip link set lo up", "ip link add bench0 type veth peer name bench1",
                 "ip link set bench0 mtu 9000", "ip link set bench1 mtu 9000",
                 "ip link set bench0 up", "ip link set bench1 up",
                 f"ip addr add {ME['ip']}/16 dev bench0"):
         subprocess.run(cmd.split(), check=True)
+
+
+def inner(args) -> int:
+    setup()
     cpu = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpu})
     report = {"cpu": cpu, "runs": []}

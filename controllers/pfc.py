@@ -14,15 +14,14 @@ never sends from one spine to another); at a spine, any other leaf.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, NamedTuple, Set, Tuple
 
 from testbed.topology import FabricPlan
 
 from .classes import PfcRule
 
 
-@dataclass(frozen=True)
-class Queue:
+class Queue(NamedTuple):
     """An egress queue: the interface ``intf`` of node ``node``."""
 
     node: str

@@ -26,7 +26,7 @@ from .procutil import in_netns
 
 NETLINK_ROUTE = 0
 RTM_NEWQDISC, RTM_GETQDISC = 36, 38
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP = 0x1, 0x4, 0x300
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_ECHO, NLM_F_DUMP = 0x1, 0x4, 0x8, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 TCA_KIND, TCA_OPTIONS, TCA_STATS = 1, 2, 3
 TCA_TBF_PARMS, TCA_TBF_BURST = 1, 6
@@ -37,6 +37,7 @@ NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
 RTATTR = struct.Struct("=HH")  # len, type
 TC_STATS = struct.Struct("=QIIIIIII")  # bytes, packets, drops, overlimits, bps, pps, qlen, backlog
+BACKLOG, BACKLOG_AT = struct.Struct("=I"), TC_STATS.size - 4
 RATESPEC = struct.Struct("=BBHhHI")  # cell_log, linklayer, overhead, cell_align, mpu, rate
 TBF_QOPT = struct.Struct("=12s12sIII")  # rate, peakrate, limit, buffer, mtu
 PSCHED_NS_PER_TICK = 64  # kernel PSCHED_SHIFT = 6
@@ -59,10 +60,14 @@ class QueueStats(NamedTuple):
 
 
 class QdiscSampler:
-    """Backlog of selected qdiscs, by one netlink dump of a namespace's qdiscs per sample."""
+    """Backlog of selected qdiscs: all of them by one netlink dump of the namespace's qdiscs
+    (``sample``), or a subset by one batch of requests for exactly those (``sample_subset``:
+    the kernel fills and this parses only the qdiscs asked for)."""
 
-    def __init__(self, wanted: Iterable[Tuple[str, int]], sock: Optional[socket.socket] = None):
-        """``wanted``: (interface name, qdisc handle) pairs; the handle as a 32-bit value."""
+    def __init__(self, wanted: Iterable[Tuple[str, int]], sock: Optional[socket.socket] = None,
+                 subset: Iterable[Tuple[str, int]] = ()):
+        """``wanted``: (interface name, qdisc handle) pairs; the handle as a 32-bit value;
+        ``subset``: some of them."""
         self.sock = sock or socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         self.sock.bind((0, 0))
@@ -75,6 +80,15 @@ class QdiscSampler:
         self.seq = 0
         self.buf = bytearray(1 << 18)  # one recv() holds many replies
         self.offsets: Dict[Tuple[str, int], Optional[int]] = {}
+        subset = [(index[name], handle) for name, handle in subset]
+        self.subset_at = {k: i for i, k in enumerate(subset)}  # (ifindex, handle) -> position
+        self.subset_offsets: Dict[int, int] = {}  # position -> TCA_STATS offset in its reply
+        # one RTM_GETQDISC per qdisc (ECHO: kernels that send the reply to the TC group only
+        # unicast it to us then)
+        self.subset_request = b"".join(
+            NLMSGHDR.pack(NLMSGHDR.size + TCMSG.size, RTM_GETQDISC,
+                          NLM_F_REQUEST | NLM_F_ECHO, i + 1, 0) + TCMSG.pack(0, ifi, h, 0, 0)
+            for i, (ifi, h) in enumerate(subset))
 
     def close(self) -> None:
         self.sock.close()
@@ -93,6 +107,20 @@ class QdiscSampler:
             n = self.sock.recv_into(self.buf)
             if parse_qdisc_dump(memoryview(self.buf)[:n], self.keys, out, self.offsets):
                 return out
+
+    def sample_subset(self) -> List[int]:
+        """The backlog of each ``subset`` qdisc, in ``subset`` order (0 for one that is gone):
+        one reply, or one error, per qdisc."""
+        out = [0] * len(self.subset_at)
+        if not out:
+            return out
+        self.sock.send(self.subset_request)
+        replies = 0
+        while replies < len(out):
+            n = self.sock.recv_into(self.buf)
+            replies += parse_qdisc_replies(memoryview(self.buf)[:n], self.subset_at, out,
+                                           self.subset_offsets)
+        return out
 
 
 def parse_qdisc_dump(view, keys, out, offsets=None) -> bool:
@@ -128,6 +156,36 @@ def parse_qdisc_dump(view, keys, out, offsets=None) -> bool:
             raise OSError(err, f"qdisc dump failed: {os.strerror(err)}")
         off += (length + 3) & ~3
     return False
+
+
+def parse_qdisc_replies(view, positions, out: List[int], offsets: Dict[int, int]) -> int:
+    """Decode one recv() of replies to single-qdisc requests: the backlog of the qdisc at
+    ``positions[(ifindex, handle)]`` goes to ``out[position]``; ``offsets`` caches where
+    each reply's ``TCA_STATS`` sits. Returns how many replies (qdiscs, or errors: a qdisc
+    that is gone) the buffer held."""
+    replies, off, n = 0, 0, len(view)
+    while off + NLMSGHDR.size <= n:
+        length, mtype = NLMSGHDR.unpack_from(view, off)[:2]
+        if length < NLMSGHDR.size:
+            raise OSError("malformed netlink message in a qdisc reply")
+        if mtype == RTM_NEWQDISC:
+            replies += 1
+            _fam, ifindex, handle, _parent, _info = TCMSG.unpack_from(view, off + 16)
+            at = positions.get((ifindex, handle))
+            if at is not None:
+                rel = offsets.get(at)
+                if rel is None or rel + RTATTR.size + TC_STATS.size > length or \
+                        RTATTR.unpack_from(view, off + rel)[1] != TCA_STATS:
+                    rel = _find_tc_stats(view, off, off + 16 + TCMSG.size, off + length)
+                    if rel is None:
+                        off += (length + 3) & ~3
+                        continue
+                    offsets[at] = rel
+                out[at] = BACKLOG.unpack_from(view, off + rel + RTATTR.size + BACKLOG_AT)[0]
+        elif mtype == NLMSG_ERROR:
+            replies += 1
+        off += (length + 3) & ~3
+    return replies
 
 
 def _find_tc_stats(view, msg: int, off: int, end: int) -> Optional[int]:

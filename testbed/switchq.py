@@ -42,14 +42,19 @@ from controllers.pfc import PfcState, Queue
 
 from .errors import FabricError
 
+from .bpf import Clsact
 from .bpfmark import Marker
-from .netlink import QdiscSampler, send_and_check, socket_in_netns, tbf_message, tc_handle
+from .bpfqueue import QueueCounters
+from .netlink import (QdiscSampler, QueueStats, send_and_check, socket_in_netns, tbf_message,
+                      tc_handle)
 from .procutil import die_with_parent, stop_process
 from .results import write_json_atomic
 from .shaping import gate_handle, gate_params, gate_parent
 from .topology import FabricPlan
 
 
+QUEUE_GONE = QueueStats(0, 0, 0, 0)
+FULL_SAMPLE_NS = 20_000_000
 # Broadcast, from a MAC no GPU has, local experimental EtherType: dropped by every policy.
 KICK_FRAME = (b"\xff" * 6 + bytes.fromhex("020000000000") + b"\x88\xb5"
               + b"testbed: resume".ljust(46, b"\0"))
@@ -212,15 +217,39 @@ class Emulator:
                                                     or node in cfg["nodes"]):
                     dpid = next(s.dpid for s in self.plan.switches if s.name == node)
                     self.ports[intf] = (node, dpid, port)  # on this server (split fabrics)
-        self.sampler = QdiscSampler([(intf, c.minor << 16) for intf in self.ports
-                                     for c in self.classes])
         self.ecn_class = next((c for c in self.classes if c.ecn), None)
         self.pfc_class = next((c for c in self.classes if c.pfc), None)
         self.load_class = self.pfc_class or self.ecn_class or self.classes[0]
         # the class this emulator marks; none where the kernel's RED marks (testbed.shaping)
         self.marks = self.ecn_class if cfg.get("ecn_marking", "sampled") == "sampled" else None
+        self.watch: Optional[Dict[int, List[int]]] = (
+            {int(d): ports for d, ports in cfg["watch"].items()} if cfg.get("watch") else None)
+        # The classes a sample acts on (marking, PFC, adaptive routing's load): sampled every
+        # interval; every class, for the timeline and the largest backlogs, every window.
+        # Where nothing acts, only the window's samples are taken.
+        acting = {c.minor: c for c in (self.marks, self.pfc_class) if c}
+        if self.watch:
+            acting[self.load_class.minor] = self.load_class
+        self.acting = tuple(acting.values())
+        self.window_ns = int(cfg.get("timeline_window_ms", 5) * 1e6)
+        self.tick_ns = self.interval_ns if self.acting else self.window_ns
+        # every class (largest backlogs, the counters' check): each window where nothing
+        # acts, else every FULL_SAMPLE_NS
+        self.full_ns = FULL_SAMPLE_NS if self.acting else self.window_ns
+        self.last_full_ns = 0
+        self.port_order = sorted(self.ports)
+        # the acting classes' queues, class by class, each in port order
+        self.subset = [(intf, c.minor << 16) for c in self.acting for intf in self.port_order]
+        self.sampler = QdiscSampler([(intf, c.minor << 16) for intf in self.port_order
+                                     for c in self.classes], subset=self.subset)
         # who applies it: the kernel program on the ports (testbed.bpfmark), or the controller
         self.marker: Optional[Marker] = None
+        self.clsact: Optional[Clsact] = None
+        self.counters_bpf: Optional[QueueCounters] = None  # the acting class, in the kernel
+        self.counting = "netlink"  # how fast samples read the acting class's backlog
+        self.bias: List[int] = [0] * len(self.ports)  # counted - true, after a queue dropped
+        self.last_drops: Dict[str, int] = {}
+        self.counter_errors: List[int] = []  # counted - true, per port and full sample
         self.via = cfg.get("marking_via") or "openflow"
         self.marking: Dict[str, bool] = {}
         self.marking_since: Dict[str, int] = {}
@@ -228,16 +257,15 @@ class Emulator:
         self.toggles: Dict[str, int] = {}
         self.pfc = PfcState(self.plan, self.pfc_class.pfc) if self.pfc_class else None
         self.queue_of = {intf: Queue(node, intf) for intf, (node, _d, _p) in self.ports.items()}
+        self.queues = [self.queue_of[intf] for intf in self.port_order]
         self.pause_msgs: Dict[Queue, Tuple[socket.socket, bytes, bytes]] = {}
         self.kick_socks: Dict[Queue, socket.socket] = {}
-        self.watch: Optional[Dict[int, List[int]]] = (
-            {int(d): ports for d, ports in cfg["watch"].items()} if cfg.get("watch") else None)
         self.last_load: Dict[int, Dict[int, int]] = {}
         self.max_backlog: Dict[Tuple[str, int], int] = {}  # (interface, qdisc handle)
         self.counters = {"samples": 0, "late": 0, "ecn_events": 0, "load_events": 0,
                          "pauses_sent": 0, "resumes_sent": 0, "events_deferred": 0}
         # Adaptive routing needs the trend, not every sample: report load every ~5 ms.
-        self.load_every = max(1, 5000 // int(cfg["interval_us"]))
+        self.load_every = max(1, 5_000_000 // self.tick_ns)
         self.sample_ns: List[int] = []
         self.max_gap_ns = 0  # longest time between two samples: the worst reaction time
         self.scheduling = "normal"  # how ``main`` got the CPU (``ahead_of_traffic``)
@@ -246,17 +274,22 @@ class Emulator:
         self.sockets = []
         # Timeline: per window, the largest backlog of every port's watched class and the
         # queues paused at some point in it (for plots of queue occupancy and PFC).
-        self.window_ns = int(cfg.get("timeline_window_ms", 5) * 1e6)
-        self.port_order = sorted(self.ports)
         self.window_start = 0
-        self.window_max: Dict[str, int] = {}
+        self.window_max: List[int] = []
         self.window_paused: set = set()
         self.timeline: List[tuple] = []
 
     # --- set-up -----------------------------------------------------------------------------
     def open(self) -> None:
+        self.nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+        self.nl.bind((0, 0))
+        self.sockets.append(self.nl)
+        self.clsact = Clsact(self.nl)  # the switch ports', for both programs
+        if self.cfg.get("queue_counting") == "bpf" and len(self.acting) == 1:
+            self._open_counters()
         if self.marks and self.via == "bpf":
-            self.marker = Marker(self.port_order, class_dscps(self.marks, self.classes))
+            self.marker = Marker(self.port_order, class_dscps(self.marks, self.classes),
+                                 clsact=self.clsact)
             try:
                 self.marker.open()
             except (OSError, LookupError) as e:
@@ -269,6 +302,27 @@ class Emulator:
             self.relay = PfcRelay(self.cfg)
         if self.pfc_class:
             self._prepare_pauses()
+
+    def _open_counters(self) -> None:
+        """Count the acting class's queue bytes in the kernel (``testbed.bpfqueue``); where
+        the kernel refuses, the samples ask the kernel for the qdiscs instead."""
+        peers = {}
+        for link in self.plan.links:
+            for mine, far_node, far in ((link.intf1, link.node2, link.intf2),
+                                        (link.intf2, link.node1, link.intf1)):
+                if mine in self.ports:
+                    peers[mine] = ((self.cfg["host_pids"][far_node]
+                                    if self.plan.is_host(far_node) else None), far)
+        counters = QueueCounters(self.port_order, class_dscps(self.acting[0], self.classes),
+                                 peers, self.clsact)
+        try:
+            counters.open()
+        except (OSError, LookupError, KeyError) as e:
+            counters.close()
+            self.counting = f"netlink (the kernel counters could not be set up: {e})"
+            return
+        self.counters_bpf = counters
+        self.counting = "bpf"
 
     def _prepare_pauses(self) -> None:
         """Prebuild the pause and resume message of every queue PFC may pause."""
@@ -318,42 +372,67 @@ class Emulator:
 
     # --- one sample ---------------------------------------------------------------------------
     def step(self, now: int) -> None:
-        stats = self.sampler.sample()
-        top = self.max_backlog
-        for key, s in stats.items():
-            if s.backlog > top.get(key, 0):
-                top[key] = s.backlog
-        per_class: Dict[int, Dict[str, int]] = {}
-
-        def backlog(cls: TrafficClass) -> Dict[str, int]:
-            if cls.minor not in per_class:
-                handle = cls.minor << 16
-                per_class[cls.minor] = {intf: stats[(intf, handle)].backlog
-                                        if (intf, handle) in stats else 0
-                                        for intf in self.port_order}
-            return per_class[cls.minor]
-
+        """One sample: every class's backlog each window (also for the largest backlogs),
+        the acting classes' in between; then marking, PFC, load and the timeline."""
+        order = self.port_order
+        if now - self.last_full_ns >= self.full_ns or not self.acting:
+            self.last_full_ns = now
+            stats = self.sampler.sample()
+            top = self.max_backlog
+            for key, st in stats.items():
+                if st.backlog > top.get(key, 0):
+                    top[key] = st.backlog
+            zero = QUEUE_GONE
+            by_class = {c.minor: [stats.get((i, c.minor << 16), zero).backlog for i in order]
+                        for c in self.classes}
+            if self.counters_bpf:
+                self._check_counters(stats, by_class[self.acting[0].minor])
+        else:
+            if self.counters_bpf:
+                values = [max(0, b - e) for b, e in zip(self.counters_bpf.backlogs(),
+                                                        self.bias)]
+            else:
+                values = self.sampler.sample_subset()
+            n = len(order)
+            by_class = {c.minor: values[k * n:(k + 1) * n] for k, c in enumerate(self.acting)}
+            top = self.max_backlog
+            for key, b in zip(self.subset, values):
+                if b > top.get(key, 0):
+                    top[key] = b
         if self.marks:
-            self._ecn(backlog(self.marks), now)
+            self._ecn(by_class[self.marks.minor], now)
         if self.pfc:
-            self._pfc(backlog(self.pfc_class), now)
+            self._pfc(by_class[self.pfc_class.minor], now)
         if self.relay:  # pauses and resumes other servers decided for queues here
             for q, action in self.relay.receive():
                 self._apply([q], action)
             self.relay.flush()
         if self.watch and self.events:
-            self._load(backlog(self.load_class))
+            self._load(by_class[self.load_class.minor])
         if self.events:
             self.counters["events_deferred"] += not self.events.flush()
-        self._record(backlog(self.load_class), now)
+        self._record(by_class[self.load_class.minor], now)
 
-    def _record(self, backlog: Dict[str, int], now: int) -> None:
+    def _check_counters(self, stats, true: List[int]) -> None:
+        """At a full sample: the kernel counters against the qdiscs' own backlogs. A queue
+        that dropped packets since the last one counts them still (they never reached the
+        peer): its correction is redone."""
+        handle = self.acting[0].minor << 16
+        counted = self.counters_bpf.backlogs()
+        for k, intf in enumerate(self.port_order):
+            drops = stats.get((intf, handle), QUEUE_GONE).drops
+            if drops != self.last_drops.get(intf, 0):
+                self.last_drops[intf] = drops
+                self.bias[k] = counted[k] - true[k]
+            error = counted[k] - self.bias[k] - true[k]
+            self.counter_errors.append(error)
+
+    def _record(self, backlog: List[int], now: int) -> None:
         if not self.window_start:
             self.window_start = now
-        window = self.window_max
-        for intf, b in backlog.items():
-            if b > window.get(intf, 0):
-                window[intf] = b
+            self.window_max = list(backlog)
+        else:
+            self.window_max = list(map(max, self.window_max, backlog))
         if self.pfc:
             self.window_paused.update(q.intf for q in self.pfc.paused_since)
         if now - self.window_start >= self.window_ns:
@@ -361,10 +440,9 @@ class Emulator:
             self.window_start = now
 
     def _close_window(self) -> None:
-        self.timeline.append((self.window_start, [self.window_max.get(i, 0)
-                                                  for i in self.port_order],
+        self.timeline.append((self.window_start, self.window_max or [0] * len(self.port_order),
                               " ".join(sorted(self.window_paused))))
-        self.window_max, self.window_paused = {}, set()
+        self.window_max, self.window_paused = [], set()
 
     def write_timeline(self, path: str) -> None:
         """CSV: window start (ns since the epoch), the largest backlog of each switch port's
@@ -380,13 +458,17 @@ class Emulator:
                 w.writerow([t] + values + [paused])
         os.replace(tmp, path)
 
-    def _ecn(self, backlog: Dict[str, int], now: int) -> None:
+    def _ecn(self, backlog: List[int], now: int) -> None:
         rule = self.marks.ecn
-        for intf, (_node, dpid, port) in self.ports.items():
-            p = rule.probability(backlog[intf])
+        low, marking = rule.kmin, self.marking
+        for intf, b in zip(self.port_order, backlog):
+            if b < low and not marking.get(intf):
+                continue  # below the lowest threshold and not marking: nothing to decide
+            p = rule.probability(b)
             want = p >= 1.0 or (p > 0.0 and self.rng.random() < p)
-            if want == self.marking.get(intf, False):
+            if want == marking.get(intf, False):
                 continue
+            _node, dpid, port = self.ports[intf]
             self.marking[intf] = want
             self.toggles[intf] = self.toggles.get(intf, 0) + 1
             if want:
@@ -400,9 +482,8 @@ class Emulator:
                 self.events.ecn[(dpid, port)] = want
             self.counters["ecn_events"] += 1
 
-    def _pfc(self, backlog: Dict[str, int], now: int) -> None:
-        queue_of = self.queue_of
-        pause, resume = self.pfc.update({queue_of[i]: b for i, b in backlog.items()}, now)
+    def _pfc(self, backlog: List[int], now: int) -> None:
+        pause, resume = self.pfc.update(dict(zip(self.queues, backlog)), now)
         self._apply(pause, 1)
         self._apply(resume, 2)
         self.counters["pauses_sent"] += len(pause)
@@ -425,9 +506,10 @@ class Emulator:
                 if q in self.kick_socks:
                     self.kick_socks[q].sendto(KICK_FRAME, (q.intf, 0))
 
-    def _load(self, backlog: Dict[str, int]) -> None:
+    def _load(self, values: List[int]) -> None:
         if self.counters["samples"] % self.load_every:
             return
+        backlog = dict(zip(self.port_order, values))
         load = {dpid: {port: backlog[intf]
                        for intf, (_n, d, port) in self.ports.items() if d == dpid and
                        port in ports}
@@ -441,7 +523,7 @@ class Emulator:
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self, stop) -> None:
-        interval = self.interval_ns
+        interval = self.tick_ns
         next_at = last = time.monotonic_ns()
         while not stop():
             t0 = time.monotonic_ns()
@@ -476,7 +558,11 @@ class Emulator:
             self.relay.flush()  # the resumes above, to the other servers
             self.counters.update(self.relay.counters)
         return {
-            "interval_us": self.interval_ns / 1000,
+            "interval_us": self.tick_ns / 1000,
+            "acting_classes": [c.name for c in self.acting],
+            "acting_backlog_from": self.counting,
+            "counter_error_bytes": _spread(self.counter_errors) if self.counters_bpf else None,
+            "all_classes_every_us": self.full_ns / 1000,
             "scheduling": self.scheduling,
             "counters": self.counters,
             "sample_ms": {"mean": round(sum(ns) / len(ns) / 1e6, 4),
@@ -495,10 +581,21 @@ class Emulator:
     def close(self) -> None:
         if self.marker:  # nothing marks once the emulator is gone (also after an error)
             self.marker.close()
+        if self.counters_bpf:
+            self.counters_bpf.close()
+        if self.clsact:
+            self.clsact.close()
         for s in self.sockets + [self.sampler.sock] + ([self.events.sock] if self.events else []):
             s.close()
         if self.relay:
             self.relay.close()
+
+
+def _spread(values: List[int]) -> dict:
+    """How far the kernel counters were off at the full samples (bytes)."""
+    v = sorted(values) or [0]
+    return {"min": v[0], "p1": v[len(v) // 100], "p50": v[len(v) // 2],
+            "p99": v[min(len(v) - 1, len(v) * 99 // 100)], "max": v[-1], "checks": len(values)}
 
 
 def ahead_of_traffic() -> str:
@@ -592,6 +689,11 @@ class EmulatorProcess:
             "nic_queue_bytes": t.nic_queue_bytes,
             "delayed": session.fabric.delayed_interfaces(),
             "ecn_marking": session.fabric.marking,
+            # the acting class's backlog from kernel counters, where the kernel runs them,
+            # every queue's far end is on this server and no delay line holds frames
+            # between the counted ends
+            "queue_counting": ("bpf" if fabric.caps.bpf_marking and not fabric.where
+                               and not fabric.delayed_interfaces() else "netlink"),
             "marking_via": session.fabric.marking_via,
             "mtu": link_mtu,
             "watch": {str(d): p for d, p in watch.items()} if watch else None,

@@ -43,9 +43,12 @@ import json
 import os
 import random
 import select
+import socket
+import struct
 import sys
 import termios
 import time
+import zlib
 from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
@@ -54,9 +57,10 @@ from testbed.procutil import die_with_parent, in_netns
 from . import roce
 from .dcqcn import NotificationPoint, Parameters, ReactionPoint
 from .metrics import LagHistogram
+from .mmsg import MMSGHDR_SIZE, OFF_LEN
 from .progress import Progress, Workload  # noqa: F401  (Workload: part of the agent's API)
 from .rc import Requester, Responder, RetryExceeded
-from .rxsocket import ANCILLARY_BYTES, ancillary, open_rx, open_tx, read_tx_timestamps
+from .rxsocket import RxBatch, StampBatch, open_rx, open_tx
 from .timers import TimerFd, TimerHeap
 
 ECN_CE = 0b11
@@ -64,11 +68,15 @@ RETX_FLAG = 0x80000000  # in the probe header's step field: a retransmitted pack
 QP_BASE = 0x100  # QPs 0 and 1 are special in InfiniBand
 STUCK_S = 120.0  # a collective that makes no progress for this long fails the run
 RATE_SAMPLE_NS = 10_000_000
-AGENT_NICE = -10
+AGENT_NICE = -20
 PROBE_CLOCK_SLACK_NS = 1_000_000_000  # all agents share one clock: a probe "sent" later is forged
 HOUSEKEEPING_NS = 1_000_000_000
 STAMPS_BATCH = 32  # transmit timestamps are collected once this many wait (and at the end)
 NIC_QUEUE_FRAMES = 2  # frames handed to the NIC and not yet on the wire, at most
+# Packets wait at most this share of a full frame's time at the line rate before the loop
+# takes them (interrupt moderation): the precision the fidelity monitor asks of timers.
+MODERATION_SHARE = 0.25
+FRAME_OVERHEAD = 76  # RoCE headers, ICRC and Ethernet around a full payload
 
 # sent_ns: the sender's clock when it handed the packet to its NIC (carried in the packet);
 # the kernel transmit time is in the sender's tx file, joined on (src, sent_ns). The tx file
@@ -83,6 +91,18 @@ ITERATION_FIELDS = ("rank", "iteration", "workload", "collective", "size", "comp
 QP_FIELDS = ("qpn", "peer", "t_ns", "rate_bps", "bytes_sent")
 
 IDLE, COMPUTING, COLLECTIVE, FINISHED = "idle", "computing", "collective", "finished"
+MESSAGE_ENDS = frozenset((roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY))
+WRITES = frozenset((roce.RC_RDMA_WRITE_FIRST, roce.RC_RDMA_WRITE_MIDDLE,
+                    roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY))
+ICRC = struct.Struct("<I")
+BTH = struct.Struct("!BxxxII")  # opcode, (resv8, dest QP), (AckReq, PSN)
+SOURCE = struct.Struct("!HI")  # sockaddr_in after the family: port, address
+MSG_LEN = struct.Struct("=I")
+PSN_MASK = roce.PSN_MASK
+MIN_ROCE = roce.BTH_LEN + roce.ICRC_LEN
+PROBE_OFFSET = roce.BTH_LEN
+RETH_PROBE_OFFSET = roce.BTH_LEN + roce.RETH_LEN
+PROBE_UNPACK = roce.PROBE.unpack_from
 
 
 def qp_number(local_rank: int, remote_rank: int, index: int = 0, per_peer: int = 1) -> int:
@@ -164,7 +184,10 @@ class Gpu:
         self.dcqcn = Parameters.emulated(config["link_rate_bps"], t["dcqcn_timer_ns"],
                                          t["dcqcn_byte_counter"], t["cnp_interval_ns"])
         self.peers = {p["rank"]: p for p in config["peers"]}
-        self.rank_by_ip = {p["ip"]: p["rank"] for p in config["peers"]}
+        self.rank_by_addr = {int.from_bytes(socket.inet_aton(p["ip"]), "big"): p["rank"]
+                             for p in config["peers"]}
+        self.addr = socket.inet_aton(config["ip"])
+        self.icrc_prefixes: Dict[tuple, int] = {}  # ICRC pseudo-header CRC per packet shape
         self.progress = Progress(config["workloads"], self.rank, self.n, t["qps_per_peer"])
         self.workloads = self.progress.workloads
         self.iterations = self.progress.iterations
@@ -185,12 +208,15 @@ class Gpu:
         self.lag = LagHistogram()  # how late the loop acted on this GPU's timers
         self.first_start_lag_ns = 0
         self.counters: Dict[str, int] = defaultdict(int)
-        self.tx = self.rx = None
+        self.tx = self.rx = self.rx_batch = self.stamps = None
         self.nic_blocked = False  # the NIC takes no more now: the loop waits for it
         self.kernel_full = False  # ... because the kernel refused a frame
+        self.armed = False  # the loop waits for this NIC's socket
         self.tx_key = 0  # SO_TIMESTAMPING OPT_ID of the next frame sent
         self.stamped = 0  # frames whose transmit timestamp came back: they left the NIC
         self.stamp_mark = 0  # ``stamped`` at the last housekeeping
+        self.next_departure_ns = 0  # no frame leaves the NIC before this
+        self.ns_per_byte = 8e9 / config["link_rate_bps"]
         self.tx_pending: Dict[int, tuple] = {}  # key -> (sent_ns, bytes, kind)
         self.tx_log: List[tuple] = []  # (sent_ns, kernel transmit ns, bytes, kind)
         self.mark = None  # progress seen by the stuck check, and since when
@@ -203,6 +229,8 @@ class Gpu:
         with in_netns(self.cfg["netns_pid"]):
             self.tx = open_tx(self.cfg["intf"])
             self.rx = open_rx(self.cfg["ip"], roce.ROCE_UDP_PORT)
+        self.rx_batch = RxBatch(self.rx)
+        self.stamps = StampBatch(self.tx)
         now = time.time_ns()
         for peer in self.peers.values():
             for i in range(self.transport["qps_per_peer"]):
@@ -231,75 +259,107 @@ class Gpu:
     # --- receive ------------------------------------------------------------------------------
     def receive(self) -> None:
         """Handle every packet waiting on the receive socket: data, ACK/NAK, CNP."""
-        rx, counters, my_ip = self.rx, self.counters, self.cfg["ip"]
-        by_qpn, rank_by_ip = self.by_qpn, self.rank_by_ip
+        batch, counters = self.rx_batch, self.counters
+        raw = batch.batch
+        vec, view, names, size_of = raw.raw, raw.data_view, raw.names_view, raw.size
+        by_qpn, rank_by_addr, prefixes = self.by_qpn, self.rank_by_addr, self.icrc_prefixes
+        meta, unpack_len, unpack_src, unpack_bth = batch.meta, MSG_LEN.unpack_from, \
+            SOURCE.unpack_from, BTH.unpack_from
         while True:
-            try:
-                data, anc, _flags, addr = rx.recvmsg(9216, ANCILLARY_BYTES)
-            except BlockingIOError:
+            n = batch.read()
+            for i in range(n):
+                at = i * size_of
+                size = unpack_len(vec, i * MMSGHDR_SIZE + OFF_LEN)[0]
+                data = view[at:at + size]
+                rx_ns, tos, dropped = meta(i)
+                if dropped >= 0:
+                    counters["rx_socket_drops"] = dropped
+                if not rx_ns:
+                    counters["rx_no_timestamp"] += 1
+                    rx_ns = time.time_ns()
+                if size < MIN_ROCE:
+                    counters["rx_invalid"] += 1
+                    continue
+                opcode, dqpn, word = unpack_bth(data)
+                qp = by_qpn.get(dqpn & PSN_MASK)
+                if qp is None:
+                    counters["rx_foreign_qp"] += 1  # another job's traffic (e.g. an incast)
+                    continue
+                sport, addr = unpack_src(names, i * 16 + 2)
+                if rank_by_addr.get(addr) != qp.peer:
+                    counters["rx_invalid"] += 1
+                    continue
+                key = (addr, sport, size, opcode)
+                prefix = prefixes.get(key)
+                if prefix is None:
+                    prefix = self._icrc_prefix(key, data)
+                if zlib.crc32(data[8:size - 4], prefix) != ICRC.unpack_from(data, size - 4)[0]:
+                    counters["rx_bad_icrc"] += 1  # a NIC drops it before the transport sees it
+                    continue
+                if opcode == roce.RC_ACKNOWLEDGE:
+                    self._on_ack(qp, data, word & PSN_MASK, rx_ns)
+                elif opcode == roce.CNP:
+                    counters["cnps_received"] += 1
+                    if qp.rp is not None:
+                        qp.rp.on_cnp(rx_ns)
+                        self.dirty.add(qp)
+                elif opcode in WRITES:
+                    self._on_data(qp, data, opcode, word, tos & ECN_CE, rx_ns)
+                else:
+                    counters["rx_invalid"] += 1
+            if n < batch.count:
                 return
-            rx_ns, tos, dropped = ancillary(anc)
-            if dropped >= 0:
-                counters["rx_socket_drops"] = dropped
-            if not rx_ns:
-                counters["rx_no_timestamp"] += 1
-                rx_ns = time.time_ns()
-            bth = roce.parse_bth(data)
-            qp = by_qpn.get(bth[1]) if bth else None
-            if qp is None and bth is not None:
-                counters["rx_foreign_qp"] += 1  # another job's traffic (e.g. an incast)
-                continue
-            if qp is None or rank_by_ip.get(addr[0]) != qp.peer:
-                counters["rx_invalid"] += 1
-                continue
-            if not roce.payload_icrc_ok(data, addr[0], my_ip, addr[1]):
-                counters["rx_bad_icrc"] += 1  # a NIC drops it before the transport sees it
-                continue
-            opcode = bth[0]
-            if opcode == roce.RC_ACKNOWLEDGE:
-                self._on_ack(qp, data, bth[2], rx_ns)
-            elif opcode == roce.CNP:
-                counters["cnps_received"] += 1
-                if qp.rp is not None:
-                    qp.rp.on_cnp(rx_ns)
-                    self.dirty.add(qp)
-            else:
-                self._on_data(qp, data, tos & ECN_CE, rx_ns)
 
-    def _on_data(self, qp: QueuePair, data, ecn: int, rx_ns: int) -> None:
-        pkt = roce.parse_udp_payload(data)
-        if pkt is None or not (0 < pkt.tx_ns <= rx_ns + PROBE_CLOCK_SLACK_NS
-                               and pkt.iteration < self.iterations):
+    def _icrc_prefix(self, key: tuple, data) -> int:
+        """The ICRC pseudo-header's CRC for packets of this shape from this sender."""
+        prefixes = self.icrc_prefixes
+        if len(prefixes) > 4096:  # foreign traffic with ever new ports: start over
+            prefixes.clear()
+        addr, sport = key[0], key[1]
+        prefix = prefixes[key] = roce.payload_prefix_crc(data, addr.to_bytes(4, "big"),
+                                                         self.addr, sport)
+        return prefix
+
+    def _on_data(self, qp: QueuePair, data, opcode: int, word: int, ecn: int,
+                 rx_ns: int) -> None:
+        off = RETH_PROBE_OFFSET if opcode in roce.OPCODES_WITH_RETH else PROBE_OFFSET
+        payload_len = len(data) - off - roce.ICRC_LEN
+        if payload_len < roce.PROBE.size:
+            self.counters["rx_invalid"] += 1
+            return
+        tx_ns, iteration, step = PROBE_UNPACK(data, off)
+        if not (0 < tx_ns <= rx_ns + PROBE_CLOCK_SLACK_NS and iteration < self.iterations):
             self.counters["rx_invalid"] += 1  # not a probe of this run: a forged or foreign
             return                            # packet would corrupt the latency records
+        psn, ackreq = word & PSN_MASK, word >> 31
         if ecn == ECN_CE:
             self.counters["rx_ce"] += 1
             if qp.np is not None and qp.np.on_ce(rx_ns):
                 self.control.append((qp, qp.cnp))
         resp = qp.resp
         placed_before = resp.counters["placed_ahead"]
-        delivered, response = resp.on_packet(pkt.psn, pkt.opcode, pkt.ackreq, rx_ns)
-        step = pkt.step & ~RETX_FLAG
-        self.packets.append((qp.peer, self.rank, pkt.psn, pkt.payload_len, pkt.tx_ns, rx_ns,
-                             pkt.iteration, step, ecn, int(bool(delivered)),
-                             int(bool(pkt.step & RETX_FLAG))))
+        delivered, response = resp.on_packet(psn, opcode, ackreq, rx_ns)
+        retx = step & RETX_FLAG
+        step &= ~RETX_FLAG
+        self.packets.append((qp.peer, self.rank, psn, payload_len, tx_ns, rx_ns, iteration,
+                             step, ecn, 1 if delivered else 0, 1 if retx else 0))
         if resp.counters["placed_ahead"] != placed_before:  # held until the gap fills
-            qp.placed[pkt.psn] = (pkt.iteration, step, pkt.opcode)
-        elif delivered:
-            self._message_end(qp, pkt.iteration, step, pkt.opcode, rx_ns)
-        for psn in delivered[1:]:  # placed earlier, in order now
-            it, st, op = qp.placed.pop(psn)
-            self._message_end(qp, it, st, op, rx_ns)
+            qp.placed[psn] = (iteration, step, opcode)
+        elif delivered and opcode in MESSAGE_ENDS:
+            self._message_end(qp, iteration, step, rx_ns)
+        if len(delivered) > 1:
+            for p in delivered[1:]:  # placed earlier, in order now
+                it, st, op = qp.placed.pop(p)
+                if op in MESSAGE_ENDS:
+                    self._message_end(qp, it, st, rx_ns)
         if response is not None:
             self.control.append((qp, bytes(qp.ack.fill(response.psn, response.syndrome,
                                                        response.msn))))
         if resp.reorder_ns:
             self.dirty.add(qp)
 
-    def _message_end(self, qp: QueuePair, iteration: int, tag: int, opcode: int,
-                     rx_ns: int) -> None:
-        if opcode not in (roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY):
-            return
+    def _message_end(self, qp: QueuePair, iteration: int, tag: int, rx_ns: int) -> None:
+        """The last packet of a message arrived in order."""
         ready = self.progress.message_end(qp.peer, iteration, tag, rx_ns)
         if ready is None:
             self.counters["rx_unexpected_messages"] += 1
@@ -326,12 +386,14 @@ class Gpu:
             self.dirty.add(qp)
 
     def nic_full(self) -> bool:
-        """Whether the NIC holds ``NIC_QUEUE_FRAMES`` frames still (then it is blocked)."""
+        """Whether the NIC holds ``NIC_QUEUE_FRAMES`` frames (then it is blocked until the
+        next transmit timestamp: the loop collects them when one arrives)."""
         if self.tx_key - self.stamped < NIC_QUEUE_FRAMES:
             return False
-        self.collect_stamps()
-        if self.tx_key - self.stamped < NIC_QUEUE_FRAMES:
-            return False
+        if time.time_ns() >= self.next_departure_ns:  # a frame may have left since
+            self.collect_stamps()
+            if self.tx_key - self.stamped < NIC_QUEUE_FRAMES:
+                return False
         self.nic_blocked = True
         self.counters["tx_blocked"] += 1
         return True
@@ -367,43 +429,50 @@ class Gpu:
 
     def send_data(self) -> None:
         """Send packets round-robin over the QPs that may send now, until the NIC is full."""
-        tx, spray, active = self.tx, self.spray, self.active
+        tx_send, spray, active, pending = self.tx.send, self.spray, self.active, self.tx_pending
+        dirty, counters = self.dirty, self.counters
         while active and not self.nic_blocked:
             progressed = False
-            for qp in list(active):
+            i = 0
+            while i < len(active):
+                qp = active[i]
+                i += 1
                 now = time.time_ns()
                 rp = qp.rp
-                if rp is not None and rp.congested and qp.next_tx_ns > now:
+                congested = rp is not None and rp.congested
+                if congested and qp.next_tx_ns > now:
                     continue
-                o = qp.req.peek()
+                req = qp.req
+                o = req.peek()
                 if o is None:
-                    active.remove(qp)
+                    i -= 1
+                    del active[i]
                     qp.queued = False
                     continue
+                if self.tx_key - self.stamped >= NIC_QUEUE_FRAMES and self.nic_full():
+                    return
                 tpl = qp.conn.template(o.opcode, o.payload)
                 if spray:
                     tpl.set_sport(0xC000 | self.rng.getrandbits(14))
-                if self.nic_full():
-                    return
-                it, step = o.message.tag
-                frame = tpl.fill(o.psn, o.ackreq, now, it, step | (RETX_FLAG if o.retransmit
-                                                                   else 0),
-                                 o.message.va, o.message.size)
+                msg = o.message
+                it, step = msg.tag
+                frame = tpl.fill(o.psn, o.ackreq, now, it, step | RETX_FLAG if o.retransmit
+                                 else step, msg.va, msg.size)
                 try:
-                    tx.send(frame)
+                    tx_send(frame)
                 except BlockingIOError:
                     self.nic_blocked = self.kernel_full = True
-                    self.counters["tx_blocked"] += 1
+                    counters["tx_blocked"] += 1
                     return
                 size = len(frame)
-                self.tx_pending[self.tx_key] = (now, size, "d")
+                pending[self.tx_key] = (now, size, "d")
                 self.tx_key += 1
-                qp.req.commit(o, now)
+                req.commit(o, now)
                 qp.bytes_sent += size
-                if rp is not None and rp.congested:  # at line rate the NIC paces
+                if congested:  # at line rate the NIC paces
                     qp.next_tx_ns = max(now, qp.next_tx_ns) + int(size * 8e9 / rp.rate)
                     rp.on_sent(size, now)
-                self.dirty.add(qp)
+                dirty.add(qp)
                 progressed = True
             if not progressed:
                 return
@@ -411,11 +480,13 @@ class Gpu:
     def collect_stamps(self) -> None:
         """Join the kernel transmit timestamps waiting on the NIC socket to their frames."""
         pending, log = self.tx_pending, self.tx_log
-        for key, ts in read_tx_timestamps(self.tx):
+        for key, ts in self.stamps.read():
             self.stamped += 1
             sent = pending.pop(key, None)
             if sent is not None:
                 log.append((sent[0], ts, sent[1], sent[2]))
+                # the next frame leaves the shaper one serialization time later, not sooner
+                self.next_departure_ns = ts + sent[1] * self.ns_per_byte
 
     def service(self, now: int) -> None:
         """After this GPU's events: answer, send, re-arm its timers, move its iteration on."""
@@ -434,12 +505,20 @@ class Gpu:
             self.loop.wait_for_nic(self)
 
     # --- time ---------------------------------------------------------------------------------
-    def qp_timers(self, qp: QueuePair, now: int) -> None:
-        """Run the timers of ``qp`` that are due at ``now``."""
+    def qp_timers(self, qp: QueuePair, now: int) -> bool:
+        """Run the timers of ``qp`` that are due at ``now``; True if one of them acted (a
+        retransmission timeout, a paced packet's turn, a DCQCN rate or alpha update, a
+        reordering NAK) - not for a deadline that moved on meanwhile, nor for the rate
+        samples kept for the records."""
+        acted = False
         if qp.req.check_timeout(now):
             self._queue(qp)
+            acted = True
         rp = qp.rp
         if rp is not None:
+            if rp.congested:
+                acted = acted or now >= rp.next_event_ns() or (qp.queued and
+                                                               qp.next_tx_ns <= now)
             rp.tick(now)
             if now >= qp.next_sample_ns:
                 if qp._unsampled():
@@ -448,7 +527,9 @@ class Gpu:
         nak = qp.resp.tick(now)
         if nak is not None:
             self.control.append((qp, bytes(qp.ack.fill(nak.psn, nak.syndrome, nak.msn))))
+            acted = True
         self.dirty.add(qp)
+        return acted
 
     # --- the training iterations ---------------------------------------------------------------
     def go(self, start_ns: int) -> None:
@@ -461,7 +542,11 @@ class Gpu:
         self.compute_start = compute_start
         self.compute = self._compute_time()
         self.ready_at = compute_start + self.compute[0] + self.compute[1]
-        self.loop.at(self.ready_at, self)
+        now = time.time_ns()
+        if self.it > 0 and self.ready_at <= now:  # no compute phase: the next step at once
+            self.compute_done(self.ready_at, now)
+        else:
+            self.loop.at(self.ready_at, self)
 
     def compute_done(self, when: int, now: int) -> None:
         """The compute phase ended (its timer, due at ``when``, runs at ``now``)."""
@@ -596,11 +681,14 @@ class Loop:
     def __init__(self, configs: List[dict], out=sys.stdout, commands: int = 0):
         self.out, self.commands = out, commands
         self.epoll = select.epoll()
+        self.quiet = select.epoll()  # the timer and the runner only: polling mode's sleep
         self.timer = TimerFd()
         self.heap = TimerHeap()
         self.gpus = [Gpu(c, self) for c in configs]
-        self.by_fd: Dict[int, Gpu] = {}
-        self.blocked: Dict[int, Gpu] = {}  # NIC fds registered for "may send again"
+        self.moderation_ns = min(int(MODERATION_SHARE * (c["mtu"] + FRAME_OVERHEAD) * 8e9
+                                     / c["link_rate_bps"]) for c in configs)
+        self.by_fd: Dict[int, Gpu] = {}  # receive socket -> its GPU
+        self.nics: Dict[int, Gpu] = {}  # NIC socket -> its GPU
         self.lines: List[str] = []
         self.finished = 0  # GPUs whose collectives are done
         self.wakes = 0
@@ -612,13 +700,17 @@ class Loop:
             gpu.open()
             self.by_fd[gpu.rx.fileno()] = gpu
             self.epoll.register(gpu.rx.fileno(), select.EPOLLIN)
+            self.nics[gpu.tx.fileno()] = gpu  # a transmit timestamp: one frame left
+            self.epoll.register(gpu.tx.fileno(), select.EPOLLET)
         self.epoll.register(self.timer.fd, select.EPOLLIN)
+        self.quiet.register(self.timer.fd, select.EPOLLIN)
 
     def close(self) -> None:
         for gpu in self.gpus:
             gpu.close()
         self.timer.close()
         self.epoll.close()
+        self.quiet.close()
 
     # --- what the GPUs ask of the loop --------------------------------------------------------
     def at(self, when: int, gpu: Gpu) -> None:
@@ -633,45 +725,61 @@ class Loop:
             self.heap.push(when, qp)
 
     def wait_for_nic(self, gpu: Gpu) -> None:
-        """Wake ``gpu`` when its NIC has room: a transmit timestamp on the socket's error
-        queue (always reported by epoll) says a frame left, EPOLLOUT that the kernel takes
-        more."""
-        fd = gpu.tx.fileno()
-        if fd not in self.blocked:
-            self.blocked[fd] = gpu
-            self.epoll.register(fd, select.EPOLLOUT if gpu.kernel_full else 0)
+        """Wake ``gpu`` when its NIC has room. Each transmit timestamp on the socket's error
+        queue (reported by epoll, edge-triggered) says a frame left; only after the kernel
+        refused a frame does the loop also wait for EPOLLOUT."""
+        if gpu.kernel_full and not gpu.armed:
+            gpu.armed = True
+            self.epoll.modify(gpu.tx.fileno(), select.EPOLLET | select.EPOLLOUT)
 
     def unblock(self, gpu: Gpu) -> None:
-        fd = gpu.tx.fileno()
-        if self.blocked.pop(fd, None) is not None:
-            self.epoll.unregister(fd)
-        gpu.nic_blocked = gpu.kernel_full = False
+        if gpu.armed:
+            self.epoll.modify(gpu.tx.fileno(), select.EPOLLET)
+        gpu.nic_blocked = gpu.kernel_full = gpu.armed = False
 
     def say(self, line: str) -> None:
         self.lines.append(line)
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self, start_ns: int) -> None:
-        """From ``start_ns`` until every GPU finished and the runner said ``stop``."""
+        """From ``start_ns`` until every GPU finished and the runner said ``stop``.
+
+        Like a NIC's interrupt moderation: a wake that found packets puts the loop in
+        polling mode, where it sleeps until its next timer or ``moderation_ns`` after that
+        wake, whichever comes first, and then takes everything that arrived meanwhile in one
+        go; a wake that found none puts it back to waiting for packets. Timers always run
+        on time (kernel timestamps date every packet, whenever it is handled)."""
         for gpu in self.gpus:
             gpu.go(start_ns)
         self.heap.push(start_ns + HOUSEKEEPING_NS, None)
         if self.commands is not None:
             self.epoll.register(self.commands, select.EPOLLIN)
-        timer_fd, epoll, by_fd, blocked = self.timer.fd, self.epoll, self.by_fd, self.blocked
-        heap = self.heap
+            self.quiet.register(self.commands, select.EPOLLIN)
+        timer_fd, epoll, by_fd, nics = self.timer.fd, self.epoll, self.by_fd, self.nics
+        heap, quiet, moderation = self.heap, self.quiet, self.moderation_ns
+        polling, woke = False, 0
         while not (self.stopping and self.finished == len(self.gpus)):
-            self.timer.arm(heap.next_ns())
-            touched = set()
-            events = epoll.poll()
+            when = heap.next_ns()
+            if polling:
+                self.timer.arm(min(when, woke + moderation))
+                for fd, _ev in quiet.poll():
+                    if fd == self.commands:
+                        self._read_commands()
+                events = epoll.poll(0)
+            else:
+                self.timer.arm(when)
+                events = epoll.poll()
             self.wakes += 1
+            woke = time.time_ns()
+            touched: set = set()
+            self.run_timers(touched)  # they are due now: packets wait, their times are kept
             for fd, _ev in events:
                 gpu = by_fd.get(fd)
                 if gpu is not None:
                     gpu.receive()
                     touched.add(gpu)
-                elif fd in blocked:
-                    gpu = blocked[fd]
+                elif fd in nics:  # its NIC took a frame out: room again
+                    gpu = nics[fd]
                     self.unblock(gpu)
                     gpu.collect_stamps()
                     touched.add(gpu)
@@ -679,36 +787,44 @@ class Loop:
                     self.timer.fired()
                 elif fd == self.commands:
                     self._read_commands()
-            now = time.time_ns()
-            while True:
-                due = heap.pop_due(now)
-                if due is None:
-                    break
-                when, what = due
-                if isinstance(what, QueuePair):
-                    if what.armed != when:
-                        continue  # superseded by an earlier deadline
-                    what.armed = None
-                    gpu = what.gpu
-                    gpu.lag.add(now - when)
-                    gpu.qp_timers(what, now)
-                elif what is None:
-                    for g in self.gpus:
-                        g.check_stuck(now)
-                        g.reconcile_stamps()
-                        touched.add(g)
-                    heap.push(now + HOUSEKEEPING_NS, None)
-                    continue
-                else:
-                    gpu = what
-                    gpu.compute_done(when, now)
-                touched.add(gpu)
+                if heap.next_ns() <= time.time_ns():
+                    self.run_timers(touched)
+            polling = bool(touched)
+            self.run_timers(touched)
             for gpu in touched:
-                gpu.service(now)
+                gpu.service(time.time_ns())
             if self.lines:
                 self.out.write("\n".join(self.lines) + "\n")
                 self.out.flush()
                 self.lines.clear()
+
+    def run_timers(self, touched: set) -> None:
+        """Run every timer that is due; the GPUs they belong to go into ``touched``."""
+        heap = self.heap
+        now = time.time_ns()
+        while True:
+            due = heap.pop_due(now)
+            if due is None:
+                return
+            when, what = due
+            if isinstance(what, QueuePair):
+                if what.armed != when:
+                    continue  # superseded by an earlier deadline
+                what.armed = None
+                gpu = what.gpu
+                if gpu.qp_timers(what, now):
+                    gpu.lag.add(now - when)
+            elif what is None:
+                for g in self.gpus:
+                    g.check_stuck(now)
+                    g.reconcile_stamps()
+                    touched.add(g)
+                heap.push(now + HOUSEKEEPING_NS, None)
+                continue
+            else:
+                gpu = what
+                gpu.compute_done(when, now)
+            touched.add(gpu)
 
     def _read_commands(self) -> None:
         chunk = os.read(self.commands, 4096)

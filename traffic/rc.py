@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Deque, Dict, List, NamedTuple, Optional, Tuple
 
 from . import roce
 
@@ -53,8 +53,7 @@ class Message:
         return (self.first_psn + len(self.opcodes) - 1) % PSN_MOD
 
 
-@dataclass(frozen=True)
-class Outgoing:
+class Outgoing(NamedTuple):
     """A data packet the requester wants on the wire now."""
 
     psn: int
@@ -82,6 +81,7 @@ class Requester:
         self.retries = 0
         self.progress_ns = 0  # last time una moved (or the first send)
         self.highest_sent = (first_psn - 1) % PSN_MOD
+        self._cursor = None  # (PSN, message, index) of the packet after the last one sent
         self.counters = {"tx_packets": 0, "retransmitted": 0, "naks": 0, "timeouts": 0,
                          "acks": 0, "stale_acks": 0}
 
@@ -108,7 +108,11 @@ class Requester:
         if self.send_psn == self.next_psn:
             return None
         psn = self.send_psn
-        msg, index = self._locate(psn)
+        cursor = self._cursor
+        if cursor is not None and cursor[0] == psn:  # the packet after the last one sent
+            msg, index = cursor[1], cursor[2]
+        else:
+            msg, index = self._locate(psn)
         return Outgoing(psn, msg.opcodes[index], msg.payloads[index],
                         index == len(msg.opcodes) - 1, msg, index,
                         psn_diff(psn, self.highest_sent) <= 0)
@@ -116,6 +120,8 @@ class Requester:
     def commit(self, o: Outgoing, now: int) -> None:
         """``o`` (from ``peek``) went on the wire."""
         self.send_psn = (o.psn + 1) % PSN_MOD
+        self._cursor = ((self.send_psn, o.message, o.index + 1)
+                        if o.index + 1 < len(o.message.opcodes) else None)
         if o.retransmit:
             self.counters["retransmitted"] += 1
         else:

@@ -17,7 +17,7 @@ import socket
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 from scapy.contrib.roce import AETH, BTH, CNPPadding
 from scapy.fields import IntField, XIntField, XLongField
@@ -224,13 +224,23 @@ def payload_icrc_ok(data, src_ip: str, dst_ip: str, sport: int) -> bool:
     n = len(data)
     if n < BTH_LEN + ICRC_LEN:
         return False
+    crc = zlib.crc32(memoryview(data)[8:n - ICRC_LEN],
+                     payload_prefix_crc(data, _ADDRESS(src_ip), _ADDRESS(dst_ip), sport))
+    return _ICRC.unpack_from(data, n - ICRC_LEN)[0] == crc
+
+
+def payload_prefix_crc(data, src_addr: bytes, dst_addr: bytes, sport: int) -> int:
+    """CRC state of the ICRC pseudo-header up to BTH byte 8 of a UDP payload ``data``: the
+    same for every packet of one QP with the same opcode and length (receivers cache it)."""
+    n = len(data)
     ip = _PSEUDO_IP.pack(0x45, 0xFF, IP_LEN + UDP_LEN + n, 0, 0x4000, 0xFF, 17, 0xFFFF,
-                         _ADDRESS(src_ip), _ADDRESS(dst_ip))
+                         src_addr, dst_addr)
     udp = _PSEUDO_UDP.pack(sport, ROCE_UDP_PORT, UDP_LEN + n, 0xFFFF)
     view = memoryview(data)
-    prefix = b"\xff" * 8 + ip + udp + bytes(view[:4]) + b"\xff" + bytes(view[5:8])
-    crc = zlib.crc32(view[8:n - ICRC_LEN], zlib.crc32(prefix))
-    return struct.unpack_from("<I", data, n - ICRC_LEN)[0] == crc
+    return zlib.crc32(b"\xff" * 8 + ip + udp + bytes(view[:4]) + b"\xff" + bytes(view[5:8]))
+
+
+_ICRC = struct.Struct("<I")
 
 
 class Connection:
@@ -331,8 +341,7 @@ def parse_aeth(data):
     return data[12], int.from_bytes(data[13:16], "big")
 
 
-@dataclass(frozen=True)
-class Parsed:
+class Parsed(NamedTuple):
     """What a receiver needs from one RoCEv2 UDP payload (BTH onwards)."""
 
     opcode: int

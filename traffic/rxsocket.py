@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import Tuple
+from typing import List, Tuple
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
@@ -94,3 +94,92 @@ def read_tx_timestamps(tx: socket.socket):
                     key = err[6]
         if ts is not None and key is not None:
             yield key, ts
+
+
+CMSG_HEAD = struct.Struct("=QII")  # cmsghdr: len, level, type
+RX_TIMESTAMP_CMSG = (16 + TIMESPEC.size, socket.SOL_SOCKET, SO_TIMESTAMPNS)
+RX_TOS_CMSG = (17, socket.IPPROTO_IP, socket.IP_TOS)
+TX_TIMESTAMP_CMSG = (16 + SCM_TIMESTAMPING.size, socket.SOL_SOCKET, SO_TIMESTAMPING)
+TX_ERROR_CMSG = (SOL_PACKET, PACKET_TX_TIMESTAMP)
+# One datagram's control messages as the kernel lays them out in the usual case, in one go:
+# receive: timestamp cmsg (16 + 16 bytes), TOS cmsg (its one byte); transmit timestamp: the
+# SO_TIMESTAMPING cmsg (16 + 3 timespecs), the extended error's cmsg (its origin and key)
+RX_USUAL = struct.Struct("=QIIqqQIIB")
+RX_USUAL_HEADS = RX_TIMESTAMP_CMSG + RX_TOS_CMSG
+TX_USUAL = struct.Struct("=QIIqq32x8xII4xB7xI")
+TX_USUAL_HEADS = TX_TIMESTAMP_CMSG + TX_ERROR_CMSG + (SO_EE_ORIGIN_TIMESTAMPING,)
+
+
+class RxBatch:
+    """Batched receive on an ``open_rx`` socket: per datagram its data (a view, valid until
+    the next ``read``), source port and address, kernel receive time, TOS and the socket's
+    overflow count - what ``recvmsg`` and ``ancillary`` give, without their allocations."""
+
+    def __init__(self, sock: socket.socket, count: int = 32, size: int = 9216):
+        from .mmsg import Batch
+
+        self.batch = Batch(sock.fileno(), count, size, ANCILLARY_BYTES)
+        self.count = count
+
+    def read(self) -> int:
+        return self.batch.recv()
+
+    def meta(self, i: int) -> Tuple[int, int, int]:
+        """(kernel receive time in ns or 0, IP TOS byte, datagrams dropped or -1)."""
+        view, at = self.batch.ctl_view, i * ANCILLARY_BYTES
+        # the usual layout: the timestamp, then the TOS (the overflow count comes between
+        # them only once the socket dropped something)
+        l1, v1, t1, sec, nsec, l2, v2, t2, tos = RX_USUAL.unpack_from(view, at)
+        if (l1, v1, t1, l2, v2, t2) == RX_USUAL_HEADS:
+            return sec * 1_000_000_000 + nsec, tos, -1
+        rx_ns = tos = 0
+        dropped = -1
+        for level, kind, at in self.batch.cmsgs(i):
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                sec, nsec = TIMESPEC.unpack_from(view, at)
+                rx_ns = sec * 1_000_000_000 + nsec
+            elif level == socket.IPPROTO_IP and kind == socket.IP_TOS:
+                tos = view[at]
+            elif level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL:
+                dropped = U32.unpack_from(view, at)[0]
+        return rx_ns, tos, dropped
+
+
+class StampBatch:
+    """Batched read of the transmit timestamps waiting on an ``open_tx`` socket's error
+    queue: ``read`` yields (key, kernel transmit time in ns) - ``read_tx_timestamps`` with
+    one system call per batch."""
+
+    def __init__(self, sock: socket.socket, count: int = 64):
+        from .mmsg import MSG_DONTWAIT, MSG_ERRQUEUE, Batch
+
+        self.batch = Batch(sock.fileno(), count, 64, 256, name=False,
+                           flags=MSG_ERRQUEUE | MSG_DONTWAIT)
+        self.count = count
+
+    def read(self) -> List[Tuple[int, int]]:
+        """Every (key, kernel transmit time in ns) waiting now."""
+        batch, view = self.batch, self.batch.ctl_view
+        out = []
+        while True:
+            n = batch.recv()
+            for i in range(n):
+                at = i * 256
+                # the usual layout: the timestamp (64 bytes), then the extended error
+                l1, v1, t1, sec, nsec, v2, t2, origin, key = TX_USUAL.unpack_from(view, at)
+                if (l1, v1, t1, v2, t2, origin) == TX_USUAL_HEADS:
+                    out.append((key, sec * 1_000_000_000 + nsec))
+                    continue
+                ts = key = None
+                for level, kind, at in batch.cmsgs(i):
+                    if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING:
+                        sec, nsec = TIMESPEC.unpack_from(view, at)
+                        ts = sec * 1_000_000_000 + nsec
+                    elif level == SOL_PACKET and kind == PACKET_TX_TIMESTAMP:
+                        err = SOCK_EXTENDED_ERR.unpack_from(view, at)
+                        if err[1] == SO_EE_ORIGIN_TIMESTAMPING:
+                            key = err[6]
+                if ts is not None and key is not None:
+                    out.append((key, ts))
+            if n < self.count:
+                return out
