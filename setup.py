@@ -3,7 +3,11 @@
 Mininet and Open vSwitch come from the distribution (see scripts/install.sh): the PyPI
 `mininet` is a stale build without `mnexec`, so the venv is made with --system-site-packages.
 """
-from setuptools import setup
+from setuptools import Extension, setup
+
+# The GPU NIC's system-call edge in C (traffic/nicio.py falls back to Python without it).
+NICIO = Extension("traffic._nicio", ["traffic/_nicio.c"], libraries=["z"], optional=True,
+                  extra_compile_args=["-O2"])
 
 setup(
     name="ai-fabric-testbed",
@@ -15,6 +19,7 @@ setup(
     python_requires=">=3.9",
     packages=["testbed", "controllers", "traffic"],
     package_data={"testbed": ["scenarios/*.yaml"]},
+    ext_modules=[NICIO],
     install_requires=[
         "os-ken>=4.0,<5",
         "scapy>=2.6,<2.9",

@@ -11,8 +11,8 @@
 #
 # Environment: TESTBED_VENV (venv path), TESTBED_BIN_DIR (where --vm puts `python`).
 #
-# Quick when nothing is missing: apt runs only for absent packages, pip only when setup.py
-# changed since the last install.
+# Quick when nothing is missing: apt runs only for absent packages, pip only when setup.py or
+# the C extension's source (traffic/_nicio.c) changed since the last install.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -45,6 +45,7 @@ fi
 # --- distribution packages -------------------------------------------------------------------
 packages=(mininet openvswitch-switch tshark iperf3 ethtool tcpdump iproute2 iputils-ping python3-venv
           python-is-python3 python3-pip
+          gcc libc6-dev python3-dev zlib1g-dev  # the GPU agents' C extension (traffic/_nicio.c)
           rdma-core ibverbs-providers perftest)  # run --traffic rxe: soft-RoCE verbs + perftest
 if [ "$test_tools" -eq 1 ]; then
   if grep -qi ubuntu /etc/os-release 2>/dev/null; then
@@ -98,7 +99,7 @@ if [ ! -x "$venv/bin/python" ]; then
   /usr/bin/python3 -m venv --system-site-packages "$venv"
 fi
 stamp="$venv/.testbed-installed"
-want=$(cat "$here/setup.py" | sha256sum | cut -d' ' -f1)
+want=$(cat "$here/setup.py" "$here/traffic/_nicio.c" | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want:$here" ]; then
   say "installing the project into $venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$here[test]"

@@ -42,6 +42,7 @@ class Capabilities:
     rxe_module: str = "missing"  # rdma_rxe: "loaded" | "available" (modprobe can) | "missing"
     perftest: bool = False  # ib_write_lat/ib_write_bw and the rdma tool
     bpf_marking: Optional[bool] = False  # the tc BPF marking program runs (testbed.bpfmark)
+    nic_in_c: bool = False  # the GPU agents' C extension (traffic/_nicio.c) is built
 
     @property
     def rxe(self) -> bool:
@@ -146,6 +147,7 @@ def detect() -> Capabilities:
         rxe_module=rxe_module(),
         perftest=all(shutil.which(t) for t in ("ib_write_lat", "ib_write_bw", "rdma")),
         bpf_marking=probe_bpf_marking(),
+        nic_in_c=_importable("traffic._nicio"),
     )
 
 

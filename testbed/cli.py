@@ -152,6 +152,10 @@ def cmd_check(args) -> int:
            f"not available (rdma_rxe {caps.rxe_module}, perftest "
            f"{'present' if caps.perftest else 'missing'})")
     print(f"{'--traffic rxe (verbs)':28} {rxe}")
+    nic = ("in C (traffic/_nicio.c)" if caps.nic_in_c else
+           "in Python: the C extension is not built (run scripts/install.sh); runs cost "
+           "more CPU per packet")
+    print(f"{'GPU agents NIC path':28} {nic}")
     problems = caps.problems_for_run()
     if problems:
         print("\ncannot run: " + "; ".join(problems))

@@ -221,7 +221,8 @@ class EmulationConfig:
     agent_processes: int = field(default=0, metadata={
         "min": 0, "max": 1024,
         "doc": "processes the GPU agents run in per server, each one event loop serving "
-               "several GPU hosts; 0 = one per CPU of this machine"})
+               "several GPU hosts; 0 = as few as the GPUs' line rate needs (one per 400 Mbit/s "
+               "of GPU NICs, at most one per CPU)"})
     ecn_marking: str = field(default="auto", metadata={
         "choices": ("auto", "red", "sampled"),
         "doc": "how switches set CE: red = the kernel's RED qdisc marks per packet; sampled = "

@@ -381,6 +381,10 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
     pcaps = rxe_report = None
     with fabric_up(policy, scenario, caps, run_dir, ledger, say) as session:
         results.setdefault("link_emulation", session.fabric.applied())
+        if not caps.nic_in_c:
+            session.warnings.append(
+                "the GPU agents' C extension (traffic/_nicio.c) is not built: they handle "
+                "packets in Python at a few times the CPU per packet (run scripts/install.sh)")
         split = session.fabric.cluster_report()
         if split:
             results["cluster"] = split

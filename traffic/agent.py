@@ -12,10 +12,10 @@ scenario asks:
   UDP source port derived from its QP number); or, with per-packet entropy, a fresh source port
   on every packet and a responder that tolerates reordering;
 * send path: frame templates patched in place (PSN, send time, ICRC) and written to a
-  non-blocking AF_PACKET socket. The NIC holds ``NIC_QUEUE_FRAMES`` frames: the one on the
-  wire and the next, counted by their kernel transmit timestamps, so the shaped link stays
-  busy however late the loop wakes within a frame time, and a PFC pause stops the GPU like a
-  NIC; the loop then waits for the next frame to leave. With DCQCN each QP is paced at its
+  non-blocking AF_PACKET socket. The NIC holds ``NIC_QUEUE_FRAMES`` frames, counted by their
+  kernel transmit timestamps, so the shaped link stays busy however late the loop wakes
+  within its moderation interval, and a PFC pause stops the GPU like a NIC; the loop then
+  waits for the next frame to leave. With DCQCN each QP is paced at its
   current rate;
 * receive path: a UDP socket on port 4791 that reports each packet's kernel receive time and
   ECN bits; data goes to the QP's responder (in-order delivery, coalesced ACKs, NAKs on gaps,
@@ -44,24 +44,22 @@ import os
 import random
 import select
 import socket
-import struct
 import sys
 import termios
 import time
-import zlib
 from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
-from testbed.procutil import die_with_parent, in_netns
+from testbed.procutil import die_with_parent, in_netns, precise_timers
 
 from . import roce
 from .dcqcn import NotificationPoint, Parameters, ReactionPoint
 from .metrics import LagHistogram
-from .mmsg import MMSGHDR_SIZE, OFF_LEN
-from .progress import Progress, Workload  # noqa: F401  (Workload: part of the agent's API)
+from .progress import Progress
 from .rc import Requester, Responder, RetryExceeded
-from .rxsocket import RxBatch, StampBatch, open_rx, open_tx
-from .timers import TimerFd, TimerHeap
+from . import nicio
+from .rxsocket import open_rx, open_tx
+from .timers import Sleeper, TimerHeap
 
 ECN_CE = 0b11
 RETX_FLAG = 0x80000000  # in the probe header's step field: a retransmitted packet
@@ -72,10 +70,12 @@ AGENT_NICE = -20
 PROBE_CLOCK_SLACK_NS = 1_000_000_000  # all agents share one clock: a probe "sent" later is forged
 HOUSEKEEPING_NS = 1_000_000_000
 STAMPS_BATCH = 32  # transmit timestamps are collected once this many wait (and at the end)
-NIC_QUEUE_FRAMES = 2  # frames handed to the NIC and not yet on the wire, at most
+# Frames a NIC holds: the one on the wire and two more, so that the link stays busy through a
+# wake-up delayed by a moderation interval plus a frame time
+NIC_QUEUE_FRAMES = 3
 # Packets wait at most this share of a full frame's time at the line rate before the loop
-# takes them (interrupt moderation): the precision the fidelity monitor asks of timers.
-MODERATION_SHARE = 0.25
+# takes them (interrupt moderation); timers are not moderated.
+MODERATION_SHARE = 1.0
 FRAME_OVERHEAD = 76  # RoCE headers, ICRC and Ethernet around a full payload
 
 # sent_ns: the sender's clock when it handed the packet to its NIC (carried in the packet);
@@ -94,15 +94,7 @@ IDLE, COMPUTING, COLLECTIVE, FINISHED = "idle", "computing", "collective", "fini
 MESSAGE_ENDS = frozenset((roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY))
 WRITES = frozenset((roce.RC_RDMA_WRITE_FIRST, roce.RC_RDMA_WRITE_MIDDLE,
                     roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY))
-ICRC = struct.Struct("<I")
-BTH = struct.Struct("!BxxxII")  # opcode, (resv8, dest QP), (AckReq, PSN)
-SOURCE = struct.Struct("!HI")  # sockaddr_in after the family: port, address
-MSG_LEN = struct.Struct("=I")
 PSN_MASK = roce.PSN_MASK
-MIN_ROCE = roce.BTH_LEN + roce.ICRC_LEN
-PROBE_OFFSET = roce.BTH_LEN
-RETH_PROBE_OFFSET = roce.BTH_LEN + roce.RETH_LEN
-PROBE_UNPACK = roce.PROBE.unpack_from
 
 
 def qp_number(local_rank: int, remote_rank: int, index: int = 0, per_peer: int = 1) -> int:
@@ -208,7 +200,8 @@ class Gpu:
         self.lag = LagHistogram()  # how late the loop acted on this GPU's timers
         self.first_start_lag_ns = 0
         self.counters: Dict[str, int] = defaultdict(int)
-        self.tx = self.rx = self.rx_batch = self.stamps = None
+        self.tx = self.rx = self.receiver = self.sender = self.stamps = None
+        self.fast: Optional[tuple] = None  # ``nicio.Receiver.read``'s fast path, once open
         self.nic_blocked = False  # the NIC takes no more now: the loop waits for it
         self.kernel_full = False  # ... because the kernel refused a frame
         self.armed = False  # the loop waits for this NIC's socket
@@ -229,8 +222,12 @@ class Gpu:
         with in_netns(self.cfg["netns_pid"]):
             self.tx = open_tx(self.cfg["intf"])
             self.rx = open_rx(self.cfg["ip"], roce.ROCE_UDP_PORT)
-        self.rx_batch = RxBatch(self.rx)
-        self.stamps = StampBatch(self.tx)
+        self.receiver = nicio.Receiver(self.rx, self.cfg["ip"])
+        # the receive path's common case, delivered where the packets are parsed
+        self.fast = (self.by_qpn, self.rank_by_addr, self.packets, self.rank, self.iterations,
+                     PROBE_CLOCK_SLACK_NS)
+        self.sender = nicio.Sender(self.tx)
+        self.stamps = nicio.Stamps(self.tx)
         now = time.time_ns()
         for peer in self.peers.values():
             for i in range(self.transport["qps_per_peer"]):
@@ -258,76 +255,52 @@ class Gpu:
 
     # --- receive ------------------------------------------------------------------------------
     def receive(self) -> None:
-        """Handle every packet waiting on the receive socket: data, ACK/NAK, CNP."""
-        batch, counters = self.rx_batch, self.counters
-        raw = batch.batch
-        vec, view, names, size_of = raw.raw, raw.data_view, raw.names_view, raw.size
-        by_qpn, rank_by_addr, prefixes = self.by_qpn, self.rank_by_addr, self.icrc_prefixes
-        meta, unpack_len, unpack_src, unpack_bth = batch.meta, MSG_LEN.unpack_from, \
-            SOURCE.unpack_from, BTH.unpack_from
-        while True:
-            n = batch.read()
-            for i in range(n):
-                at = i * size_of
-                size = unpack_len(vec, i * MMSGHDR_SIZE + OFF_LEN)[0]
-                data = view[at:at + size]
-                rx_ns, tos, dropped = meta(i)
-                if dropped >= 0:
-                    counters["rx_socket_drops"] = dropped
-                if not rx_ns:
-                    counters["rx_no_timestamp"] += 1
-                    rx_ns = time.time_ns()
-                if size < MIN_ROCE:
-                    counters["rx_invalid"] += 1
-                    continue
-                opcode, dqpn, word = unpack_bth(data)
-                qp = by_qpn.get(dqpn & PSN_MASK)
-                if qp is None:
-                    counters["rx_foreign_qp"] += 1  # another job's traffic (e.g. an incast)
-                    continue
-                sport, addr = unpack_src(names, i * 16 + 2)
-                if rank_by_addr.get(addr) != qp.peer:
-                    counters["rx_invalid"] += 1
-                    continue
-                key = (addr, sport, size, opcode)
-                prefix = prefixes.get(key)
-                if prefix is None:
-                    prefix = self._icrc_prefix(key, data)
-                if zlib.crc32(data[8:size - 4], prefix) != ICRC.unpack_from(data, size - 4)[0]:
-                    counters["rx_bad_icrc"] += 1  # a NIC drops it before the transport sees it
-                    continue
-                if opcode == roce.RC_ACKNOWLEDGE:
-                    self._on_ack(qp, data, word & PSN_MASK, rx_ns)
-                elif opcode == roce.CNP:
-                    counters["cnps_received"] += 1
-                    if qp.rp is not None:
-                        qp.rp.on_cnp(rx_ns)
-                        self.dirty.add(qp)
-                elif opcode in WRITES:
-                    self._on_data(qp, data, opcode, word, tos & ECN_CE, rx_ns)
-                else:
-                    counters["rx_invalid"] += 1
-            if n < batch.count:
-                return
+        """Handle every packet waiting on the receive socket, in arrival order."""
+        self.receiver.deliver(self.fast, self.on_datagram)
 
-    def _icrc_prefix(self, key: tuple, data) -> int:
-        """The ICRC pseudo-header's CRC for packets of this shape from this sender."""
-        prefixes = self.icrc_prefixes
-        if len(prefixes) > 4096:  # foreign traffic with ever new ports: start over
-            prefixes.clear()
-        addr, sport = key[0], key[1]
-        prefix = prefixes[key] = roce.payload_prefix_crc(data, addr.to_bytes(4, "big"),
-                                                         self.addr, sport)
-        return prefix
+    def on_datagram(self, status: int, rx_ns: int, tos: int, dropped: int, addr: int,
+                    _sport: int, opcode: int, dqpn: int, word: int, a: int, b: int, c: int,
+                    d: int, _size: int) -> None:
+        """One received datagram (``nicio.Receiver``'s fields): data, ACK/NAK or CNP."""
+        counters = self.counters
+        if dropped >= 0:
+            counters["rx_socket_drops"] = dropped
+        if not rx_ns:
+            counters["rx_no_timestamp"] += 1
+            rx_ns = time.time_ns()
+        if status == nicio.SHORT:
+            counters["rx_invalid"] += 1
+            return
+        qp = self.by_qpn.get(dqpn)
+        if qp is None:
+            counters["rx_foreign_qp"] += 1  # another job's traffic (e.g. an incast)
+            return
+        if self.rank_by_addr.get(addr) != qp.peer:
+            counters["rx_invalid"] += 1
+            return
+        if status == nicio.BAD_ICRC:
+            counters["rx_bad_icrc"] += 1  # a NIC drops it before the transport sees it
+            return
+        if opcode == roce.RC_ACKNOWLEDGE:
+            if a < 0:
+                counters["rx_invalid"] += 1
+            else:
+                self._on_ack(qp, a, word & PSN_MASK, rx_ns)
+        elif opcode == roce.CNP:
+            counters["cnps_received"] += 1
+            if qp.rp is not None:
+                qp.rp.on_cnp(rx_ns)
+                self.dirty.add(qp)
+        elif opcode in WRITES:
+            self._on_data(qp, opcode, word, a, b, c, d, tos & ECN_CE, rx_ns)
+        else:
+            counters["rx_invalid"] += 1
 
-    def _on_data(self, qp: QueuePair, data, opcode: int, word: int, ecn: int,
-                 rx_ns: int) -> None:
-        off = RETH_PROBE_OFFSET if opcode in roce.OPCODES_WITH_RETH else PROBE_OFFSET
-        payload_len = len(data) - off - roce.ICRC_LEN
+    def _on_data(self, qp: QueuePair, opcode: int, word: int, tx_ns: int, iteration: int,
+                 step: int, payload_len: int, ecn: int, rx_ns: int) -> None:
         if payload_len < roce.PROBE.size:
             self.counters["rx_invalid"] += 1
             return
-        tx_ns, iteration, step = PROBE_UNPACK(data, off)
         if not (0 < tx_ns <= rx_ns + PROBE_CLOCK_SLACK_NS and iteration < self.iterations):
             self.counters["rx_invalid"] += 1  # not a probe of this run: a forged or foreign
             return                            # packet would corrupt the latency records
@@ -367,12 +340,8 @@ class Gpu:
         for t in ready:
             self._post(t, iteration)
 
-    def _on_ack(self, qp: QueuePair, data, psn: int, rx_ns: int) -> None:
-        aeth = roce.parse_aeth(data)
-        if aeth is None:
-            self.counters["rx_invalid"] += 1
-            return
-        for msg in qp.req.on_ack(psn, aeth[0], rx_ns):
+    def _on_ack(self, qp: QueuePair, syndrome: int, psn: int, rx_ns: int) -> None:
+        for msg in qp.req.on_ack(psn, syndrome, rx_ns):
             self.progress.acked(msg.tag, rx_ns)
         if qp.req.pending():
             self._queue(qp)  # a NAK rewound it
@@ -429,7 +398,7 @@ class Gpu:
 
     def send_data(self) -> None:
         """Send packets round-robin over the QPs that may send now, until the NIC is full."""
-        tx_send, spray, active, pending = self.tx.send, self.spray, self.active, self.tx_pending
+        send, spray, active, pending = self.sender.send, self.spray, self.active, self.tx_pending
         dirty, counters = self.dirty, self.counters
         while active and not self.nic_blocked:
             progressed = False
@@ -456,15 +425,12 @@ class Gpu:
                     tpl.set_sport(0xC000 | self.rng.getrandbits(14))
                 msg = o.message
                 it, step = msg.tag
-                frame = tpl.fill(o.psn, o.ackreq, now, it, step | RETX_FLAG if o.retransmit
-                                 else step, msg.va, msg.size)
-                try:
-                    tx_send(frame)
-                except BlockingIOError:
+                size = send(tpl, o.psn, o.ackreq, now, it,
+                            step | RETX_FLAG if o.retransmit else step, msg.va, msg.size)
+                if not size:
                     self.nic_blocked = self.kernel_full = True
                     counters["tx_blocked"] += 1
                     return
-                size = len(frame)
                 pending[self.tx_key] = (now, size, "d")
                 self.tx_key += 1
                 req.commit(o, now)
@@ -681,12 +647,14 @@ class Loop:
     def __init__(self, configs: List[dict], out=sys.stdout, commands: int = 0):
         self.out, self.commands = out, commands
         self.epoll = select.epoll()
-        self.quiet = select.epoll()  # the timer and the runner only: polling mode's sleep
-        self.timer = TimerFd()
+        self.quiet = select.epoll()  # the runner only: polling mode's sleep
+        self.sleeper = Sleeper(self.epoll, self.quiet)
         self.heap = TimerHeap()
         self.gpus = [Gpu(c, self) for c in configs]
-        self.moderation_ns = min(int(MODERATION_SHARE * (c["mtu"] + FRAME_OVERHEAD) * 8e9
-                                     / c["link_rate_bps"]) for c in configs)
+        # a full frame's time at the fastest GPU NIC
+        self.frame_ns = min(int((c["mtu"] + FRAME_OVERHEAD) * 8e9 / c["link_rate_bps"])
+                            for c in configs)
+        self.moderation_ns = int(MODERATION_SHARE * self.frame_ns)
         self.by_fd: Dict[int, Gpu] = {}  # receive socket -> its GPU
         self.nics: Dict[int, Gpu] = {}  # NIC socket -> its GPU
         self.lines: List[str] = []
@@ -702,13 +670,11 @@ class Loop:
             self.epoll.register(gpu.rx.fileno(), select.EPOLLIN)
             self.nics[gpu.tx.fileno()] = gpu  # a transmit timestamp: one frame left
             self.epoll.register(gpu.tx.fileno(), select.EPOLLET)
-        self.epoll.register(self.timer.fd, select.EPOLLIN)
-        self.quiet.register(self.timer.fd, select.EPOLLIN)
 
     def close(self) -> None:
         for gpu in self.gpus:
             gpu.close()
-        self.timer.close()
+        self.sleeper.close()
         self.epoll.close()
         self.quiet.close()
 
@@ -755,20 +721,19 @@ class Loop:
         if self.commands is not None:
             self.epoll.register(self.commands, select.EPOLLIN)
             self.quiet.register(self.commands, select.EPOLLIN)
-        timer_fd, epoll, by_fd, nics = self.timer.fd, self.epoll, self.by_fd, self.nics
-        heap, quiet, moderation = self.heap, self.quiet, self.moderation_ns
+        epoll, by_fd, nics = self.epoll, self.by_fd, self.nics
+        heap, quiet, moderation, sleep = self.heap, self.quiet, self.moderation_ns, \
+            self.sleeper.wait
         polling, woke = False, 0
         while not (self.stopping and self.finished == len(self.gpus)):
             when = heap.next_ns()
             if polling:
-                self.timer.arm(min(when, woke + moderation))
-                for fd, _ev in quiet.poll():
+                for fd, _ev in sleep(quiet, min(when, woke + moderation)):
                     if fd == self.commands:
                         self._read_commands()
-                events = epoll.poll(0)
+                events = sleep(epoll, 0)
             else:
-                self.timer.arm(when)
-                events = epoll.poll()
+                events = sleep(epoll, when)
             self.wakes += 1
             woke = time.time_ns()
             touched: set = set()
@@ -783,8 +748,6 @@ class Loop:
                     self.unblock(gpu)
                     gpu.collect_stamps()
                     touched.add(gpu)
-                elif fd == timer_fd:
-                    self.timer.fired()
                 elif fd == self.commands:
                     self._read_commands()
                 if heap.next_ns() <= time.time_ns():
@@ -872,6 +835,9 @@ def main(argv=None) -> int:
     with open(argv[0]) as f:
         config = json.load(f)
     loop = Loop(config["gpus"], commands=sys.stdin.fileno())
+    # the kernel may merge a wake-up with other timers this much later: an eighth of what
+    # the fidelity monitor allows timers to be late (a quarter of a frame time)
+    precise_timers(max(1000, loop.frame_ns // 32))
     hosts = ", ".join(g["host"] for g in config["gpus"])
     try:
         loop.open()

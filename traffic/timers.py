@@ -1,11 +1,13 @@
-"""One timer structure for an event loop that serves many emulated NICs.
+"""One timer structure for an event loop that serves many emulated NICs, and its sleep.
 
 ``TimerHeap`` keeps every pending deadline (ns, CLOCK_REALTIME as the agents' clock) in one
 heap. An owner re-arms by pushing its new deadline; a deadline that moved since it was pushed
-is recognised when it comes up (``is_current``) and skipped, so nothing is ever searched or
-removed. ``TimerFd`` is the kernel side: a timerfd armed at the heap's earliest deadline, with
-nanosecond resolution and no timer slack, that an epoll set waits on (``epoll``'s own timeout
-is in milliseconds).
+is recognised by its owner when it comes up and skipped, so nothing is ever searched or
+removed. ``Sleeper`` waits on an epoll set until a deadline: with ``epoll_pwait2``'s
+nanosecond timeout where the C extension (``traffic/_nicio.c``) is built - one system call,
+and the task's timer slack lets the kernel merge the wake-up with other timers - else with a
+``TimerFd`` (a timerfd armed at the deadline, in the epoll sets; ``epoll``'s own timeout is in
+milliseconds).
 """
 from __future__ import annotations
 
@@ -13,7 +15,13 @@ import ctypes
 import heapq
 import itertools
 import os
+import time
 from typing import Any, List, Optional, Tuple
+
+try:
+    from . import _nicio
+except ImportError:
+    _nicio = None
 
 CLOCK_REALTIME = 0
 TFD_NONBLOCK = 0o4000
@@ -70,6 +78,10 @@ class TimerFd:
         """Fire at ``when_ns`` (None: disarm); a time in the past fires at once."""
         if when_ns == self.armed_ns:
             return
+        if _nicio is not None:  # the same call, without ctypes' argument handling
+            _nicio.timer_arm(self.fd, 0 if when_ns is None else max(1, when_ns))
+            self.armed_ns = when_ns
+            return
         value = self._spec.it_value
         if when_ns is None:
             value.tv_sec = value.tv_nsec = 0
@@ -90,3 +102,31 @@ class TimerFd:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+class Sleeper:
+    """Waits on ``epoll`` sets until a deadline (ns since the epoch, CLOCK_REALTIME)."""
+
+    def __init__(self, *sets):
+        self.timer = None if _nicio is not None else TimerFd()
+        if self.timer is not None:
+            for ep in sets:
+                ep.register(self.timer.fd, 1)  # EPOLLIN
+
+    def wait(self, ep, deadline_ns: Optional[int]) -> List[Tuple[int, int]]:
+        """The ready (fd, events) of ``ep``, once one is ready or ``deadline_ns`` passed
+        (None: no deadline). The timer's own fd never appears."""
+        if self.timer is None:
+            timeout = -1 if deadline_ns is None else max(0, deadline_ns - time.time_ns())
+            return _nicio.wait(ep.fileno(), timeout, 64)
+        self.timer.arm(deadline_ns)
+        events = ep.poll()
+        fd = self.timer.fd
+        out = [e for e in events if e[0] != fd]
+        if len(out) != len(events):
+            self.timer.fired()
+        return out
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.close()
