@@ -363,6 +363,14 @@ class Emulators:
         for p in self.procs:
             p.check_alive()
 
+    def describe(self) -> str:
+        p = self.procs[0]
+        if p.acting:
+            return (f"switch-queue emulator sampling every {p.interval_us:,} us "
+                    f"(class {', '.join(p.acting)} acts on samples)")
+        return (f"switch-queue emulator sampling every {p.interval_us:,} us (nothing acts on "
+                "samples: the queue timeline only)")
+
     def local_pids(self) -> List[int]:
         """The emulators running on this machine (for the cost meter)."""
         return [p.proc.pid for p in self.procs if p.proc is not None and p.server == "localhost"]
@@ -401,8 +409,7 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                     "PTP or chrony); same-server latencies are unaffected")
         with rxe_attached(policy, scenario, session, caps, run_dir, ledger, say) as rxe, \
                 queue_emulation(policy, scenario, session, run_dir, ledger) as (emu, queues):
-            say(f"switch-queue emulator sampling every "
-                f"{scenario.emulation.sample_interval_us} us")
+            say(emu.describe())
 
             def alive():
                 session.controller.check_alive()

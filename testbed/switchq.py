@@ -21,11 +21,13 @@ the backlog of every traffic-class buffer of every switch port (one netlink dump
 
 The sample interval is the emulated reaction time; it is recorded with the results, with the
 sampling cost and lateness, the largest backlog seen per queue, marking time per port, and
-pause events and paused time per paused queue. Prints ``ready`` when set up; SIGTERM stops it,
-resumes anything paused and writes the report.
+pause events and paused time per paused queue. Prints ``ready <interval us> <acting classes,
+comma-separated, or ->`` when set up; SIGTERM stops it, resumes anything paused and writes the
+report.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -47,7 +49,7 @@ from .bpfmark import Marker
 from .bpfqueue import QueueCounters
 from .netlink import (QdiscSampler, QueueStats, send_and_check, socket_in_netns, tbf_message,
                       tc_handle)
-from .procutil import die_with_parent, stop_process
+from .procutil import die_with_parent, react_first, stop_process
 from .results import write_json_atomic
 from .shaping import gate_handle, gate_params, gate_parent
 from .topology import FabricPlan
@@ -55,6 +57,10 @@ from .topology import FabricPlan
 
 QUEUE_GONE = QueueStats(0, 0, 0, 0)
 FULL_SAMPLE_NS = 20_000_000
+# the queue timeline's resolution; where nothing acts on samples, also the sampling interval
+TIMELINE_WINDOW_NS = 10_000_000
+LOAD_EVERY_NS = 5_000_000  # adaptive routing needs the trend, not every sample
+QUIET_SPACING = 2  # intervals between samples while every queue is far from a threshold
 # Broadcast, from a MAC no GPU has, local experimental EtherType: dropped by every policy.
 KICK_FRAME = (b"\xff" * 6 + bytes.fromhex("020000000000") + b"\x88\xb5"
               + b"testbed: resume".ljust(46, b"\0"))
@@ -231,7 +237,7 @@ class Emulator:
         if self.watch:
             acting[self.load_class.minor] = self.load_class
         self.acting = tuple(acting.values())
-        self.window_ns = int(cfg.get("timeline_window_ms", 5) * 1e6)
+        self.window_ns = TIMELINE_WINDOW_NS
         self.tick_ns = self.interval_ns if self.acting else self.window_ns
         # every class (largest backlogs, the counters' check): each window where nothing
         # acts, else every FULL_SAMPLE_NS
@@ -261,13 +267,14 @@ class Emulator:
         self.pause_msgs: Dict[Queue, Tuple[socket.socket, bytes, bytes]] = {}
         self.kick_socks: Dict[Queue, socket.socket] = {}
         self.last_load: Dict[int, Dict[int, int]] = {}
+        self.last_load_ns = 0
+        self.quiet = False  # the last sample found every acting queue far below its thresholds
+        self.low_water = self._low_water(cfg)
         self.max_backlog: Dict[Tuple[str, int], int] = {}  # (interface, qdisc handle)
         self.counters = {"samples": 0, "late": 0, "ecn_events": 0, "load_events": 0,
                          "pauses_sent": 0, "resumes_sent": 0, "events_deferred": 0}
-        # Adaptive routing needs the trend, not every sample: report load every ~5 ms.
-        self.load_every = max(1, 5_000_000 // self.tick_ns)
         self.sample_ns: List[int] = []
-        self.max_gap_ns = 0  # longest time between two samples: the worst reaction time
+        self.gap_ns: List[int] = []  # between one sample's start and the next: reaction time
         self.scheduling = "normal"  # how ``main`` got the CPU (``ahead_of_traffic``)
         self.events = None
         self.relay: Optional[PfcRelay] = None  # split fabrics: PFC to other servers' queues
@@ -363,6 +370,25 @@ class Emulator:
                               gate_params(rate, mtu, buffer, paused=False))]
             self.pause_msgs[q] = (sock, msgs[0], msgs[1])
 
+    def _low_water(self, cfg: dict) -> int:
+        """The backlog below which an acting queue cannot cross its lowest threshold within
+        ``QUIET_SPACING`` + 1 intervals: at most every other port of the switch at line rate
+        (plus the switch headroom) fills it while it drains at its own rate."""
+        thresholds = [t for c in self.acting for t in
+                      ([c.ecn.kmin] if c.ecn and c is self.marks else [])
+                      + ([c.pfc.xoff] if c.pfc else [])]
+        if not thresholds:
+            return -1  # nothing to cross: never quiet (the load is reported every sample)
+        ports: Dict[str, int] = {}
+        for node, _d, _p in self.ports.values():
+            ports[node] = ports.get(node, 0) + 1
+        fast = max(cfg["host_rate_mbit"], cfg["fabric_rate_mbit"]) * (
+            1 + cfg.get("switch_rate_headroom", 0.0))
+        slow = min(cfg["host_rate_mbit"], cfg["fabric_rate_mbit"])
+        fill_bps = max(0.0, (max(ports.values()) - 1) * fast - slow) * 1e6
+        grow = fill_bps / 8 * self.interval_ns * (QUIET_SPACING + 1) / 1e9
+        return int(min(thresholds) - grow)
+
     def _rate(self, intf: str) -> float:
         for link in self.plan.links:
             if intf in (link.intf1, link.intf2):
@@ -399,19 +425,31 @@ class Emulator:
             for key, b in zip(self.subset, values):
                 if b > top.get(key, 0):
                     top[key] = b
-        if self.marks:
+        # quiet: every acting queue too far below its thresholds for marking or PFC to act
+        self.quiet = self._quiet(by_class)
+        if self.marks and not self.quiet:
             self._ecn(by_class[self.marks.minor], now)
-        if self.pfc:
+        if self.pfc and not self.quiet:
             self._pfc(by_class[self.pfc_class.minor], now)
         if self.relay:  # pauses and resumes other servers decided for queues here
             for q, action in self.relay.receive():
                 self._apply([q], action)
             self.relay.flush()
         if self.watch and self.events:
-            self._load(by_class[self.load_class.minor])
+            self._load(by_class[self.load_class.minor], now)
         if self.events:
             self.counters["events_deferred"] += not self.events.flush()
         self._record(by_class[self.load_class.minor], now)
+
+    def _quiet(self, by_class) -> bool:
+        """Whether no acting queue can reach a threshold before the sample after next: each
+        is below its lowest threshold by more than it can grow in that time (every other
+        port of its switch sending into it at line rate), and nothing marks or is paused."""
+        if not self.acting or self.marking_since or (self.pfc and (self.pfc.paused_since
+                                                                   or self.pfc.congested)):
+            return False
+        low = self.low_water
+        return all(b <= low for c in self.acting for b in by_class[c.minor])
 
     def _check_counters(self, stats, true: List[int]) -> None:
         """At a full sample: the kernel counters against the qdiscs' own backlogs. A queue
@@ -506,9 +544,10 @@ class Emulator:
                 if q in self.kick_socks:
                     self.kick_socks[q].sendto(KICK_FRAME, (q.intf, 0))
 
-    def _load(self, values: List[int]) -> None:
-        if self.counters["samples"] % self.load_every:
+    def _load(self, values: List[int], now: int) -> None:
+        if now - self.last_load_ns < LOAD_EVERY_NS:
             return
+        self.last_load_ns = now
         backlog = dict(zip(self.port_order, values))
         load = {dpid: {port: backlog[intf]
                        for intf, (_n, d, port) in self.ports.items() if d == dpid and
@@ -525,9 +564,11 @@ class Emulator:
     def run(self, stop) -> None:
         interval = self.tick_ns
         next_at = last = time.monotonic_ns()
+        cost = 0  # a sample's usual cost (moving average)
         while not stop():
             t0 = time.monotonic_ns()
-            self.max_gap_ns = max(self.max_gap_ns, t0 - last)
+            if self.counters["samples"]:
+                self.gap_ns.append(t0 - last)
             last = t0
             if t0 - next_at > interval:
                 self.counters["late"] += 1
@@ -536,10 +577,15 @@ class Emulator:
             self.counters["samples"] += 1
             took = time.monotonic_ns() - t0
             self.sample_ns.append(took)
-            next_at += interval
-            # leave the CPU to the traffic: sleep at least as long as the sample took (the
-            # VM test's TCG guest needs up to 3 ms per sample, against 1 ms intervals)
-            time.sleep(max(next_at - time.monotonic_ns(), took) / 1e9)
+            # quiet (no queue can reach a threshold before the one after it): skip a sample
+            next_at += interval * (QUIET_SPACING if self.quiet else 1)
+            self.counters["quiet"] = self.counters.get("quiet", 0) + (QUIET_SPACING - 1
+                                                                      if self.quiet else 0)
+            # leave the CPU to the traffic: sleep at least as long as a sample usually takes
+            # (the VM test's TCG guest needs up to 3 ms per sample, against 1 ms intervals);
+            # one slow sample (the CPU taken away meanwhile) does not delay the next
+            cost = took if not cost else (15 * cost + took) // 16
+            time.sleep(max(next_at - time.monotonic_ns(), cost) / 1e9)
 
     def finish(self) -> dict:
         now = time.time_ns()
@@ -549,6 +595,7 @@ class Emulator:
         for intf in list(self.marking_since):
             self.marking_ns[intf] = self.marking_ns.get(intf, 0) + now - self.marking_since[intf]
         ns = sorted(self.sample_ns) or [0]
+        gaps = sorted(self.gap_ns) or [0]
         by_handle = {c.minor << 16: c.name for c in self.classes}
         max_backlog: Dict[str, Dict[str, int]] = {}
         for (intf, handle), b in sorted(self.max_backlog.items()):
@@ -561,6 +608,8 @@ class Emulator:
             "interval_us": self.tick_ns / 1000,
             "acting_classes": [c.name for c in self.acting],
             "acting_backlog_from": self.counting,
+            "quiet_below_bytes": self.low_water,
+            "quiet_samples_skipped": self.counters.get("quiet", 0),
             "counter_error_bytes": _spread(self.counter_errors) if self.counters_bpf else None,
             "all_classes_every_us": self.full_ns / 1000,
             "scheduling": self.scheduling,
@@ -568,7 +617,11 @@ class Emulator:
             "sample_ms": {"mean": round(sum(ns) / len(ns) / 1e6, 4),
                           "p99": round(ns[int(len(ns) * 0.99) - 1 if len(ns) > 1 else 0] / 1e6, 4),
                           "max": round(ns[-1] / 1e6, 4),
-                          "max_gap": round(self.max_gap_ns / 1e6, 4)},
+                          "max_gap": round(gaps[-1] / 1e6, 4),
+                          "gap_p99": round(gaps[int(len(gaps) * 0.99) - 1 if len(gaps) > 1
+                                                else 0] / 1e6, 4),
+                          # a sample more than three intervals after the one before
+                          "gaps_over_3_intervals": sum(g > 3 * self.tick_ns for g in gaps)},
             "max_backlog": max_backlog,
             "ecn": {intf: {"toggles": self.toggles[intf],
                            "marking_ms": round(self.marking_ns.get(intf, 0) / 1e6, 3)}
@@ -599,18 +652,17 @@ def _spread(values: List[int]) -> dict:
 
 
 def ahead_of_traffic() -> str:
-    """Real switches react in hardware: keep the emulator ahead of the traffic for the CPU
-    (nice -10, like ovs-vswitchd). Not real-time: tried (SCHED_FIFO), it cut the longest
-    sample gap during a 7:1 incast on the 2-core machine from 7-18 ms to mostly 1.3-2.4 ms,
-    but it also runs ahead of the kernel's own packet processing (softirqs, kernel threads
-    are not real-time): in the VM test's TCG guest, at up to 2.4 ms per sample, the lossless
-    ib_write_lat was 9.2 ms in a boot with it, 8.5 ms in the next without (8.0-8.1 ms in five
-    boots before). Returns what it got."""
+    """Real switches react in hardware: the emulator samples on time, ahead of the traffic.
+    Real-time (SCHED_FIFO, the lowest priority): as a fair-class task, even at nice -20, a
+    sample due while an agent or ovs-vswitchd runs waits out their scheduler slice, up to
+    3-5 ms (docs/emulation-cost.md, "Scheduling"); a sample is short and the loop sleeps at
+    least as long as one usually takes, so it never holds a CPU. Without the privilege:
+    nice -10 and a short slice. Returns what it got."""
     try:
-        os.setpriority(os.PRIO_PROCESS, 0, -10)
-        return "nice -10"
-    except OSError:
-        return "normal"
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        return "SCHED_FIFO 1"
+    except (OSError, AttributeError):
+        return react_first(-10) or "normal"
 
 
 def main(argv=None) -> int:
@@ -625,7 +677,12 @@ def main(argv=None) -> int:
     emu.scheduling = ahead_of_traffic()
     try:
         emu.open()
-        print("ready", flush=True)
+        print(f"ready {emu.tick_ns // 1000} {','.join(c.name for c in emu.acting) or '-'}",
+              flush=True)
+        # the loop makes no reference cycles: no collector pauses between samples
+        gc.collect()
+        gc.freeze()
+        gc.disable()
         emu.run(lambda: bool(stopping))
         write_json_atomic(cfg["out"], emu.finish())
         if cfg.get("timeline"):
@@ -687,6 +744,7 @@ class EmulatorProcess:
             "timeline": self.timeline_path,
             "host_rate_mbit": t.host_rate_mbit, "fabric_rate_mbit": t.fabric_rate_mbit,
             "nic_queue_bytes": t.nic_queue_bytes,
+            "switch_rate_headroom": scenario.emulation.switch_rate_headroom,
             "delayed": session.fabric.delayed_interfaces(),
             "ecn_marking": session.fabric.marking,
             # the acting class's backlog from kernel counters, where the kernel runs them,
@@ -710,6 +768,8 @@ class EmulatorProcess:
         self.ledger = ledger
         self.proc = None
         self.remote_pid = None
+        self.interval_us = 0  # what it samples, once started: how often, for which classes
+        self.acting: List[str] = []
 
     def start(self, timeout: float = 20.0) -> None:
         remote = self.server != "localhost"
@@ -738,10 +798,12 @@ class EmulatorProcess:
             first = self.proc.stdout.readline().decode().strip() if ready else ""
             self.remote_pid = int(first) if first.isdigit() else None
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline().decode().strip() if ready else ""
-        if line != "ready":
+        line = self.proc.stdout.readline().decode().split() if ready else []
+        if len(line) != 3 or line[0] != "ready":
             self.stop()
             raise FabricError(f"the switch-queue emulator did not start: {self.tail()}")
+        self.interval_us = int(line[1])
+        self.acting = [] if line[2] == "-" else line[2].split(",")
 
     def check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
