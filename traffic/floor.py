@@ -16,7 +16,6 @@ data frames among those received, ACK-shaped control frames left out).
 from __future__ import annotations
 
 import json
-import os
 import select
 import socket
 import sys

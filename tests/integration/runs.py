@@ -2,7 +2,29 @@
 import json
 import os
 import select
+import signal
+import subprocess
+import sys
 import time
+
+
+def start_run(out_dir, *args):
+    """`python -m testbed run --out out_dir ...` as a process, its output piped."""
+    return subprocess.Popen([sys.executable, "-m", "testbed", "run", "--out", str(out_dir),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def stop(proc, timeout=60.0):
+    """End a run that is still going the way a user would, with Ctrl-C, so it tears down
+    what it built; kill it only if it hangs."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
 
 
 def wait_for_line(proc, needle, timeout=60.0):
@@ -18,7 +40,7 @@ def wait_for_line(proc, needle, timeout=60.0):
             seen.append(line)
             if needle in line:
                 return seen
-    proc.kill()
+    stop(proc)
     raise AssertionError(f"never saw {needle!r}; got: {''.join(seen)[-2000:]}")
 
 

@@ -14,11 +14,6 @@ from .runs import results_of, wait_for_line
 pytestmark = pytest.mark.integration
 
 
-def start(out_dir, *args):
-    return subprocess.Popen([sys.executable, "-m", "testbed", "run", "--out", str(out_dir),
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 def pid_of(*markers):
     """The one process whose command line holds every marker."""
     found = [pid for pid, cmd in processes() if all(m in cmd for m in markers)]
@@ -32,8 +27,8 @@ def finish(proc, timeout=60):
     return out, err, time.monotonic() - t0
 
 
-def test_interrupt_while_the_controller_starts(tmp_path):
-    proc = start(tmp_path, "--iterations", "200")
+def test_interrupt_while_the_controller_starts(run_process, tmp_path):
+    proc = run_process(tmp_path, "--iterations", "200")
     wait_for_line(proc, "starting the controller")
     proc.send_signal(signal.SIGINT)
     _out, err, took = finish(proc)
@@ -43,8 +38,8 @@ def test_interrupt_while_the_controller_starts(tmp_path):
     assert wait_clean() == []
 
 
-def test_interrupt_while_the_report_is_drawn(tmp_path):
-    proc = start(tmp_path, "--iterations", "1", "--policy", "hyperscale,lossless")
+def test_interrupt_while_the_report_is_drawn(run_process, tmp_path):
+    proc = run_process(tmp_path, "--iterations", "1", "--policy", "hyperscale,lossless")
     wait_for_line(proc, "drawing plots", timeout=180)
     proc.send_signal(signal.SIGINT)
     _out, err, took = finish(proc)
@@ -64,11 +59,12 @@ def test_interrupt_while_the_report_is_drawn(tmp_path):
 
 @pytest.mark.parametrize("victim, markers, message", [
     ("controller", ("controllers.launcher",), "the hyperscale controller died"),
-    ("agent", ("traffic.agent", "gpu3.agent.json"), "traffic agent on gpu3 died"),
+    ("agent", ("traffic.agent", "agent-hyperscale-1.json"),
+     "traffic agent of gpu1, gpu2, gpu3, gpu4, gpu5, gpu6, gpu7, gpu8 died"),
 ])
-def test_a_process_dying_mid_traffic_fails_the_run_naming_it(tmp_path, victim, markers,
-                                                             message):
-    proc = start(tmp_path, "--iterations", "200", "--policy", "hyperscale")
+def test_a_process_dying_mid_traffic_fails_the_run_naming_it(run_process, tmp_path, victim,
+                                                             markers, message):
+    proc = run_process(tmp_path, "--iterations", "200", "--policy", "hyperscale")
     wait_for_line(proc, "iteration 2/")
     os.kill(pid_of(*markers), signal.SIGKILL)
     _out, err, took = finish(proc)
@@ -80,8 +76,8 @@ def test_a_process_dying_mid_traffic_fails_the_run_naming_it(tmp_path, victim, m
     assert wait_clean() == []
 
 
-def test_a_second_run_is_refused_and_the_first_is_untouched(tmp_path):
-    first = start(tmp_path / "a", "--iterations", "4", "--policy", "hyperscale")
+def test_a_second_run_is_refused_and_the_first_is_untouched(run_process, tmp_path):
+    first = run_process(tmp_path / "a", "--iterations", "4", "--policy", "hyperscale")
     wait_for_line(first, "iteration 1/")
     second = subprocess.run([sys.executable, "-m", "testbed", "run", "--out",
                              str(tmp_path / "b")], capture_output=True, text=True, timeout=60)

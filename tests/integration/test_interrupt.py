@@ -12,15 +12,13 @@ from .runs import results_of, wait_for_line
 pytestmark = pytest.mark.integration
 
 
-def start_run(out_dir, iterations=200):
-    return subprocess.Popen(
-        [sys.executable, "-m", "testbed", "run", "--iterations", str(iterations), "--out",
-         str(out_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start_run(run_process, out_dir, iterations=200):
+    return run_process(out_dir, "--iterations", str(iterations))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_mid_traffic_stops_quickly_and_leaves_nothing(tmp_path, sig):
-    proc = start_run(tmp_path)
+def test_interrupt_mid_traffic_stops_quickly_and_leaves_nothing(run_process, tmp_path, sig):
+    proc = start_run(run_process, tmp_path)
     wait_for_line(proc, "iteration 2/")
     t0 = time.monotonic()
     proc.send_signal(sig)
@@ -34,8 +32,8 @@ def test_interrupt_mid_traffic_stops_quickly_and_leaves_nothing(tmp_path, sig):
     assert leftovers() == []
 
 
-def test_interrupt_while_the_fabric_is_being_built(tmp_path):
-    proc = start_run(tmp_path)
+def test_interrupt_while_the_fabric_is_being_built(run_process, tmp_path):
+    proc = start_run(run_process, tmp_path)
     wait_for_line(proc, "building fabric")
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=30)
@@ -44,12 +42,12 @@ def test_interrupt_while_the_fabric_is_being_built(tmp_path):
     assert wait_clean() == []
 
 
-def test_clean_after_kill_9_removes_the_run_and_only_the_run(tmp_path):
+def test_clean_after_kill_9_removes_the_run_and_only_the_run(run_process, tmp_path):
     # Things the testbed did not make, named like things it does.
     subprocess.run(["ovs-vsctl", "add-br", "lf9"], check=True)
     subprocess.run(["ip", "netns", "add", "tbforeign"], check=True)
     try:
-        proc = start_run(tmp_path)
+        proc = start_run(run_process, tmp_path)
         wait_for_line(proc, "iteration 2/")
         proc.kill()
         proc.wait(timeout=10)
