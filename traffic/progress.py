@@ -44,6 +44,7 @@ class Progress:
     def __init__(self, workloads: List[dict], rank: int, n: int, qps_per_peer: int):
         self.rank = rank
         self.qps = qps_per_peer
+        self._parts: Dict[int, List[int]] = {}  # transfer size -> message sizes, read only
         self.workloads: List[Workload] = []
         first = 0
         for i, spec in enumerate(workloads):
@@ -63,7 +64,10 @@ class Progress:
         self.delivered_ns: Dict[Tuple[int, int, int], int] = {}  # (src, it, tag)
 
     def parts(self, nbytes: int) -> List[int]:
-        return split(nbytes, self.qps)
+        got = self._parts.get(nbytes)
+        if got is None:  # a collective's transfers come in few sizes
+            got = self._parts[nbytes] = split(nbytes, self.qps)
+        return got
 
     def begin(self, it: int) -> List[Transfer]:
         """Iteration ``it`` starts: the transfers whose inputs are here, to post now (the

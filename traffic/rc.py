@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, NamedTuple, Optional, Tuple
+from typing import Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import roce
 
@@ -43,8 +43,8 @@ class Message:
     tag: object  # what the caller wants back on completion
     size: int
     first_psn: int
-    opcodes: List[int]
-    payloads: List[int]
+    opcodes: Sequence[int]
+    payloads: Sequence[int]
     va: int = 0
     posted_ns: int = 0
 
@@ -82,15 +82,18 @@ class Requester:
         self.progress_ns = 0  # last time una moved (or the first send)
         self.highest_sent = (first_psn - 1) % PSN_MOD
         self._cursor = None  # (PSN, message, index) of the packet after the last one sent
+        self._shapes: Dict[int, Tuple[tuple, tuple]] = {}  # size -> (opcodes, payloads)
         self.counters = {"tx_packets": 0, "retransmitted": 0, "naks": 0, "timeouts": 0,
                          "acks": 0, "stale_acks": 0}
 
     # --- posting and sending ------------------------------------------------------------------
     def post(self, tag, size: int, now: int, va: int = 0) -> Message:
-        payloads = roce.packet_payloads(size, self.mtu)
-        msg = Message(tag, size, self.next_psn, roce.opcodes_for(len(payloads)), payloads, va,
-                      now)
-        self.next_psn = (self.next_psn + len(payloads)) % PSN_MOD
+        shape = self._shapes.get(size)
+        if shape is None:  # messages of a collective come in few sizes
+            payloads = tuple(roce.packet_payloads(size, self.mtu))
+            shape = self._shapes[size] = (tuple(roce.opcodes_for(len(payloads))), payloads)
+        msg = Message(tag, size, self.next_psn, shape[0], shape[1], va, now)
+        self.next_psn = (self.next_psn + len(shape[1])) % PSN_MOD
         if not self.messages and self.una == self.send_psn:
             self.progress_ns = now
         self.messages.append(msg)
