@@ -13,6 +13,9 @@
  *             step, crc_from, crc_end, crc_prefix, icrc_off) -> bytes sent, 0 if the socket
  *       would block: one RDMA WRITE template patched in place and sent
  *   stamps(fd, ctl, count) -> list of (key, kernel transmit ns) from the error queue
+ *   stamps_join(fd, ctl, count, pending, log) -> (stamps read, last joined ns or -1, its
+ *       frame's bytes): each stamp's frame popped from pending {key: (sent ns, bytes,
+ *       kind)} and logged as (sent ns, kernel ns, bytes, kind)
  *   timer_arm(fd, when_ns) -> None: a timerfd armed at an absolute time (0: disarmed)
  *   crc32(data, crc=0) -> int: zlib.crc32's value, computed the way ICRCs are here
  *   wait(epfd, timeout_ns, maxevents) -> list of (fd, events): epoll_pwait2(2), a timeout in
@@ -470,17 +473,15 @@ static PyObject *fill_send(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(sent);
 }
 
-static PyObject *stamps(PyObject *self, PyObject *args) {
-    int fd, count;
-    Py_buffer ctl;
-    if (!PyArg_ParseTuple(args, "iw*i", &fd, &ctl, &count)) return NULL;
+/* Every transmit timestamp waiting on `fd`'s error queue, in order, to on_stamp(key, ns, ctx);
+ * 0, or -1 with a Python error set (by recvmmsg, or by on_stamp returning -1). */
+static int read_stamps(int fd, Py_buffer *ctl, int count,
+                       int (*on_stamp)(long long, long long, void *), void *ctx) {
     const int ctl_size = 256;
     if (count > MAX_BATCH) count = MAX_BATCH;
-    PyObject *out = PyList_New(0);
-    if (!out || ctl.len < (Py_ssize_t)count * ctl_size) {
-        if (out) { Py_CLEAR(out); PyErr_SetString(PyExc_ValueError, "control buffer too small"); }
-        PyBuffer_Release(&ctl);
-        return NULL;
+    if (ctl->len < (Py_ssize_t)count * ctl_size) {
+        PyErr_SetString(PyExc_ValueError, "control buffer too small");
+        return -1;
     }
     struct mmsghdr msgs[MAX_BATCH];
     struct iovec iovs[MAX_BATCH];
@@ -492,7 +493,7 @@ static PyObject *stamps(PyObject *self, PyObject *args) {
             iovs[i].iov_len = sizeof scratch[i];
             msgs[i].msg_hdr.msg_iov = &iovs[i];
             msgs[i].msg_hdr.msg_iovlen = 1;
-            msgs[i].msg_hdr.msg_control = (char *)ctl.buf + (size_t)i * ctl_size;
+            msgs[i].msg_hdr.msg_control = (char *)ctl->buf + (size_t)i * ctl_size;
             msgs[i].msg_hdr.msg_controllen = ctl_size;
         }
         int n;
@@ -500,15 +501,13 @@ static PyObject *stamps(PyObject *self, PyObject *args) {
         n = recvmmsg(fd, msgs, count, MSG_ERRQUEUE | MSG_DONTWAIT, NULL);
         Py_END_ALLOW_THREADS
         if (n < 0) {
-            if (errno == EAGAIN || errno == EINTR) break;
-            Py_CLEAR(out);
+            if (errno == EAGAIN || errno == EINTR) return 0;
             PyErr_SetFromErrno(PyExc_OSError);
-            break;
+            return -1;
         }
         for (int i = 0; i < n; i++) {
             struct msghdr *h = &msgs[i].msg_hdr;
-            long long ts = -1;
-            long long key = -1;
+            long long ts = -1, key = -1;
             for (struct cmsghdr *c = CMSG_FIRSTHDR(h); c; c = CMSG_NXTHDR(h, c)) {
                 if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_TIMESTAMPING) {
                     struct timespec t[3];
@@ -520,21 +519,74 @@ static PyObject *stamps(PyObject *self, PyObject *args) {
                     if (e.ee_origin == SO_EE_ORIGIN_TIMESTAMPING) key = e.ee_data;
                 }
             }
-            if (ts >= 0 && key >= 0) {
-                PyObject *t = Py_BuildValue("(LL)", key, ts);
-                if (!t || PyList_Append(out, t) < 0) {
-                    Py_XDECREF(t);
-                    Py_CLEAR(out);
-                    goto done;
-                }
-                Py_DECREF(t);
-            }
+            if (ts >= 0 && key >= 0 && on_stamp(key, ts, ctx) < 0) return -1;
         }
-        if (n < count) break;
+        if (n < count) return 0;
     }
-done:
+}
+
+static int append_stamp(long long key, long long ts, void *ctx) {
+    PyObject *t = Py_BuildValue("(LL)", key, ts);
+    int r = t ? PyList_Append((PyObject *)ctx, t) : -1;
+    Py_XDECREF(t);
+    return r;
+}
+
+static PyObject *stamps(PyObject *self, PyObject *args) {
+    int fd, count;
+    Py_buffer ctl;
+    if (!PyArg_ParseTuple(args, "iw*i", &fd, &ctl, &count)) return NULL;
+    PyObject *out = PyList_New(0);
+    if (out && read_stamps(fd, &ctl, count, append_stamp, out) < 0) Py_CLEAR(out);
     PyBuffer_Release(&ctl);
     return out;
+}
+
+/* stamps_join: each stamp's frame, (sent ns, bytes, kind) popped from `pending` by its key,
+ * goes to `log` as (sent ns, kernel ns, bytes, kind) - traffic/nicio.py Stamps.join. */
+struct join {
+    PyObject *pending, *log;
+    long long stamps, last_ts, last_bytes;
+};
+
+static int join_stamp(long long key, long long ts, void *ctx) {
+    struct join *j = ctx;
+    j->stamps++;
+    PyObject *k = PyLong_FromLongLong(key);
+    if (!k) return -1;
+    PyObject *sent = PyDict_GetItemWithError(j->pending, k);  /* borrowed */
+    if (!sent) {
+        Py_DECREF(k);
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    if (!PyTuple_Check(sent) || PyTuple_GET_SIZE(sent) != 3) {
+        Py_DECREF(k);
+        PyErr_SetString(PyExc_ValueError, "a pending frame is not (sent ns, bytes, kind)");
+        return -1;
+    }
+    PyObject *row = Py_BuildValue("(OLOO)", PyTuple_GET_ITEM(sent, 0), ts,
+                                  PyTuple_GET_ITEM(sent, 1), PyTuple_GET_ITEM(sent, 2));
+    long long bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(sent, 1));
+    int r = (!row || (bytes == -1 && PyErr_Occurred()) || PyList_Append(j->log, row) < 0
+             || PyDict_DelItem(j->pending, k) < 0) ? -1 : 0;
+    Py_XDECREF(row);
+    Py_DECREF(k);
+    j->last_ts = ts;
+    j->last_bytes = bytes;
+    return r;
+}
+
+static PyObject *stamps_join(PyObject *self, PyObject *args) {
+    int fd, count;
+    Py_buffer ctl;
+    struct join j = {NULL, NULL, 0, -1, 0};
+    if (!PyArg_ParseTuple(args, "iw*iO!O!", &fd, &ctl, &count, &PyDict_Type, &j.pending,
+                          &PyList_Type, &j.log))
+        return NULL;
+    int r = read_stamps(fd, &ctl, count, join_stamp, &j);
+    PyBuffer_Release(&ctl);
+    if (r < 0) return NULL;
+    return Py_BuildValue("(LLL)", j.stamps, j.last_ts, j.last_bytes);
 }
 
 static PyObject *timer_arm(PyObject *self, PyObject *args) {
@@ -591,6 +643,8 @@ static PyMethodDef methods[] = {
      "receive, delivering in-order data packets in C and the others to a handler"},
     {"fill_send", fill_send, METH_VARARGS, "patch an RDMA WRITE template and send it"},
     {"stamps", stamps, METH_VARARGS, "transmit timestamps from the error queue"},
+    {"stamps_join", stamps_join, METH_VARARGS,
+     "transmit timestamps joined to their pending frames: (stamps, last ns, its bytes)"},
     {"crc32", crc32_hook, METH_VARARGS, "CRC-32 as zlib.crc32, by the path the ICRC takes"},
     {NULL, NULL, 0, NULL},
 };

@@ -445,14 +445,10 @@ class Gpu:
 
     def collect_stamps(self) -> None:
         """Join the kernel transmit timestamps waiting on the NIC socket to their frames."""
-        pending, log = self.tx_pending, self.tx_log
-        for key, ts in self.stamps.read():
-            self.stamped += 1
-            sent = pending.pop(key, None)
-            if sent is not None:
-                log.append((sent[0], ts, sent[1], sent[2]))
-                # the next frame leaves the shaper one serialization time later, not sooner
-                self.next_departure_ns = ts + sent[1] * self.ns_per_byte
+        n, last, size = self.stamps.join(self.tx_pending, self.tx_log)
+        self.stamped += n
+        if last >= 0:  # the next frame leaves the shaper one serialization time later
+            self.next_departure_ns = last + size * self.ns_per_byte
 
     def service(self, now: int) -> None:
         """After this GPU's events: answer, send, re-arm its timers, move its iteration on."""

@@ -172,3 +172,18 @@ class Stamps:
             return self.c.stamps(self.fd, self.ctl, 64)
         return self.batch.read()
 
+    def join(self, pending: dict, log: list) -> Tuple[int, int, int]:
+        """Each waiting stamp's frame, popped from ``pending`` {key: (sent ns, bytes, kind)},
+        appended to ``log`` as (sent ns, kernel transmit ns, bytes, kind). Returns (stamps
+        read, the last joined frame's kernel time or -1, its bytes)."""
+        if self.c is not None:
+            return self.c.stamps_join(self.fd, self.ctl, 64, pending, log)
+        n, last, size = 0, -1, 0
+        for key, ts in self.read():
+            n += 1
+            sent = pending.pop(key, None)
+            if sent is not None:
+                log.append((sent[0], ts, sent[1], sent[2]))
+                last, size = ts, sent[1]
+        return n, last, size
+
