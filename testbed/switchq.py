@@ -56,9 +56,10 @@ from .topology import FabricPlan
 
 
 QUEUE_GONE = QueueStats(0, 0, 0, 0)
-FULL_SAMPLE_NS = 20_000_000
-# the queue timeline's resolution; where nothing acts on samples, also the sampling interval
-TIMELINE_WINDOW_NS = 10_000_000
+# The queue timeline's resolution in full frames' times at the GPU NIC rate (10 ms at the
+# default 40 Mbit/s); where nothing acts on samples, also the sampling interval.
+TIMELINE_FRAMES = 12
+FULL_SAMPLE_FRAMES = 24  # every class's backlog, between the acting classes' samples
 LOAD_EVERY_NS = 5_000_000  # adaptive routing needs the trend, not every sample
 QUIET_SPACING = 2  # intervals between samples while every queue is far from a threshold
 # Broadcast, from a MAC no GPU has, local experimental EtherType: dropped by every policy.
@@ -237,11 +238,12 @@ class Emulator:
         if self.watch:
             acting[self.load_class.minor] = self.load_class
         self.acting = tuple(acting.values())
-        self.window_ns = TIMELINE_WINDOW_NS
+        frame_ns = self.frame * 8e9 / (cfg["host_rate_mbit"] * 1e6)
+        self.window_ns = int(TIMELINE_FRAMES * frame_ns)
         self.tick_ns = self.interval_ns if self.acting else self.window_ns
         # every class (largest backlogs, the counters' check): each window where nothing
-        # acts, else every FULL_SAMPLE_NS
-        self.full_ns = FULL_SAMPLE_NS if self.acting else self.window_ns
+        # acts, else every FULL_SAMPLE_FRAMES
+        self.full_ns = int(FULL_SAMPLE_FRAMES * frame_ns) if self.acting else self.window_ns
         self.last_full_ns = 0
         self.port_order = sorted(self.ports)
         # the acting classes' queues, class by class, each in port order
