@@ -8,7 +8,8 @@
   a new flow - or one idle for ``flowlet_gap_s`` - is hashed (5-tuple) over the leaf's
   least-loaded uplinks (one AR slot each), and the choice is learned for the flowlet. The
   slots follow the uplink backlog the switch-queue emulator reports, so new flows avoid
-  congested uplinks while running flowlets stay in order; a change of the least-loaded set
+  uplinks whose queue builds (half the ECN threshold above the least loaded) while running
+  flowlets stay in order; a change of the least-loaded set
   costs one flow mod per slot that moved, plus one for the hash when the set's size changed.
 * Spraying: when senders vary the UDP source port per packet, every packet is a new 5-tuple,
   so packets are hashed over the slots - spread over the least-loaded uplinks.
@@ -130,14 +131,18 @@ class LosslessPolicy(Policy):
         return {leaf.dpid: sorted(self.plan.uplinks().values()) for leaf in self.plan.leaves}
 
     def queue_load(self, load: Dict[int, Dict[int, int]]) -> Dict[int, List[Message]]:
-        """Hash new flowlets of a leaf over its least-loaded uplinks (within one frame)."""
+        """Hash new flowlets of a leaf over its least-loaded uplinks: those whose backlog is
+        within ``margin`` of the least - half the ECN marking threshold (a queue building
+        toward congestion), at least a frame. A frame or two queued on a busy uplink is
+        serialization, not congestion: moving flowlets away from it would only trade uplinks
+        back and forth, a flow mod each time."""
         out: Dict[int, List[Message]] = {}
-        frame = self.context.mtu + 100
+        margin = max(self.context.mtu + 100, self.params.ecn_kmin_bytes // 2)
         for dpid, backlog in load.items():
             if dpid not in self.slots or not backlog:
                 continue
             least = min(backlog.values())
-            want = sorted(p for p, b in backlog.items() if b <= least + frame)
+            want = sorted(p for p, b in backlog.items() if b <= least + margin)
             old = self.slots[dpid]
             if want == old:
                 continue

@@ -103,6 +103,20 @@ def test_queue_load_sends_nothing_when_nothing_changes(plan):
     assert set(policy.watched_ports()) == {lf.dpid for lf in plan.leaves}
 
 
+def test_a_few_frames_queued_on_a_busy_uplink_move_no_flowlet(plan):
+    """Two frames behind the one on the wire are serialization, not congestion: following
+    them, slots flipped between uplinks at every sample (560-650 OpenFlow messages in a
+    default run against 130 for programming). A queue half way to the ECN threshold moves."""
+    policy = LosslessPolicy(plan)
+    dpid = plan.leaves[0].dpid
+    frame = 4096 + 100
+    assert policy.queue_load({dpid: {3: 2 * frame, 4: 0}}) == {}
+    half_kmin = policy.params.ecn_kmin_bytes // 2
+    assert policy.queue_load({dpid: {3: half_kmin, 4: 0}}) == {}
+    assert policy.queue_load({dpid: {3: half_kmin + 1, 4: 0}}) != {}
+    assert policy.slots[dpid] == [4]
+
+
 def test_without_adaptive_routing_roce_is_hashed(plan):
     policy = LosslessPolicy(plan, resolve("lossless", {"adaptive_routing": False}, 40, 4096))
     fabric = FakeFabric(plan, policy)
