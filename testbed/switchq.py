@@ -470,9 +470,9 @@ class Emulator:
     def _record(self, backlog: List[int], now: int) -> None:
         if not self.window_start:
             self.window_start = now
-            self.window_max = list(backlog)
-        else:
-            self.window_max = list(map(max, self.window_max, backlog))
+        # a window's first sample starts its maxima
+        self.window_max = (list(map(max, self.window_max, backlog)) if self.window_max
+                           else list(backlog))
         if self.pfc:
             self.window_paused.update(q.intf for q in self.pfc.paused_since)
         if now - self.window_start >= self.window_ns:

@@ -118,6 +118,7 @@ def test_sprayed_packets_are_reordered_without_spurious_naks(tmp_path):
 
 PACING = """
 import json, sys, time
+from dataclasses import replace
 sys.path.insert(0, {root!r})
 from benchmarks.send_rate import make_agent
 from traffic.dcqcn import ReactionPoint
@@ -128,15 +129,19 @@ for cmd in ("ip link add bench0 type veth peer name bench1", "ip link set bench0
 agent = make_agent(1024)
 agent.transport["congestion_control"] = "dcqcn"
 qp = agent.qp(1, 0)
-qp.rp = ReactionPoint(agent.dcqcn, now_ns=time.time_ns())
+# the NIC is an unshaped veth; DCQCN runs as on a 40 Mb/s link
+qp.rp = ReactionPoint(replace(agent.dcqcn, line_rate_bps=40e6), now_ns=time.time_ns())
 qp.rp.on_cnp(time.time_ns())  # 40 -> 20 Mb/s
 qp.rp.on_cnp(time.time_ns())  # -> about 10 Mb/s
 rate = qp.rp.rate
 qp.req.post((0, 0), 400 * 1024, time.time_ns())
-agent.active.append(qp)
-while qp.req.pending():
-    agent.send_data(); agent.drain(); agent._wait(agent.next_wake(time.time_ns()))
-agent.drain()
+agent._queue(qp)
+while qp.req.pending():  # what the agent's loop does: send, collect stamps, sleep till due
+    agent.send_data(); agent.collect_stamps(); agent.nic_blocked = False
+    time.sleep(max(0, qp.next_tx_ns - time.time_ns()) / 1e9)
+deadline = time.time() + 2
+while agent.tx_pending and time.time() < deadline:
+    agent.collect_stamps(); time.sleep(0.001)
 ts = sorted(row[1] for row in agent.tx_log if row[3] == "d")
 frame_bits = len(qp.conn.template(7, 1024).buf) * 8
 print(json.dumps({{"dcqcn_rate": rate, "achieved": (len(ts) - 1) * frame_bits * 1e9 /

@@ -21,3 +21,14 @@ def test_split_fabric_reports_merge_with_the_worst_gap_and_every_scheduling():
 def test_one_report_is_kept_as_it_is():
     one = report("nice -10", 2.1, 1, 3)
     assert merge_reports([one, {}]) is one
+
+
+def test_the_timeline_keeps_each_windows_largest_backlogs():
+    from testbed.switchq import Emulator
+    emu = Emulator.__new__(Emulator)  # the recorder alone: no fabric
+    emu.port_order, emu.window_ns, emu.pfc = ["a", "b"], 10, None
+    emu.window_start, emu.window_max, emu.window_paused, emu.timeline = 0, [], set(), []
+    for now, backlog in [(100, [1, 5]), (105, [3, 2]), (110, [0, 0]), (115, [7, 1]),
+                         (121, [0, 0])]:
+        emu._record(backlog, now)
+    assert [(t, v) for t, v, _paused in emu.timeline] == [(100, [3, 5]), (110, [7, 1])]
