@@ -451,15 +451,18 @@ class Gpu:
             self.next_departure_ns = last + size * self.ns_per_byte
 
     def service(self, now: int) -> None:
-        """After this GPU's events: answer, send, re-arm its timers, move its iteration on."""
+        """After this GPU's events: move its iteration on, answer, send, re-arm its timers.
+        The iteration first: without a compute phase the next one's transfers are posted at
+        once, and must go out now, not at the next wake (the loop serves only GPUs that had
+        events)."""
+        if self.state == COLLECTIVE and self.progress.complete(self.it):
+            self._end_iteration(time.time_ns())
         if self.control and not self.nic_blocked:
             self.flush_control()
         if self.active and not self.nic_blocked:
             self.send_data()
         if len(self.tx_pending) >= STAMPS_BATCH:
             self.collect_stamps()
-        if self.state == COLLECTIVE and self.progress.complete(self.it):
-            self._end_iteration(time.time_ns())
         for qp in self.dirty:
             self.loop.rearm(qp, now)
         self.dirty.clear()

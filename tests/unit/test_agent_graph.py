@@ -142,3 +142,21 @@ def test_lag_histogram_quantiles_and_merge():
     both = h.merge(h)
     assert sum(both.counts) == 200 and both.quantile_us(0.5) == h.quantile_us(0.5)
     assert metrics.LagHistogram().quantile_us(0.5) is None
+
+
+def test_without_a_compute_phase_the_next_iteration_is_sent_in_the_same_service(monkeypatch):
+    """The loop serves a GPU only after its events: the transfers an iteration's end posts
+    must go out in that service, not wait for a timer (171 ms once, an RTO)."""
+    agent = _agent(rank=0, n=2)
+    agent.loop.rearm = lambda qp, now: None
+    agent.loop.wait_for_nic = lambda gpu: None
+    sent = []
+    monkeypatch.setattr(agent, "send_data", lambda: sent.append((agent.it, len(agent.active))))
+    agent.go(0)
+    agent.compute_done(agent.ready_at, 1)  # iteration 0's compute phase (none) ends
+    monkeypatch.setattr(agent.progress, "complete", lambda it: it == 0)
+    for qp in agent.active:  # iteration 0 sent and acknowledged: no QP has more to send
+        qp.queued = False
+    agent.active.clear()
+    agent.service(2)
+    assert agent.it == 1 and sent and sent[-1][0] == 1 and sent[-1][1] > 0, sent
