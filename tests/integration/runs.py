@@ -7,6 +7,20 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+
+def in_private_netns(test_file):
+    """Run ``test_file`` as a script in a throw-away network namespace (``unshare --net``: it
+    vanishes with the process), from the project's root; the JSON its last line printed."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(test_file))))
+    proc = subprocess.run(["unshare", "--net", sys.executable, test_file], capture_output=True,
+                          text=True, timeout=60, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
 
 def start_run(out_dir, *args):
     """`python -m testbed run --out out_dir ...` as a process, its output piped."""

@@ -71,13 +71,8 @@ def inside() -> dict:
 
 @pytest.fixture(scope="module")
 def seen():
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    proc = subprocess.run(["unshare", "--net", sys.executable, __file__], capture_output=True,
-                          text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(
-                              os.path.dirname(os.path.abspath(__file__)))))
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    from .runs import in_private_netns  # not at the top: this file also runs as a script
+    return in_private_netns(__file__)
 
 
 def test_marks_ect_packets_of_the_marking_classes_only(seen):
