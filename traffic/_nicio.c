@@ -194,6 +194,20 @@ struct dgram {
     unsigned sport;
 };
 
+/* recvmmsg(2) without blocking and without the GIL: the messages read, 0 if none was
+ * waiting, -1 with a Python error set. */
+static int recv_batch(int fd, struct mmsghdr *msgs, int count, int flags) {
+    int n;
+    Py_BEGIN_ALLOW_THREADS
+    n = recvmmsg(fd, msgs, count, flags | MSG_DONTWAIT, NULL);
+    Py_END_ALLOW_THREADS
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR) return 0;
+        PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return n;
+}
+
 /* recvmmsg(2) of up to `count` datagrams into the caller's buffers, each parsed into `out`;
  * the number read (0: none waiting), -1 with a Python error set. */
 static int recv_parse(int fd, Py_buffer *data, Py_buffer *ctl, Py_buffer *names, int count,
@@ -217,15 +231,8 @@ static int recv_parse(int fd, Py_buffer *data, Py_buffer *ctl, Py_buffer *names,
         msgs[i].msg_hdr.msg_name = (char *)names->buf + (size_t)i * 16;
         msgs[i].msg_hdr.msg_namelen = 16;
     }
-    int n;
-    Py_BEGIN_ALLOW_THREADS
-    n = recvmmsg(fd, msgs, count, MSG_DONTWAIT, NULL);
-    Py_END_ALLOW_THREADS
-    if (n < 0) {
-        if (errno == EAGAIN || errno == EINTR) return 0;
-        PyErr_SetFromErrno(PyExc_OSError);
-        return -1;
-    }
+    int n = recv_batch(fd, msgs, count, 0);
+    if (n <= 0) return n;
     for (int i = 0; i < n; i++) {
         struct msghdr *h = &msgs[i].msg_hdr;
         const unsigned char *d = iovs[i].iov_base;
@@ -496,15 +503,8 @@ static int read_stamps(int fd, Py_buffer *ctl, int count,
             msgs[i].msg_hdr.msg_control = (char *)ctl->buf + (size_t)i * ctl_size;
             msgs[i].msg_hdr.msg_controllen = ctl_size;
         }
-        int n;
-        Py_BEGIN_ALLOW_THREADS
-        n = recvmmsg(fd, msgs, count, MSG_ERRQUEUE | MSG_DONTWAIT, NULL);
-        Py_END_ALLOW_THREADS
-        if (n < 0) {
-            if (errno == EAGAIN || errno == EINTR) return 0;
-            PyErr_SetFromErrno(PyExc_OSError);
-            return -1;
-        }
+        int n = recv_batch(fd, msgs, count, MSG_ERRQUEUE);
+        if (n <= 0) return n;
         for (int i = 0; i < n; i++) {
             struct msghdr *h = &msgs[i].msg_hdr;
             long long ts = -1, key = -1;
