@@ -274,7 +274,8 @@ class Emulator:
         self.low_water = self._low_water(cfg)
         self.max_backlog: Dict[Tuple[str, int], int] = {}  # (interface, qdisc handle)
         self.counters = {"samples": 0, "late": 0, "ecn_events": 0, "load_events": 0,
-                         "pauses_sent": 0, "resumes_sent": 0, "events_deferred": 0}
+                         "pauses_sent": 0, "resumes_sent": 0, "events_deferred": 0,
+                         "quiet": 0}
         self.sample_ns: List[int] = []
         self.gap_ns: List[int] = []  # between one sample's start and the next: reaction time
         self.scheduling = "normal"  # how ``main`` got the CPU (``ahead_of_traffic``)
@@ -581,8 +582,8 @@ class Emulator:
             self.sample_ns.append(took)
             # quiet (no queue can reach a threshold before the one after it): skip a sample
             next_at += interval * (QUIET_SPACING if self.quiet else 1)
-            self.counters["quiet"] = self.counters.get("quiet", 0) + (QUIET_SPACING - 1
-                                                                      if self.quiet else 0)
+            if self.quiet:
+                self.counters["quiet"] += QUIET_SPACING - 1
             # leave the CPU to the traffic: sleep at least as long as a sample usually takes
             # (the VM test's TCG guest needs up to 3 ms per sample, against 1 ms intervals);
             # one slow sample (the CPU taken away meanwhile) does not delay the next
@@ -611,17 +612,16 @@ class Emulator:
             "acting_classes": [c.name for c in self.acting],
             "acting_backlog_from": self.counting,
             "quiet_below_bytes": self.low_water,
-            "quiet_samples_skipped": self.counters.get("quiet", 0),
+            "quiet_samples_skipped": self.counters["quiet"],
             "counter_error_bytes": _spread(self.counter_errors) if self.counters_bpf else None,
             "all_classes_every_us": self.full_ns / 1000,
             "scheduling": self.scheduling,
             "counters": self.counters,
             "sample_ms": {"mean": round(sum(ns) / len(ns) / 1e6, 4),
-                          "p99": round(ns[int(len(ns) * 0.99) - 1 if len(ns) > 1 else 0] / 1e6, 4),
+                          "p99": round(_p99(ns) / 1e6, 4),
                           "max": round(ns[-1] / 1e6, 4),
                           "max_gap": round(gaps[-1] / 1e6, 4),
-                          "gap_p99": round(gaps[int(len(gaps) * 0.99) - 1 if len(gaps) > 1
-                                                else 0] / 1e6, 4),
+                          "gap_p99": round(_p99(gaps) / 1e6, 4),
                           # a sample more than three intervals after the one before
                           "gaps_over_3_intervals": sum(g > 3 * self.tick_ns for g in gaps)},
             "max_backlog": max_backlog,
@@ -644,6 +644,10 @@ class Emulator:
             s.close()
         if self.relay:
             self.relay.close()
+
+
+def _p99(ordered: List[int]) -> int:
+    return ordered[int(len(ordered) * 0.99) - 1 if len(ordered) > 1 else 0]
 
 
 def _spread(values: List[int]) -> dict:
