@@ -754,12 +754,22 @@ class Loop:
                     self.run_timers(touched)
             polling = bool(touched)
             self.run_timers(touched)
-            for gpu in touched:
-                gpu.service(time.time_ns())
+            self.serve(touched)
             if self.lines:
                 self.out.write("\n".join(self.lines) + "\n")
                 self.out.flush()
                 self.lines.clear()
+
+    def serve(self, touched: set) -> None:
+        """Service every GPU in ``touched``. A timer that falls due meanwhile runs between two
+        GPUs (and its GPU is served too): one GPU's busy service (a congested NIC, a batch of
+        marked packets) does not make every other GPU's timers late."""
+        heap = self.heap
+        while touched:
+            touched.pop().service(time.time_ns())
+            due = heap.next_ns()
+            if due is not None and due <= time.time_ns():
+                self.run_timers(touched)
 
     def run_timers(self, touched: set) -> None:
         """Run every timer that is due; the GPUs they belong to go into ``touched``."""

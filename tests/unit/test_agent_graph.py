@@ -160,3 +160,35 @@ def test_without_a_compute_phase_the_next_iteration_is_sent_in_the_same_service(
     agent.active.clear()
     agent.service(2)
     assert agent.it == 1 and sent and sent[-1][0] == 1 and sent[-1][1] > 0, sent
+
+
+def test_a_timer_due_during_one_gpus_service_runs_before_the_next_gpu_is_served(monkeypatch):
+    """Serving the touched GPUs one after another, the loop runs a timer that fell due
+    meanwhile at once (its GPU served too), not after every other GPU's service."""
+    import traffic.agent as agent_mod
+
+    clock = [1_000_000]
+    monkeypatch.setattr(agent_mod.time, "time_ns", lambda: clock[0])
+    events = []
+
+    class Busy:  # a GPU whose service takes 300 us
+        def __init__(self, name):
+            self.name = name
+
+        def service(self, now):
+            events.append(("service", self.name, now))
+            clock[0] += 300_000
+
+        def compute_done(self, when, now):
+            events.append(("timer", self.name, now - when))
+
+    loop = agent_mod.Loop([_agent().cfg])
+    a, b, c = Busy("a"), Busy("b"), Busy("c")
+    loop.heap.push(clock[0] + 100_000, c)  # due during the first service
+    touched = {a, b}
+    loop.serve(touched)
+    assert not touched
+    kinds = [e[:2] for e in events]
+    assert kinds[1] == ("timer", "c") and events[1][2] == 200_000  # 200 us late, not 500
+    assert sorted(kinds) == [("service", "a"), ("service", "b"), ("service", "c"),
+                             ("timer", "c")]
