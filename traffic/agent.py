@@ -74,9 +74,8 @@ STAMPS_BATCH = 32  # transmit timestamps are collected once this many wait (and 
 # wake-up delayed by a moderation interval plus the host's wake-up noise (up to two frame times)
 NIC_QUEUE_FRAMES = 5
 # Packets wait at most this share of a full frame's time at the line rate before the loop
-# takes them (interrupt moderation: 0.5 us of modelled time at the default 2,500x); timers are
-# not moderated.
-MODERATION_SHARE = 1.5
+# takes them (interrupt moderation); timers are not moderated.
+MODERATION_SHARE = 1.0
 FRAME_OVERHEAD = 76  # RoCE headers, ICRC and Ethernet around a full payload
 
 # sent_ns: the sender's clock when it handed the packet to its NIC (carried in the packet);
