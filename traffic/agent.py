@@ -436,7 +436,10 @@ class Gpu:
                 req.commit(o, now)
                 qp.bytes_sent += size
                 if congested:  # at line rate the NIC paces
-                    qp.next_tx_ns = max(now, qp.next_tx_ns) + int(size * 8e9 / rp.rate)
+                    # a rate limiter with one frame of credit: a send the loop made late by
+                    # less than a gap keeps the schedule, so late wakes do not lower the rate
+                    gap = int(size * 8e9 / rp.rate)
+                    qp.next_tx_ns = max(now - gap, qp.next_tx_ns) + gap
                     rp.on_sent(size, now)
                 dirty.add(qp)
                 progressed = True
