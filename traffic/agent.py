@@ -70,9 +70,9 @@ AGENT_NICE = -20
 PROBE_CLOCK_SLACK_NS = 1_000_000_000  # all agents share one clock: a probe "sent" later is forged
 HOUSEKEEPING_NS = 1_000_000_000
 STAMPS_BATCH = 32  # transmit timestamps are collected once this many wait (and at the end)
-# Frames a NIC holds: the one on the wire and four more, so that the link stays busy through a
-# wake-up delayed by a moderation interval plus the host's wake-up noise (up to two frame times)
-NIC_QUEUE_FRAMES = 5
+# Frames a NIC holds: the one on the wire and two more, so that the link stays busy through a
+# wake-up delayed by a moderation interval plus a frame time
+NIC_QUEUE_FRAMES = 3
 # Packets wait at most this share of a full frame's time at the line rate before the loop
 # takes them (interrupt moderation); timers are not moderated.
 MODERATION_SHARE = 1.0
