@@ -154,8 +154,9 @@ class Requester:
             self.counters["naks"] += 1
             if syndrome == SYNDROME_NAK_SEQ:
                 done = self._acked_before(psn, now)  # a NAK acks everything before it
-                if 0 <= psn_diff(self.send_psn, psn):
-                    self.send_psn = psn  # go back N
+                # go back N - unless the NAKed PSN was acknowledged since (a late NAK)
+                if 0 <= psn_diff(psn, self.una) and 0 <= psn_diff(self.send_psn, psn):
+                    self.send_psn = psn
                 return done
             return []
         self.counters["acks"] += 1

@@ -156,3 +156,17 @@ def test_reordering_responder_naks_a_gap_that_lasts():
     nak = resp.tick(6 * MS)
     assert nak.syndrome == SYNDROME_NAK_SEQ and nak.psn == 1
     assert resp.tick(7 * MS) is None  # one NAK per gap
+
+
+def test_a_nak_for_a_psn_already_acknowledged_does_not_rewind():
+    """A late NAK (its gap long filled, everything acknowledged since) is a ghost: the
+    requester must not go back to PSNs whose messages are complete and gone."""
+    req = Requester(MTU, rto_ns=10 * MS, max_rto_ns=80 * MS)
+    req.post("m1", MTU, now=0)
+    req.post("m2", 3 * MTU, now=0)
+    assert [p.psn for p in drain(req)] == [0, 1, 2, 3]
+    assert [m.tag for m in req.on_ack(3, SYNDROME_ACK, now=1)] == ["m1", "m2"]
+    assert req.on_ack(1, SYNDROME_NAK_SEQ, now=2) == []
+    assert not req.pending() and req.peek() is None
+    req.post("m3", MTU, now=3)  # and the next message goes out from where it should
+    assert [p.psn for p in drain(req)] == [4]
