@@ -77,13 +77,25 @@ def test_every_frame_is_joined_to_its_transmit_time(seen, impl):
 
 @pytest.mark.parametrize("impl", ["c", "python"])
 def test_transmit_times_follow_the_shaper(seen, impl):
-    """Queued frames leave one serialization time apart (the shaper's clock), in order."""
+    """Queued frames leave one serialization time apart (the shaper's clock), in order: the
+    typical gap is one frame time and the frames span as many, though sent all at once.
+
+    Not every gap: HTB's watchdog wakes as late as the host lets it (a late wake makes one
+    long gap and, from the bucket's one frame of burst, one short one), and on the reference
+    VM the share of gaps within 10% of a frame time was 0.61-1.0 over 24 sets minutes apart
+    (below 0.8 in 5), while in the 12 of them where both were measured the median gap stayed
+    within 0.4% of a frame time and the span within 3.2%. How precisely a run's NICs pace is
+    the fidelity monitor's pacing check, measured in every run."""
     log = seen[impl]["log"]
     times = [tx for _s, tx, _b, _k in log]
+    sent = [s for s, _tx, _b, _k in log]
     assert times == sorted(times)
     frame_ns = log[0][2] * 8e9 / (RATE_MBIT * 1e6)
     gaps = [b - a for a, b in zip(times[2:], times[3:])]  # once the queue is full
-    assert sum(abs(g - frame_ns) < 0.1 * frame_ns for g in gaps) >= 0.8 * len(gaps), gaps
+    assert abs(sorted(gaps)[len(gaps) // 2] - frame_ns) < 0.02 * frame_ns, gaps
+    span = (times[-1] - times[2]) / (len(gaps) * frame_ns)
+    assert 0.98 <= span <= 1.25, (span, gaps)  # never faster than the shaper; stalls add
+    assert sent[-1] - sent[2] < 0.5 * (times[-1] - times[2])  # not the send times
 
 
 if __name__ == "__main__":
