@@ -766,12 +766,9 @@ class Loop:
         """Service every GPU in ``touched``. A timer that falls due meanwhile runs between two
         GPUs (and its GPU is served too): one GPU's busy service (a congested NIC, a batch of
         marked packets) does not make every other GPU's timers late."""
-        heap = self.heap
         while touched:
             touched.pop().service(time.time_ns())
-            due = heap.next_ns()
-            if due is not None and due <= time.time_ns():
-                self.run_timers(touched)
+            self.run_timers(touched)
 
     def run_timers(self, touched: set) -> None:
         """Run every timer that is due; the GPUs they belong to go into ``touched``."""
