@@ -223,6 +223,10 @@ class EmulationConfig:
         "doc": "processes the GPU agents run in per server, each one event loop serving "
                "several GPU hosts; 0 = as few as the GPUs' line rate needs (one per 400 Mbit/s "
                "of GPU NICs, at most one per CPU)"})
+    keep_cpus_awake: bool = field(default=True, metadata={
+        "doc": "while the run lasts, hold a PM QoS request of 0 us (/dev/cpu_dma_latency) so "
+               "idle CPUs wake for timers and packets at once instead of from deep idle "
+               "(testbed.wakeup); costs power, not CPU time; recorded in results"})
     ecn_marking: str = field(default="auto", metadata={
         "choices": ("auto", "red", "sampled"),
         "doc": "how switches set CE: red = the kernel's RED qdisc marks per packet; sampled = "

@@ -129,6 +129,8 @@ def _capabilities(results: dict) -> str:
     rows = [[k, _plain(v)] for k, v in caps.items()]
     rows += [[f"link emulation: {k}", _plain(v)]
              for k, v in (results.get("link_emulation") or {}).items()]
+    rows += [[f"CPU wake-ups: {k}", _plain(v)]
+             for k, v in (results.get("cpu_wakeup") or {}).items()]
     return _table(["capability", "value"], rows, "capabilities")
 
 

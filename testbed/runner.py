@@ -44,6 +44,7 @@ from .shaping import marking_method, marking_via
 from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, write_json_atomic
 from .switchq import EmulatorProcess, merge_reports
 from .topology import FabricPlan
+from .wakeup import cpus_kept_awake
 
 LOG = logging.getLogger(__name__)
 CLOCK_WARN_US = 20.0  # servers' clocks further apart make cross-server one-way latency suspect
@@ -170,12 +171,17 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
     try:
-        for i, name in enumerate(scenario.policies, 1):
-            say = _prefixed(progress, f"[{name} {i}/{len(scenario.policies)}]")
-            policy = configured_policy(name, plan, scenario, caps)
-            results["policies"][name] = run_policy(policy, scenario, caps, run_dir, ledger,
-                                                   say, results)
-            write_json_atomic(path, results)
+        with cpus_kept_awake(scenario.emulation.keep_cpus_awake) as wakeup:
+            if wakeup["held"] and len(cluster_servers(scenario)) > 1:
+                wakeup["note"] = "held on this machine only, not on the cluster's other servers"
+            results["cpu_wakeup"] = wakeup
+            progress(wakeup_text(wakeup))
+            for i, name in enumerate(scenario.policies, 1):
+                say = _prefixed(progress, f"[{name} {i}/{len(scenario.policies)}]")
+                policy = configured_policy(name, plan, scenario, caps)
+                results["policies"][name] = run_policy(policy, scenario, caps, run_dir, ledger,
+                                                       say, results)
+                write_json_atomic(path, results)
         results["status"] = "complete"
     except KeyboardInterrupt:
         results["status"] = "incomplete"
@@ -205,6 +211,14 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
                     write_json_atomic(path, results)
             raise
     return results, run_dir
+
+
+def wakeup_text(wakeup: dict) -> str:
+    if wakeup["held"]:
+        note = f"; {wakeup['note']}" if wakeup.get("note") else ""
+        return (f"idle CPUs kept ready to wake (PM QoS 0 us, cpuidle "
+                f"{wakeup['cpuidle_driver']}) while the run lasts{note}")
+    return f"CPU wake-ups: {wakeup.get('note')}"
 
 
 def _write_report(run_dir: str, progress: Progress) -> None:

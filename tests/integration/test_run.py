@@ -35,6 +35,9 @@ def test_ring_all_reduce_on_a_real_fabric(small_run):
     assert on_disk["schema"] == RESULTS_SCHEMA and on_disk["status"] == "complete"
     assert on_disk["capabilities"]["datapath"] in ("user", "kernel")
     assert on_disk["link_emulation"]["egress_queue"].startswith("htb")
+    # the PM QoS request was held for the run where the kernel offers it, and said so
+    assert on_disk["cpu_wakeup"]["held"] is os.path.exists("/dev/cpu_dma_latency")
+    assert any("PM QoS 0 us" in m or "CPU wake-ups" in m for m in messages)
 
     hs = on_disk["policies"]["hyperscale"]
     n, w = 4, SMALL.workload
