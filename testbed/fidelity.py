@@ -126,7 +126,8 @@ def lag_check(lag: Optional[dict], allowed_us: float) -> dict:
     return {"ok": lag["p95_us"] <= allowed_us, "p50_us": lag["p50_us"], "p95_us": lag["p95_us"],
             "p99_us": lag["p99_us"], "max_us": lag["max_us"], "samples": lag["count"],
             "allowed_p95_us": round(allowed_us, 3),
-            "first_start_lag_us_max": lag.get("first_start_lag_us_max")}
+            "first_start_lag_us_max": lag.get("first_start_lag_us_max"),
+            "scheduling": lag.get("scheduling")}
 
 
 def drops_check(unexplained: int) -> dict:

@@ -276,6 +276,7 @@ def _pooled_lag(summaries: List[dict]) -> Optional[dict]:
     del d["counts"]
     first = [s["first_start_lag_us"] for s in summaries if "first_start_lag_us" in s]
     d["first_start_lag_us_max"] = max(first) if first else None
+    d["scheduling"] = ", ".join(sorted({s.get("scheduling", "normal") for s in summaries}))
     return d
 
 
