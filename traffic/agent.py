@@ -50,7 +50,7 @@ import time
 from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
-from testbed.procutil import die_with_parent, in_netns, precise_timers, real_time
+from testbed.procutil import die_with_parent, in_netns, precise_timers
 
 from . import roce
 from .dcqcn import NotificationPoint, Parameters, ReactionPoint
@@ -834,15 +834,11 @@ def read_line(fd: int) -> str:
 
 
 def on_time() -> str:
-    """Take the CPU when a timer or a packet wakes the loop: real-time (SCHED_FIFO 1, as the
-    switch-queue emulator), else nice -20. A fair-class task, even at nice -20, waited for the
-    running one (Open vSwitch, mostly in system calls on a kernel without preemption): in
-    ``oversubscribed`` under lossless 77% of the timers later than the p95 were due while the
-    loop slept, and it woke p50 75 / p95 613 us after them. The loop never spins (it sleeps
-    in epoll until a packet or its next timer), so it never holds a CPU. Returns what it got,
-    for the results; without either the fidelity monitor shows the lag."""
-    if real_time(1):
-        return "SCHED_FIFO 1"
+    """Take the CPU soon when a timer or a packet wakes the loop: nice -20, as Open vSwitch and
+    the switch-queue emulator get theirs. Not real-time: the agents as SCHED_FIFO woke on time
+    but starved the forwarding when the CPUs were saturated (docs/emulation-cost.md,
+    "Scheduling"). Returns what it got, for the results; without it the fidelity monitor
+    shows the lag."""
     try:
         os.setpriority(os.PRIO_PROCESS, 0, AGENT_NICE)
         return f"nice {AGENT_NICE}"
