@@ -8,7 +8,7 @@ invariants hold, and report the deviations. Every run checks itself:
   agents' kernel transmit timestamps (taken when the veth driver takes the frame, after the
   HTB-shaped queue); a gap is *busy* when the next frame reached the NIC before the previous
   one would have left the wire. A token bucket runs ahead of an ideal link by up to its burst
-  (reported as a bound; a NIC's ceiling spreads it over many frames, testbed.shaping). Errors are counted in MTU-frame times, so
+  after an idle spell (reported as a bound). Errors are counted in MTU-frame times, so
   microseconds on a small ACK weigh little;
 * **idle-path latency**: the lowest one-way latency seen on each GPU pair, against what the
   links add when idle (the per-hop delays applied, testbed.hops: zero without netem); the excess

@@ -2,7 +2,7 @@
 
 Every switch egress port and every GPU NIC gets::
 
-    htb root 1:  ->  class 1:1 (rate = ceil = link rate; a GPU NIC's ceil 5% above it)
+    htb root 1:  ->  class 1:1 (rate = ceil = link rate)
                        -> class 1:(10+i) per traffic class (prio = class priority)
                             -> [netem (30+i): delay] -> [tbf (50+i): PFC gate]
                             -> FIFO (10+i): the class's buffer (or RED, below)
@@ -44,10 +44,6 @@ from controllers.classes import EcnRule, TrafficClass, default_class
 from .errors import ConfigError
 
 HTB_QUANTUM = 1600  # bytes; at least one frame
-# A GPU NIC's class may send at most this much above the link rate, frame to frame, while
-# it spends its burst: half the fidelity monitor's pacing tolerance (testbed.fidelity)
-CEIL_HEADROOM = 0.05
-CEIL_BURST = 1  # bytes: the ceiling's bucket holds nothing, so it spaces every two frames
 NETEM_LIMIT = 100_000  # packets in flight on a delayed link; the bfifo below is the buffer
 LOW_SHARE = 0.01  # guaranteed share of the classes below the top priority
 
@@ -73,7 +69,6 @@ class HtbParams:
     rate_bytes: int  # bytes/s
     ceil_bytes: int
     burst: int  # bytes
-    cburst: int  # bytes
     quantum: int
     prio: int
 
@@ -85,39 +80,22 @@ def frame_bytes(mtu: int) -> int:
 def burst_bytes(rate_mbit: float, mtu: int) -> int:
     """HTB burst: one full frame, or 250 us at the link rate when that is more.
 
-    The burst is the credit a class keeps for late frames: at a switch port, frames that Open
-    vSwitch forwarded in one batch; anywhere, a frame the kernel's timer sent late. Smaller
-    loses rate whenever the timer fires late: measured on the 2-core VM at 100% CPU, a tenth of
-    a frame raised the lossless policy's ring CCT from 523 to 649 ms and its latency p50 from
-    0.65 to 3.8 ms (two frames: 505 ms, 0.47 ms). A GPU NIC spends it under a ceiling
-    (``ceiling``): without one, a frame of credit sent the second frame of every busy spell
-    right behind the first, which no NIC's wire does.
-    """
+    The burst is how far a token bucket may run ahead of an ideal link after an idle spell
+    (HTB sends while its tokens are >= 0, so the second frame of a busy spell may leave one
+    burst early - the fidelity monitor reports the bound). Smaller would pace better but loses
+    rate whenever the kernel's timer fires late: measured on the 2-core VM at 100% CPU, a
+    tenth of a frame raised the lossless policy's ring CCT from 523 to 649 ms and its latency
+    p50 from 0.65 to 3.8 ms (two frames: 505 ms, 0.47 ms)."""
     return max(frame_bytes(mtu), int(rate_mbit * 1e6 / 8 * 250e-6))
 
 
-def ceiling(link_bytes: int, burst: int, nic: bool) -> Tuple[int, int]:
-    """HTB ceil (bytes/s) and cburst (bytes) of every class on a link of ``link_bytes``/s.
-
-    A GPU NIC's ceiling is a little above the link with an empty bucket, so two frames leave
-    at least 1 / (1 + CEIL_HEADROOM) of a frame time apart while the rate's bucket
-    (``burst_bytes``) makes up for late frames; over longer than a frame the rate stays the
-    link's. A switch port's is the link with the rate's burst: there the credit absorbs the
-    batches Open vSwitch forwards in, which are the emulator's and not the fabric's."""
-    if nic:
-        return int(link_bytes * (1 + CEIL_HEADROOM)), CEIL_BURST
-    return link_bytes, burst
-
-
-def htb_params(rate_mbit: float, cls: TrafficClass, classes, mtu: int,
-               nic: bool = False) -> HtbParams:
-    """HTB settings of one traffic class on a link of ``rate_mbit`` (``nic``: a GPU NIC's)."""
+def htb_params(rate_mbit: float, cls: TrafficClass, classes, mtu: int) -> HtbParams:
+    """HTB settings of one traffic class on a link of ``rate_mbit``."""
     link = int(rate_mbit * 1e6 / 8)
     top = min(c.priority for c in classes)
     rate = link if cls.priority == top else max(1000, int(link * LOW_SHARE))
-    burst = burst_bytes(rate_mbit, mtu)
-    ceil, cburst = ceiling(link, burst, nic)
-    return HtbParams(rate, ceil, burst, cburst, max(HTB_QUANTUM, frame_bytes(mtu)), cls.priority)
+    return HtbParams(rate, link, burst_bytes(rate_mbit, mtu),
+                     max(HTB_QUANTUM, frame_bytes(mtu)), cls.priority)
 
 
 NETEM_BASE, GATE_BASE = 0x20, 0x40  # handle offsets from the class minor
@@ -160,21 +138,19 @@ def gate_params(rate_mbit: float, mtu: int, buffer_bytes: int, paused: bool) -> 
 def tc_commands(intf: str, shape: Shape, netem: bool, mtu: int = 1500) -> List[str]:
     """The tc commands that shape ``intf`` (pure; the caller runs them in the right netns)."""
     classes = shape.classes
-    link = int(shape.rate_mbit * 1e6 / 8)
-    nic = shape.nic_queue_bytes is not None
+    link_kbit = max(1, int(round(shape.rate_mbit * 1000)))
     burst = burst_bytes(shape.rate_mbit, mtu)
-    ceil, cburst = ceiling(link, burst, nic)
     quantum = max(HTB_QUANTUM, frame_bytes(mtu))
     default = default_class(classes)
     cmds = [f"tc qdisc replace dev {intf} root handle 1: htb default {default.minor:x}",
-            f"tc class replace dev {intf} parent 1: classid 1:1 htb rate {link * 8}bit "
-            f"ceil {ceil * 8}bit burst {burst} cburst {cburst} quantum {quantum}"]
+            f"tc class replace dev {intf} parent 1: classid 1:1 htb rate {link_kbit}kbit "
+            f"ceil {link_kbit}kbit burst {burst} cburst {burst} quantum {quantum}"]
     delayed = has_delay_line(shape, netem)
     for c in classes:
-        p = htb_params(shape.rate_mbit, c, classes, mtu, nic)
+        p = htb_params(shape.rate_mbit, c, classes, mtu)
         cmds.append(f"tc class replace dev {intf} parent 1:1 classid 1:{c.minor:x} htb "
                     f"rate {p.rate_bytes * 8}bit ceil {p.ceil_bytes * 8}bit burst {p.burst} "
-                    f"cburst {p.cburst} quantum {p.quantum} prio {p.prio}")
+                    f"cburst {p.burst} quantum {p.quantum} prio {p.prio}")
         parent = f"1:{c.minor:x}"
         if delayed:
             cmds.append(f"tc qdisc replace dev {intf} parent {parent} "
