@@ -72,15 +72,6 @@ SYS_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}.get(os.uname().machine)
 MIN_SLICE_NS = 100_000  # the kernel's lower bound on a custom slice
 
 
-def real_time(priority: int = 1) -> bool:
-    """Make this process SCHED_FIFO at ``priority``; False without the privilege."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
-        return True
-    except (OSError, AttributeError):
-        return False
-
-
 def react_first(nice: int, slice_ns: int = MIN_SLICE_NS) -> str:
     """Schedule this thread to react at once when it wakes: ``nice``, and a short scheduler
     slice, with which EEVDF lets a waking task preempt the running one (without it a waking

@@ -173,7 +173,9 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
     try:
         with cpus_kept_awake(scenario.emulation.keep_cpus_awake) as wakeup:
             if wakeup["held"] and len(cluster_servers(scenario)) > 1:
-                wakeup["note"] = "held on this machine only, not on the cluster's other servers"
+                wakeup["note"] = "; ".join(filter(None, [
+                    wakeup.get("note"), "held on this machine only, not on the cluster's other "
+                                        "servers"]))
             results["cpu_wakeup"] = wakeup
             progress(wakeup_text(wakeup))
             for i, name in enumerate(scenario.policies, 1):

@@ -647,8 +647,10 @@ class Gpu:
 class Loop:
     """One epoll set and one timer for every GPU of this process."""
 
-    def __init__(self, configs: List[dict], out=sys.stdout, commands: int = 0):
+    def __init__(self, configs: List[dict], out=sys.stdout, commands: int = 0,
+                 scheduling: str = "normal"):
         self.out, self.commands = out, commands
+        self.scheduling = scheduling  # how the process got the CPU (on_time), for the records
         self.epoll = select.epoll()
         self.quiet = select.epoll()  # the runner only: polling mode's sleep
         self.sleeper = Sleeper(self.epoll, self.quiet)
@@ -663,7 +665,6 @@ class Loop:
         self.lines: List[str] = []
         self.finished = 0  # GPUs whose collectives are done
         self.wakes = 0
-        self.scheduling = "normal"  # how main got the CPU (on_time)
         self.stopping = False
         self.command_buf = b""
 
@@ -855,8 +856,7 @@ def main(argv=None) -> int:
         return 2
     with open(argv[0]) as f:
         config = json.load(f)
-    loop = Loop(config["gpus"], commands=sys.stdin.fileno())
-    loop.scheduling = scheduling
+    loop = Loop(config["gpus"], commands=sys.stdin.fileno(), scheduling=scheduling)
     # the kernel may merge a wake-up with other timers this much later: an eighth of what
     # the fidelity monitor allows timers to be late (a quarter of a frame time)
     precise_timers(max(1000, loop.frame_ns // 32))
