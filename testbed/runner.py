@@ -310,9 +310,12 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
         sized = (raised_socket_defaults(need, record=ledger.add_sysctl)
                  if caps.datapath == "user" else contextlib.nullcontext())
         with sized:
+            built = time.monotonic()
             fabric.start()
-            ctl.wait_programmed([s.dpid for s in plan.switches])
-            say(f"{len(plan.switches)} switches programmed")
+            say(f"fabric up ({time.monotonic() - built:.1f} s); the controller programs "
+                f"{len(plan.switches)} switches")
+            took = ctl.wait_programmed([s.dpid for s in plan.switches])
+            say(f"{len(plan.switches)} switches programmed ({took:.1f} s)")
             fabric.check_connectivity(policy.may_reach)
         warnings = ovs_buffer_warnings(caps, need)
         for w in warnings:

@@ -41,8 +41,50 @@ def stop(proc, timeout=60.0):
         proc.communicate()
 
 
+def process_tree(pid):
+    """(pid, command line) of ``pid``'s descendants, read from /proc: what a run was doing."""
+    parent = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    tree, todo = [], [pid]
+    while todo:
+        here = todo.pop()
+        kids = [p for p, pp in parent.items() if pp == here]
+        todo += kids
+        tree += kids
+    out = []
+    for p in sorted(tree):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            out.append(f"{p}: {cmd[:120]}")
+        except OSError:
+            continue
+    return out
+
+
+def log_tails(proc, lines=5):
+    """The last lines of every log in the run directory of ``proc`` (``--out DIR``)."""
+    args = list(proc.args)
+    if "--out" not in args:
+        return ""
+    out_dir = args[args.index("--out") + 1]
+    tails = []
+    for root, _dirs, files in os.walk(out_dir):
+        for name in sorted(files):
+            if name.endswith(".log"):
+                with open(os.path.join(root, name), encoding="utf-8", errors="replace") as f:
+                    tails.append(f"--- {name}\n" + "".join(f.readlines()[-lines:]))
+    return "\n".join(tails)
+
+
 def wait_for_line(proc, needle, timeout=60.0):
-    """Read stderr until a line contains ``needle``; returns everything read."""
+    """Read stderr until a line contains ``needle``; returns everything read. On a timeout the
+    error shows what the run was doing: its processes and the tails of its logs."""
     seen = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -54,8 +96,11 @@ def wait_for_line(proc, needle, timeout=60.0):
             seen.append(line)
             if needle in line:
                 return seen
+    doing = "\n".join(process_tree(proc.pid)) or "(no child processes)"
+    logs = log_tails(proc)
     stop(proc)
-    raise AssertionError(f"never saw {needle!r}; got: {''.join(seen)[-2000:]}")
+    raise AssertionError(f"never saw {needle!r} in {timeout:.0f} s; got: {''.join(seen)[-2000:]}"
+                         f"\nthe run's processes then:\n{doing}\nits logs:\n{logs[-3000:]}")
 
 
 def results_of(out_dir):
