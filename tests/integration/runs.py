@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from testbed.procutil import cmdline
+
 
 def in_private_netns(test_file):
     """Run ``test_file`` as a script in a throw-away network namespace (``unshare --net``: it
@@ -56,15 +58,7 @@ def process_tree(pid):
         kids = [p for p, pp in parent.items() if pp == here]
         todo += kids
         tree += kids
-    out = []
-    for p in sorted(tree):
-        try:
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            out.append(f"{p}: {cmd[:120]}")
-        except OSError:
-            continue
-    return out
+    return [f"{p}: {cmdline(p)[:120]}" for p in sorted(tree) if cmdline(p)]
 
 
 def log_tails(proc, lines=5):
