@@ -98,14 +98,26 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _stat_fields(pid: int) -> list:
+    """``/proc/<pid>/stat`` after the command name (state, ppid, ...); [] if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def start_time(pid: int) -> str:
     """When ``pid`` started (clock ticks since boot; '' if it is gone): with the pid, an
     identity that survives exec() and tells a reused pid apart."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return ""
+    fields = _stat_fields(pid)
+    return fields[19].decode() if len(fields) > 19 else ""
+
+
+def parent_pid(pid: int) -> int:
+    """The parent of ``pid`` (0 if it is gone)."""
+    fields = _stat_fields(pid)
+    return int(fields[1]) if len(fields) > 1 else 0
 
 
 def identity(pid: int) -> str:

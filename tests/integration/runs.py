@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from testbed.procutil import cmdline
+from testbed.procutil import cmdline, parent_pid
 
 
 def in_private_netns(test_file):
@@ -45,13 +45,7 @@ def stop(proc, timeout=60.0):
 
 def process_tree(pid):
     """(pid, command line) of ``pid``'s descendants, read from /proc: what a run was doing."""
-    parent = {}
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
+    parent = {int(p): parent_pid(int(p)) for p in os.listdir("/proc") if p.isdigit()}
     tree, todo = [], [pid]
     while todo:
         here = todo.pop()
