@@ -196,7 +196,7 @@ def evaluate(records_dir: str, plan, figures: dict, path_minima_us: Dict[tuple, 
     d = np.concatenate(deviations) if deviations else np.zeros(0)
     allowed = f.overhead_share * unit
     inter = inter_dequeue_check(d, f.inter_dequeue_tolerance, f.inter_dequeue_within)
-    burst = burst_bytes(t.host_rate_mbit, scenario.workload.mtu)
+    burst = burst_bytes(t.host_rate_mbit, scenario.workload.mtu, nic=True)
     inter["shaper_burst_bytes"] = burst
     inter["shaper_run_ahead_us_max"] = round(float(serialization_us(burst, rate)), 3)
     checks = {

@@ -46,6 +46,7 @@ from .errors import ConfigError
 HTB_QUANTUM = 1600  # bytes; at least one frame
 NETEM_LIMIT = 100_000  # packets in flight on a delayed link; the bfifo below is the buffer
 LOW_SHARE = 0.01  # guaranteed share of the classes below the top priority
+NIC_RUN_AHEAD = 0.05  # of a frame: a GPU NIC's burst (half the monitor's default tolerance)
 
 
 @dataclass(frozen=True)
@@ -77,24 +78,29 @@ def frame_bytes(mtu: int) -> int:
     return mtu + 14
 
 
-def burst_bytes(rate_mbit: float, mtu: int) -> int:
-    """HTB burst: one full frame, or 250 us at the link rate when that is more.
+def burst_bytes(rate_mbit: float, mtu: int, nic: bool = False) -> int:
+    """HTB burst: how far a token bucket may run ahead of an ideal link after an idle spell
+    (HTB sends while its tokens are >= 0, so after a refill the next frame leaves up to one
+    burst early - the fidelity monitor reports the bound).
 
-    The burst is how far a token bucket may run ahead of an ideal link after an idle spell
-    (HTB sends while its tokens are >= 0, so the second frame of a busy spell may leave one
-    burst early - the fidelity monitor reports the bound). Smaller would pace better but loses
-    rate whenever the kernel's timer fires late: measured on the 2-core VM at 100% CPU, a
-    tenth of a frame raised the lossless policy's ring CCT from 523 to 649 ms and its latency
-    p50 from 0.65 to 3.8 ms (two frames: 505 ms, 0.47 ms)."""
+    A switch port: one full frame, or 250 us at the link rate when that is more; smaller loses
+    rate whenever the kernel's timer fires late (measured on the 2-core VM at 100% CPU, a tenth
+    of a frame raised the lossless ring's CCT from 523 to 649 ms). A GPU NIC: ``NIC_RUN_AHEAD``
+    of a frame, so that a sender that hands its NIC one frame at a time (window- or
+    rate-limited) still sees every frame leave one serialization time after the last, as on a
+    real link; a timer late by less than that is still caught up (docs/emulation-cost.md)."""
+    if nic:
+        return max(1, int(frame_bytes(mtu) * NIC_RUN_AHEAD))
     return max(frame_bytes(mtu), int(rate_mbit * 1e6 / 8 * 250e-6))
 
 
-def htb_params(rate_mbit: float, cls: TrafficClass, classes, mtu: int) -> HtbParams:
+def htb_params(rate_mbit: float, cls: TrafficClass, classes, mtu: int,
+               nic: bool = False) -> HtbParams:
     """HTB settings of one traffic class on a link of ``rate_mbit``."""
     link = int(rate_mbit * 1e6 / 8)
     top = min(c.priority for c in classes)
     rate = link if cls.priority == top else max(1000, int(link * LOW_SHARE))
-    return HtbParams(rate, link, burst_bytes(rate_mbit, mtu),
+    return HtbParams(rate, link, burst_bytes(rate_mbit, mtu, nic),
                      max(HTB_QUANTUM, frame_bytes(mtu)), cls.priority)
 
 
@@ -139,7 +145,8 @@ def tc_commands(intf: str, shape: Shape, netem: bool, mtu: int = 1500) -> List[s
     """The tc commands that shape ``intf`` (pure; the caller runs them in the right netns)."""
     classes = shape.classes
     link_kbit = max(1, int(round(shape.rate_mbit * 1000)))
-    burst = burst_bytes(shape.rate_mbit, mtu)
+    nic = shape.nic_queue_bytes is not None
+    burst = burst_bytes(shape.rate_mbit, mtu, nic)
     quantum = max(HTB_QUANTUM, frame_bytes(mtu))
     default = default_class(classes)
     cmds = [f"tc qdisc replace dev {intf} root handle 1: htb default {default.minor:x}",
@@ -147,7 +154,7 @@ def tc_commands(intf: str, shape: Shape, netem: bool, mtu: int = 1500) -> List[s
             f"ceil {link_kbit}kbit burst {burst} cburst {burst} quantum {quantum}"]
     delayed = has_delay_line(shape, netem)
     for c in classes:
-        p = htb_params(shape.rate_mbit, c, classes, mtu)
+        p = htb_params(shape.rate_mbit, c, classes, mtu, nic)
         cmds.append(f"tc class replace dev {intf} parent 1:1 classid 1:{c.minor:x} htb "
                     f"rate {p.rate_bytes * 8}bit ceil {p.ceil_bytes * 8}bit burst {p.burst} "
                     f"cburst {p.burst} quantum {p.quantum} prio {p.prio}")

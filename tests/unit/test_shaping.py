@@ -91,6 +91,17 @@ def test_htb_burst_is_one_frame_or_250_us_of_the_rate():
     assert burst_bytes(1000, 4096) == 31250  # 250 us at 1 Gbit/s
 
 
+def test_a_gpu_nic_runs_ahead_of_an_ideal_link_by_a_twentieth_of_a_frame_at_most():
+    from testbed.shaping import burst_bytes
+    assert burst_bytes(40, 4096, nic=True) == burst_bytes(1000, 4096, nic=True) == 205
+    nic = tc_commands("gpu1-eth0", Shape(40, TWO, nic_queue_bytes=256000), netem=False,
+                      mtu=4096)
+    switch = tc_commands("lf1-eth1", Shape(40, TWO), netem=False, mtu=4096)
+    htb = [c for c in nic if " htb rate " in c]
+    assert len(htb) == 3 and all("burst 205 cburst 205 " in c for c in htb)
+    assert all("burst 4110 cburst 4110 " in c for c in switch if " htb rate " in c)
+
+
 def test_an_ecn_class_gets_a_red_buffer_where_asked():
     rule = EcnRule("red", 32_000, 96_000, 0.2)
     cls = (TrafficClass("roce", 0, 0, (), 200_000, ecn=rule, pfc=PfcRule(128_000, 96_000)),)
