@@ -50,7 +50,7 @@ import time
 from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
-from testbed.procutil import die_with_parent, in_netns, precise_timers
+from testbed.procutil import die_with_parent, in_netns, precise_timers, react_first
 
 from . import roce
 from .dcqcn import NotificationPoint, Parameters, ReactionPoint
@@ -836,15 +836,13 @@ def read_line(fd: int) -> str:
 
 def on_time() -> str:
     """Take the CPU soon when a timer or a packet wakes the loop: nice -20, as Open vSwitch and
-    the switch-queue emulator get theirs. Not real-time: the agents as SCHED_FIFO woke on time
+    the switch-queue emulator get theirs, and the shortest scheduler slice, without which
+    EEVDF may let the running task finish its own (oversubscribed, two interleaved runs:
+    timer lag p95 316 -> 126-251 us). Not real-time: the agents as SCHED_FIFO woke on time
     but starved the forwarding when the CPUs were saturated (docs/emulation-cost.md,
     "Scheduling"). Returns what it got, for the results; without it the fidelity monitor
     shows the lag."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, AGENT_NICE)
-        return f"nice {AGENT_NICE}"
-    except OSError:
-        return "normal"
+    return react_first(AGENT_NICE) or "normal"
 
 
 def main(argv=None) -> int:

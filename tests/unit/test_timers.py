@@ -63,3 +63,13 @@ def test_a_ready_descriptor_ends_the_sleep_and_the_timer_never_shows(sleeper_kin
         ep.close()
         os.close(r)
         os.close(w)
+
+
+def test_no_single_epoll_wait_is_long_enough_for_the_kernel_to_add_slack():
+    """epoll_pwait2 may add a thousandth of its timeout: a far deadline takes several waits."""
+    now = 10**18
+    assert timers.wait_ns(now + 5_000_000, now) == 5_000_000
+    assert timers.wait_ns(now + 215_000_000, now) == timers.MAX_WAIT_NS
+    assert timers.MAX_WAIT_NS // 1000 <= 20_000
+    assert timers.wait_ns(now - 1, now) == 0
+    assert timers.wait_ns(None, now) == timers.MAX_WAIT_NS
