@@ -59,8 +59,13 @@ class Shape:
     nic_queue_bytes: Optional[int] = None  # set on GPU NICs: their buffers
     red: bool = False  # ECN classes mark with the kernel's RED instead of the emulator
 
+    @property
+    def nic(self) -> bool:
+        """A GPU NIC (its own buffers, its own burst), not a switch port."""
+        return self.nic_queue_bytes is not None
+
     def buffer(self, cls: TrafficClass) -> int:
-        if self.nic_queue_bytes is None:
+        if not self.nic:
             return cls.buffer_bytes
         return cls.nic_buffer_bytes or self.nic_queue_bytes
 
@@ -145,8 +150,7 @@ def tc_commands(intf: str, shape: Shape, netem: bool, mtu: int = 1500) -> List[s
     """The tc commands that shape ``intf`` (pure; the caller runs them in the right netns)."""
     classes = shape.classes
     link_kbit = max(1, int(round(shape.rate_mbit * 1000)))
-    nic = shape.nic_queue_bytes is not None
-    burst = burst_bytes(shape.rate_mbit, mtu, nic)
+    burst = burst_bytes(shape.rate_mbit, mtu, shape.nic)
     quantum = max(HTB_QUANTUM, frame_bytes(mtu))
     default = default_class(classes)
     cmds = [f"tc qdisc replace dev {intf} root handle 1: htb default {default.minor:x}",
@@ -154,7 +158,7 @@ def tc_commands(intf: str, shape: Shape, netem: bool, mtu: int = 1500) -> List[s
             f"ceil {link_kbit}kbit burst {burst} cburst {burst} quantum {quantum}"]
     delayed = has_delay_line(shape, netem)
     for c in classes:
-        p = htb_params(shape.rate_mbit, c, classes, mtu, nic)
+        p = htb_params(shape.rate_mbit, c, classes, mtu, shape.nic)
         cmds.append(f"tc class replace dev {intf} parent 1:1 classid 1:{c.minor:x} htb "
                     f"rate {p.rate_bytes * 8}bit ceil {p.ceil_bytes * 8}bit burst {p.burst} "
                     f"cburst {p.burst} quantum {p.quantum} prio {p.prio}")
@@ -172,7 +176,7 @@ def tc_commands(intf: str, shape: Shape, netem: bool, mtu: int = 1500) -> List[s
         if c.ecn and shape.red:
             buffer = red_qdisc(c.ecn, shape.buffer(c), shape.rate_mbit, mtu)
         else:
-            buffer = fifo(shape.buffer(c), c.lossless or shape.nic_queue_bytes is not None, mtu)
+            buffer = fifo(shape.buffer(c), c.lossless or shape.nic, mtu)
         cmds.append(f"tc qdisc replace dev {intf} parent {parent} handle {c.minor:x}: "
                     + buffer)
         for dscp in c.dscp:
