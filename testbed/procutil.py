@@ -72,6 +72,16 @@ SYS_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}.get(os.uname().machine)
 MIN_SLICE_NS = 100_000  # the kernel's lower bound on a custom slice
 
 
+def takes_custom_slice(release: str) -> bool:
+    """Whether a kernel of ``release`` (``uname -r``) honours a fair-class task's own slice
+    (EEVDF's ``sched_runtime``, Linux 6.12+); older kernels accept the call and ignore it."""
+    parts = release.split(".")
+    try:
+        return (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)) >= (6, 12)
+    except (IndexError, ValueError):
+        return False
+
+
 def react_first(nice: int, slice_ns: int = MIN_SLICE_NS) -> str:
     """Schedule this thread to react at once when it wakes: ``nice``, and a short scheduler
     slice, with which EEVDF lets a waking task preempt the running one (without it a waking
@@ -82,7 +92,7 @@ def react_first(nice: int, slice_ns: int = MIN_SLICE_NS) -> str:
     except OSError:
         return ""
     applied = f"nice {nice}"
-    if SYS_SCHED_SETATTR is None:
+    if SYS_SCHED_SETATTR is None or not takes_custom_slice(os.uname().release):
         return applied
     attr = SchedAttr(size=ctypes.sizeof(SchedAttr), sched_policy=0, sched_nice=nice,
                      sched_runtime=max(MIN_SLICE_NS, slice_ns))
