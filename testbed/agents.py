@@ -15,12 +15,15 @@ import select
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
+
+from controllers.classes import default_class
 
 from .config import Scenario
 from .errors import AgentError
 from .ledger import Ledger
 from .procutil import stop_processes
+from .shaping import limiter_qdisc, link_mtu
 from .topology import FabricPlan
 
 START_MARGIN_S = 0.2  # agents start together this long after the go
@@ -31,6 +34,19 @@ def congestion_control(scenario: Scenario, policy) -> str:
     """``dcqcn`` or ``none``: the scenario's choice, or the policy's default for ``auto``."""
     cc = scenario.transport.congestion_control
     return policy.default_congestion_control if cc == "auto" else cc
+
+
+def qp_limiter(scenario: Scenario, policy) -> Optional[dict]:
+    """Where DCQCN's per-QP rate limiters live on every GPU NIC (None without DCQCN): the
+    HTB qdisc of the class RoCE data travels in (its handle is that class's minor) and the
+    settings of the QP classes the agents add to it (``traffic.ratelimit``)."""
+    if congestion_control(scenario, policy) != "dcqcn":
+        return None
+    classes = policy.traffic_classes()
+    roce = policy.dscp()[0]
+    cls = next((c for c in classes if roce in c.dscp), default_class(classes))
+    return {"major": cls.minor,
+            **limiter_qdisc(scenario.topology.host_rate_mbit, link_mtu(scenario.workload.mtu))}
 
 
 def transport_config(scenario: Scenario, policy) -> dict:
@@ -47,7 +63,7 @@ def transport_config(scenario: Scenario, policy) -> dict:
             "dcqcn_byte_counter": tr.dcqcn_byte_counter,
             "cnp_interval_ns": int(tr.cnp_interval_ms * 1e6),
             "roce_tos": (roce_dscp << 2) | 0b10, "ack_tos": roce_dscp << 2,
-            "cnp_tos": cnp_dscp << 2}
+            "cnp_tos": cnp_dscp << 2, "qp_limiter": qp_limiter(scenario, policy)}
 
 
 def workload_specs(scenario: Scenario, plan) -> List[dict]:

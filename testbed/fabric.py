@@ -69,18 +69,19 @@ class TaggedOVSSwitch(OVSSwitch):
 
 def egress_shapes(plan: FabricPlan, topo: TopologyConfig, classes: Tuple[TrafficClass, ...],
                   headroom: float = 0.0, delays_us: Optional[dict] = None,
-                  red: bool = False) -> Dict[str, Shape]:
+                  red: bool = False, qp_limiters: Optional[int] = None) -> Dict[str, Shape]:
     """Interface name -> shaping, for every switch port and GPU NIC (pure).
 
     Switch ports run ``headroom`` (a fraction) faster than their nominal rate: userspace Open
     vSwitch forwards in batches, so frames reach the next equal-rate shaper in bursts, and on
     a link kept busy that jitter would pile up as queueing no real switch has. ``delays_us``
     (``testbed.hops``) is the delay of each kind of port; ``red``: switch ports mark ECN with
-    the kernel's RED."""
+    the kernel's RED; ``qp_limiters``: the class whose GPU NIC queue holds DCQCN's per-QP rate
+    limiters (``testbed.shaping.limiter_commands``)."""
     d = delays_us or dict.fromkeys(PORT_KINDS, 0.0)
     host = Shape(topo.host_rate_mbit * (1 + headroom), classes, d["switch_to_gpu"], red=red)
     nic = Shape(topo.host_rate_mbit, classes, d["gpu_nic"],
-                nic_queue_bytes=topo.nic_queue_bytes)
+                nic_queue_bytes=topo.nic_queue_bytes, qp_limiters=qp_limiters)
     fabric = Shape(topo.fabric_rate_mbit * (1 + headroom), classes, d["switch_to_switch"],
                    red=red)
     shapes = {}
@@ -102,7 +103,8 @@ class Fabric:
                  mtu: int = 1500, headroom: float = 0.0,
                  where: Optional[Dict[str, str]] = None, ssh_user: str = "root",
                  events_path: str = "", cluster_link: str = "auto",
-                 hops: Optional[HopModel] = None, marking: Optional[str] = None):
+                 hops: Optional[HopModel] = None, marking: Optional[str] = None,
+                 qp_limiters: Optional[int] = None):
         self.plan, self.topo, self.caps = plan, topo, caps
         self.hops = hops or HopModel(extra_us=topo.link_delay_us)
         self.marking = marking  # "red" | "sampled" | None (testbed.shaping.marking_method)
@@ -124,7 +126,7 @@ class Fabric:
         self.delays_us = self.hops.delays_us(topo.host_rate_mbit, topo.fabric_rate_mbit,
                                              frame_bytes(mtu))
         self.shapes = egress_shapes(plan, topo, classes, headroom, self.delays_us,
-                                    red=marking == "red")
+                                    red=marking == "red", qp_limiters=qp_limiters)
 
     def start(self) -> None:
         setLogLevel("error")

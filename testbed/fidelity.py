@@ -167,7 +167,9 @@ def _detail(name: str, c: dict) -> str:
 
 
 def read_tx_log(path: str):
-    """(sent_ns, tx_ns, bytes) columns of an agent's tx file."""
+    """(reached the NIC ns, tx_ns, bytes) of every frame in an agent's tx file. A frame a
+    DCQCN rate limiter held reached the NIC's shaper when the limiter let it go
+    (``ready_ns``), not when the agent handed it over (``sent_ns``)."""
     sent, tx, size = [], [], []
     if not os.path.exists(path):
         return sent, tx, size
@@ -176,9 +178,10 @@ def read_tx_log(path: str):
         if "bytes" not in header:
             return sent, tx, size
         i_s, i_t, i_b = header.index("sent_ns"), header.index("tx_ns"), header.index("bytes")
+        i_r = header.index("ready_ns") if "ready_ns" in header else None
         for line in f:
             parts = line.rstrip("\n").split(",")
-            sent.append(int(parts[i_s]))
+            sent.append(int(parts[i_r] if i_r is not None and parts[i_r] else parts[i_s]))
             tx.append(int(parts[i_t]))
             size.append(int(parts[i_b]))
     return sent, tx, size

@@ -223,20 +223,29 @@ def tbf_message(ifindex: int, handle: int, parent: int, rate_bytes: int, burst: 
                          0, 0) + body
 
 
+def netlink_errors(data: bytes) -> List[int]:
+    """The non-zero error codes in a buffer of netlink answers."""
+    out, off = [], 0
+    while off + NLMSGHDR.size <= len(data):
+        length, mtype, _f, _s, _p = NLMSGHDR.unpack_from(data, off)
+        if mtype == NLMSG_ERROR:
+            err = -struct.unpack_from("=i", data, off + NLMSGHDR.size)[0]
+            if err:
+                out.append(err)
+        if length < NLMSGHDR.size:
+            break
+        off += _align(length)
+    return out
+
+
 def send_and_check(sock: socket.socket, messages: List[bytes]) -> None:
     """Send requests that ask for an ACK; raise on the first netlink error."""
     for m in messages:
         sock.send(m)
     for _ in messages:
-        data = sock.recv(65536)
-        off = 0
-        while off + NLMSGHDR.size <= len(data):
-            length, mtype, _f, _s, _p = NLMSGHDR.unpack_from(data, off)
-            if mtype == NLMSG_ERROR:
-                err = -struct.unpack_from("=i", data, off + NLMSGHDR.size)[0]
-                if err:
-                    raise OSError(err, f"netlink request failed: {os.strerror(err)}")
-            off += _align(length)
+        errors = netlink_errors(sock.recv(65536))
+        if errors:
+            raise OSError(errors[0], f"netlink request failed: {os.strerror(errors[0])}")
 
 
 def socket_in_netns(pid: int, family: int = socket.AF_NETLINK

@@ -24,7 +24,7 @@ from traffic.collectives import ScheduleError
 from traffic.collectives import build as build_collective
 
 from .agents import (AgentGroup, congestion_control, expected_duration_s, finish_timeout_s,
-                     workload_specs)
+                     qp_limiter, workload_specs)
 from .background import Background, background_plan
 from . import capacity, cost, htmlreport
 from .placement import by_server, place
@@ -40,7 +40,7 @@ from .queues import egress_stats, queue_drops, spine_load
 from .fidelity import CpuSampler, evaluate
 from .hops import hop_model, path_floor_us
 from .rxe import RxeTraffic, endpoints as rxe_endpoints, require as require_rxe
-from .shaping import marking_method, marking_via
+from .shaping import link_mtu, marking_method, marking_via
 from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, write_json_atomic
 from .switchq import EmulatorProcess, merge_reports
 from .topology import FabricPlan
@@ -294,7 +294,8 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
                         where=where, ssh_user=scenario.cluster.ssh_user,
                         events_path=ctl.events_path, cluster_link=scenario.cluster.link,
                         hops=hop_model(scenario, policy.params),
-                        marking=ecn_marking(scenario, policy, caps))
+                        marking=ecn_marking(scenario, policy, caps),
+                        qp_limiters=(qp_limiter(scenario, policy) or {}).get("major"))
         if where:
             say("placement: " + "; ".join(
                 f"{server}: {len(nodes)} nodes" for server, nodes in
@@ -561,11 +562,6 @@ def _workload_text(scenario: Scenario, gpus: int) -> str:
                      f"+{w.stragglers.delay_ms:g} ms ({w.stragglers.distribution})")
     return (f"{w.iterations} x {w.collective} of {sizes} on {gpus} GPUs"
             + (f" ({'; '.join(extra)})" if extra else ""))
-
-
-def link_mtu(roce_mtu: int) -> int:
-    """Ethernet MTU that carries RoCE packets of path MTU ``roce_mtu`` (headers: 62 B)."""
-    return max(1500, roce_mtu + 100)
 
 
 def switch_buffer_total(plan: FabricPlan, classes) -> int:

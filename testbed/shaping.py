@@ -8,6 +8,11 @@ Every switch egress port and every GPU NIC gets::
                             -> FIFO (10+i): the class's buffer (or RED, below)
     u32 filters on the IP DSCP pick the class; unmatched packets go to the default class.
 
+Under DCQCN the RoCE class of a GPU NIC has, in place of its FIFO, an HTB qdisc (handle = the
+class minor) whose open default class (minor 1) holds the FIFO; the agent adds a
+rate-limited class per QP (``limiter_commands``, ``traffic.ratelimit``), as an RNIC paces
+each QP in hardware. Below the PFC gate, so a pause stops every QP of the class.
+
 The FIFO of a lossless class, and every FIFO of a GPU NIC, is a ``bfifo`` (bytes). A lossy
 class of a switch port has a ``pfifo_head_drop`` of ``buffer / frame`` packets: when full it
 drops its oldest packet instead of the newest. That is forced by the userspace datapath: OVS sends a
@@ -41,6 +46,8 @@ from typing import List, Optional, Tuple
 
 from controllers.classes import EcnRule, TrafficClass, default_class
 
+from traffic.ratelimit import DEFAULT_MINOR, OPEN_FACTOR
+
 from .errors import ConfigError
 
 HTB_QUANTUM = 1600  # bytes; at least one frame
@@ -58,6 +65,7 @@ class Shape:
     delay_us: float = 0.0
     nic_queue_bytes: Optional[int] = None  # set on GPU NICs: their buffers
     red: bool = False  # ECN classes mark with the kernel's RED instead of the emulator
+    qp_limiters: Optional[int] = None  # GPU NICs under DCQCN: the RoCE class's minor
 
     @property
     def nic(self) -> bool:
@@ -77,6 +85,11 @@ class HtbParams:
     burst: int  # bytes
     quantum: int
     prio: int
+
+
+def link_mtu(roce_mtu: int) -> int:
+    """Ethernet MTU that carries RoCE packets of path MTU ``roce_mtu`` (headers: 62 B)."""
+    return max(1500, roce_mtu + 100)
 
 
 def frame_bytes(mtu: int) -> int:
@@ -109,7 +122,7 @@ def htb_params(rate_mbit: float, cls: TrafficClass, classes, mtu: int,
                      max(HTB_QUANTUM, frame_bytes(mtu)), cls.priority)
 
 
-NETEM_BASE, GATE_BASE = 0x20, 0x40  # handle offsets from the class minor
+NETEM_BASE, GATE_BASE, LIMITED_BUFFER_BASE = 0x20, 0x40, 0x60  # offsets from the class minor
 
 
 def netem_handle(cls: TrafficClass) -> int:
@@ -177,12 +190,38 @@ def tc_commands(intf: str, shape: Shape, netem: bool, mtu: int = 1500) -> List[s
             buffer = red_qdisc(c.ecn, shape.buffer(c), shape.rate_mbit, mtu)
         else:
             buffer = fifo(shape.buffer(c), c.lossless or shape.nic, mtu)
-        cmds.append(f"tc qdisc replace dev {intf} parent {parent} handle {c.minor:x}: "
-                    + buffer)
+        if shape.nic and c.minor == shape.qp_limiters:
+            cmds += limiter_commands(intf, parent, c, shape, mtu, buffer)
+        else:
+            cmds.append(f"tc qdisc replace dev {intf} parent {parent} handle {c.minor:x}: "
+                        + buffer)
         for dscp in c.dscp:
             cmds.append(f"tc filter add dev {intf} parent 1: protocol ip prio 1 u32 "
                         f"match ip dsfield {dscp << 2:#04x} 0xfc flowid 1:{c.minor:x}")
     return cmds
+
+
+def limiter_commands(intf: str, parent: str, cls: TrafficClass, shape: Shape, mtu: int,
+                     buffer: str) -> List[str]:
+    """The RoCE class of a GPU NIC under DCQCN: an HTB qdisc whose open default class holds
+    the class's buffer; the agent adds one rate-limited class per QP (``traffic.ratelimit``)."""
+    q = limiter_qdisc(shape.rate_mbit, mtu)
+    major = f"{cls.minor:x}"
+    return [f"tc qdisc replace dev {intf} parent {parent} handle {major}: htb "
+            f"default {DEFAULT_MINOR:x}",
+            f"tc class replace dev {intf} parent {major}: classid {major}:{DEFAULT_MINOR:x} "
+            f"htb rate {q['open_bytes'] * 8}bit ceil {q['open_bytes'] * 8}bit "
+            f"burst {q['burst']} cburst {q['burst']} quantum {q['quantum']}",
+            f"tc qdisc replace dev {intf} parent {major}:{DEFAULT_MINOR:x} "
+            f"handle {cls.minor + LIMITED_BUFFER_BASE:x}: {buffer}"]
+
+
+def limiter_qdisc(rate_mbit: float, mtu: int) -> dict:
+    """The QP classes' settings: open rate, burst (a NIC's) and quantum (one frame, so the
+    NIC serves its QPs round-robin by frames)."""
+    return {"open_bytes": int(OPEN_FACTOR * rate_mbit * 1e6 / 8),
+            "burst": burst_bytes(rate_mbit, mtu, nic=True),
+            "quantum": max(HTB_QUANTUM, frame_bytes(mtu))}
 
 
 def fifo(buffer_bytes: int, in_bytes: bool, mtu: int) -> str:

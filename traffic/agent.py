@@ -15,8 +15,10 @@ scenario asks:
   non-blocking AF_PACKET socket. The NIC holds ``NIC_QUEUE_FRAMES`` frames, counted by their
   kernel transmit timestamps, so the shaped link stays busy however late the loop wakes
   within its moderation interval, and a PFC pause stops the GPU like a NIC; the loop then
-  waits for the next frame to leave. With DCQCN each QP is paced at its
-  current rate;
+  waits for the next frame to leave. With DCQCN each QP that sends data has a rate limiter
+  in the NIC's qdisc (``traffic.ratelimit``), set to its current rate: the agent hands it
+  frames a few gaps ahead and the kernel paces them, so a late wake costs nothing on the wire
+  unless the limiter ran dry (the tx file records when each held frame left its limiter);
 * receive path: a UDP socket on port 4791 that reports each packet's kernel receive time and
   ECN bits; data goes to the QP's responder (in-order delivery, coalesced ACKs, NAKs on gaps,
   CNPs for CE marks), ACKs/NAKs to its requester (go-back-N), CNPs to its reaction point;
@@ -47,7 +49,7 @@ import socket
 import sys
 import termios
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Dict, List, Optional, Tuple
 
 from testbed.procutil import die_with_parent, in_netns, precise_timers, react_first
@@ -57,7 +59,7 @@ from .dcqcn import NotificationPoint, Parameters, ReactionPoint
 from .metrics import LagHistogram
 from .progress import Progress
 from .rc import Requester, Responder, RetryExceeded
-from . import nicio
+from . import nicio, ratelimit
 from .rxsocket import open_rx, open_tx
 from .timers import Sleeper, TimerHeap
 
@@ -77,13 +79,18 @@ NIC_QUEUE_FRAMES = 3
 # takes them (interrupt moderation); timers are not moderated.
 MODERATION_SHARE = 1.0
 FRAME_OVERHEAD = 76  # RoCE headers, ICRC and Ethernet around a full payload
+# A QP paced by its NIC rate limiter (traffic.ratelimit) gets frames up to this many frame
+# gaps ahead at its rate, and the loop comes back when one gap is left: a wake late by less
+# than a gap changes nothing on the wire
+LIMITER_FILL_GAPS = 4
+LIMITER_LEAD_GAPS = 1
 
 # sent_ns: the sender's clock when it handed the packet to its NIC (carried in the packet);
 # the kernel transmit time is in the sender's tx file, joined on (src, sent_ns). The tx file
 # lists every frame the NIC sent (kind d: data, c: ACK/NAK/CNP) with its length.
 PACKET_FIELDS = ("src", "dst", "psn", "bytes", "sent_ns", "rx_ns", "iteration", "step", "ecn",
                  "delivered", "retx")
-TX_FIELDS = ("sent_ns", "tx_ns", "bytes", "kind")
+TX_FIELDS = ("sent_ns", "tx_ns", "bytes", "kind", "ready_ns")
 OP_FIELDS = ("rank", "iteration", "kind", "peer", "tag", "phase", "bytes", "start_ns", "end_ns")
 ITERATION_FIELDS = ("rank", "iteration", "workload", "collective", "size", "compute_start_ns",
                     "start_ns", "end_ns", "compute_ns", "straggle_ns", "bytes_sent",
@@ -107,7 +114,8 @@ class QueuePair:
 
     __slots__ = ("gpu", "qpn", "dqpn", "peer", "conn", "ack", "cnp", "req", "resp", "rp", "np",
                  "next_tx_ns", "bytes_sent", "samples", "next_sample_ns", "placed", "queued",
-                 "armed", "control_frames", "control_bytes")
+                 "armed", "control_frames", "control_bytes", "limit", "limit_bps", "held",
+                 "limit_log", "sent_log")
 
     def __init__(self, gpu: "Gpu", peer: dict, index: int, now_ns: int):
         t = gpu.transport
@@ -135,6 +143,11 @@ class QueuePair:
         self.queued = False  # in the GPU's round-robin of QPs with data to send
         self.armed: Optional[int] = None  # the deadline this QP has in the loop's heap
         self.control_frames = self.control_bytes = 0  # ACKs, NAKs, CNPs it sent
+        self.limit: Optional[int] = None  # its rate limiter's index on the NIC, if it has one
+        self.limit_bps = 0.0  # the rate the limiter has (0: open)
+        self.held: deque = deque()  # [sent ns, bytes, ready ns] of frames its limiter holds
+        self.limit_log: List[Tuple[int, float]] = []  # (ns, bit/s) its limiter was set to
+        self.sent_log: List[int] = []  # sent ns of each data frame (QPs with a limiter)
 
     def next_timer_ns(self, nic_blocked: bool) -> Optional[int]:
         """The earliest time one of this QP's timers needs the loop (None: no timer)."""
@@ -145,7 +158,8 @@ class QueuePair:
             if rp.congested:
                 candidates.append(rp.next_event_ns())
                 if self.queued and not nic_blocked:
-                    candidates.append(self.next_tx_ns)
+                    candidates.append(self.next_tx_ns - (0 if self.limit is None else
+                                                         self.gpu.limiter_lead_ns(rp)))
             if rp.congested or self.queued or self._unsampled():
                 candidates.append(self.next_sample_ns)
             for c in candidates:
@@ -212,6 +226,9 @@ class Gpu:
         self.ns_per_byte = 8e9 / config["link_rate_bps"]
         self.tx_pending: Dict[int, tuple] = {}  # key -> (sent_ns, bytes, kind)
         self.tx_log: List[tuple] = []  # (sent_ns, kernel transmit ns, bytes, kind)
+        self.limiters: Optional[ratelimit.Limiters] = None  # DCQCN's rate limiters in the NIC
+        self.holding: set = set()  # QPs whose limiter holds frames
+        self.full_frame = config["mtu"] + FRAME_OVERHEAD
         self.mark = None  # progress seen by the stuck check, and since when
         self.mark_ns = 0
 
@@ -219,9 +236,16 @@ class Gpu:
     def open(self) -> None:
         """Both sockets inside the host's namespace; every QP connected up front, as a job
         would, with every frame shape it will send built now (ranks start in step)."""
+        limiter = self.transport.get("qp_limiter")
         with in_netns(self.cfg["netns_pid"]):
             self.tx = open_tx(self.cfg["intf"])
             self.rx = open_rx(self.cfg["ip"], roce.ROCE_UDP_PORT)
+            if limiter:
+                nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)  # NETLINK_ROUTE
+                nl.bind((0, 0))
+                self.limiters = ratelimit.Limiters(
+                    nl, socket.if_nametoindex(self.cfg["intf"]), limiter["major"],
+                    self.cfg["link_rate_bps"], limiter["burst"], limiter["quantum"])
         self.receiver = nicio.Receiver(self.rx, self.cfg["ip"])
         # the receive path's common case, delivered where the packets are parsed
         self.fast = (self.by_qpn, self.rank_by_addr, self.packets, self.rank, self.iterations,
@@ -240,9 +264,22 @@ class Gpu:
                     payloads = roce.packet_payloads(part, mtu)
                     for opcode, size in set(zip(roce.opcodes_for(len(payloads)), payloads)):
                         conn.template(opcode, size)
+        if self.limiters is not None:
+            self._open_limiters()
+
+    def _open_limiters(self) -> None:
+        """A rate limiter for every QP that sends data (ACKs of the others are not paced)."""
+        senders = sorted({(t.dst, i) for w in self.workloads for t in w.sends
+                          for i, _ in enumerate(self.progress.parts(t.nbytes))})
+        entries = []
+        for n, key in enumerate(senders):
+            qp = self.qp(*key)
+            qp.limit = n
+            entries.append((n, self.peers[qp.peer]["ip"], qp.dqpn))
+        self.limiters.create(entries, self.transport["roce_tos"])
 
     def close(self) -> None:
-        for s in (self.tx, self.rx):
+        for s in (self.tx, self.rx, self.limiters):
             if s is not None:
                 s.close()
 
@@ -356,13 +393,15 @@ class Gpu:
 
     def nic_full(self) -> bool:
         """Whether the NIC holds ``NIC_QUEUE_FRAMES`` frames (then it is blocked until the
-        next transmit timestamp: the loop collects them when one arrives)."""
+        next transmit timestamp: the loop collects them when one arrives). Frames a rate
+        limiter still holds have not reached the NIC's queue."""
         if self.tx_key - self.stamped < NIC_QUEUE_FRAMES:
             return False
-        if time.time_ns() >= self.next_departure_ns:  # a frame may have left since
+        now = time.time_ns()
+        if now >= self.next_departure_ns:  # a frame may have left since
             self.collect_stamps()
-            if self.tx_key - self.stamped < NIC_QUEUE_FRAMES:
-                return False
+        if self.tx_key - self.stamped - self.held_frames(now) < NIC_QUEUE_FRAMES:
+            return False
         self.nic_blocked = True
         self.counters["tx_blocked"] += 1
         return True
@@ -396,6 +435,41 @@ class Gpu:
             sent += 1
         del control[:sent]
 
+    def held_frames(self, now: int) -> int:
+        """Frames the QPs' rate limiters still hold at ``now``."""
+        n = 0
+        for qp in list(self.holding):
+            held = qp.held
+            while held and held[0][2] <= now:
+                held.popleft()
+            if held:
+                n += len(held)
+            else:
+                self.holding.discard(qp)
+        return n
+
+    def limiter_lead_ns(self, rp: ReactionPoint) -> int:
+        return int(LIMITER_LEAD_GAPS * self.full_frame * 8e9 / rp.rate)
+
+    def sync_limit(self, qp: QueuePair, now: int) -> None:
+        """Give the QP's rate limiter DCQCN's rate (open at line rate). HTB charges a frame at
+        the rate it leaves with, so the frames the limiter holds after the first leave at the
+        new rate: their times (and the QP's next) are moved accordingly."""
+        rp = qp.rp
+        want = rp.rate if rp.congested else 0.0
+        if want == qp.limit_bps:
+            return
+        qp.limit_bps = want
+        self.limiters.set_rate(qp.limit, want)
+        qp.limit_log.append((now, want))
+        held = qp.held
+        while held and held[0][2] <= now:
+            held.popleft()
+        after = ratelimit.reschedule(
+            held, 8e9 / (want or ratelimit.OPEN_FACTOR * self.dcqcn.line_rate_bps))
+        if after is not None:
+            qp.next_tx_ns = after
+
     def send_data(self) -> None:
         """Send packets round-robin over the QPs that may send now, until the NIC is full."""
         send, spray, active, pending = self.sender.send, self.spray, self.active, self.tx_pending
@@ -409,7 +483,11 @@ class Gpu:
                 now = time.time_ns()
                 rp = qp.rp
                 congested = rp is not None and rp.congested
-                if congested and qp.next_tx_ns > now:
+                limited = congested and qp.limit is not None
+                if limited:  # the limiter paces: hand it frames a few gaps ahead
+                    if qp.next_tx_ns > now + LIMITER_FILL_GAPS * self.full_frame * 8e9 / rp.rate:
+                        continue
+                elif congested and qp.next_tx_ns > now:
                     continue
                 req = qp.req
                 o = req.peek()
@@ -433,14 +511,29 @@ class Gpu:
                     return
                 pending[self.tx_key] = (now, size, "d")
                 self.tx_key += 1
-                req.commit(o, now)
                 qp.bytes_sent += size
-                if congested:  # at line rate the NIC paces
-                    # a rate limiter with one frame of credit: a send the loop made late by
-                    # less than a gap keeps the schedule, so late wakes do not lower the rate
-                    gap = int(size * 8e9 / rp.rate)
-                    qp.next_tx_ns = max(now - gap, qp.next_tx_ns) + gap
+                if limited:  # the frame leaves the limiter one gap after the last
+                    if qp.limit_bps != rp.rate:
+                        self.sync_limit(qp, now)
+                    ready = max(now, qp.next_tx_ns)
+                    qp.next_tx_ns = ready + int(size * 8e9 / qp.limit_bps)
+                    if ready > now:
+                        qp.held.append([now, size, ready])
+                        self.holding.add(qp)
+                    req.commit(o, ready)  # its retransmission timer runs from then
+                    qp.sent_log.append(now)
                     rp.on_sent(size, now)
+                    self.sync_limit(qp, now)
+                else:
+                    req.commit(o, now)
+                    if qp.limit is not None:
+                        qp.sent_log.append(now)
+                    if congested:  # the loop paces (at line rate the NIC does)
+                        # a rate limiter with one frame of credit: a send the loop made late
+                        # by less than a gap keeps the schedule, so late wakes keep the rate
+                        gap = int(size * 8e9 / rp.rate)
+                        qp.next_tx_ns = max(now - gap, qp.next_tx_ns) + gap
+                        rp.on_sent(size, now)
                 dirty.add(qp)
                 progressed = True
             if not progressed:
@@ -460,6 +553,10 @@ class Gpu:
         events)."""
         if self.state == COLLECTIVE and self.progress.complete(self.it):
             self._end_iteration(time.time_ns())
+        if self.limiters is not None:
+            for qp in self.dirty:
+                if qp.limit is not None:
+                    self.sync_limit(qp, now)
         if self.control and not self.nic_blocked:
             self.flush_control()
         if self.active and not self.nic_blocked:
@@ -473,20 +570,27 @@ class Gpu:
             self.loop.wait_for_nic(self)
 
     # --- time ---------------------------------------------------------------------------------
-    def qp_timers(self, qp: QueuePair, now: int) -> bool:
-        """Run the timers of ``qp`` that are due at ``now``; True if one of them acted (a
-        retransmission timeout, a paced packet's turn, a DCQCN rate or alpha update, a
-        reordering NAK) - not for a deadline that moved on meanwhile, nor for the rate
-        samples kept for the records."""
-        acted = False
+    def qp_timers(self, qp: QueuePair, now: int, when: int) -> Optional[int]:
+        """Run the timers of ``qp`` due at ``now`` (armed for ``when``); how late the loop
+        acted if one of them acted (a retransmission timeout, a paced packet's turn, a DCQCN
+        rate or alpha update, a reordering NAK), None for a deadline that moved on meanwhile
+        or the rate samples kept for the records. A QP whose limiter paces is late only by
+        what its limiter ran dry for."""
+        late = None
         if qp.req.check_timeout(now):
             self._queue(qp)
-            acted = True
+            late = now - when
         rp = qp.rp
         if rp is not None:
             if rp.congested:
-                acted = acted or now >= rp.next_event_ns() or (qp.queued and
-                                                               qp.next_tx_ns <= now)
+                if now >= rp.next_event_ns():
+                    late = now - when
+                elif qp.queued and late is None:
+                    if qp.limit is None:
+                        if qp.next_tx_ns <= now:
+                            late = now - when
+                    elif now >= qp.next_tx_ns - self.limiter_lead_ns(rp):
+                        late = max(0, now - max(qp.next_tx_ns, when))
             rp.tick(now)
             if now >= qp.next_sample_ns:
                 if qp._unsampled():
@@ -495,9 +599,9 @@ class Gpu:
         nak = qp.resp.tick(now)
         if nak is not None:
             self.control.append((qp, bytes(qp.ack.fill(nak.psn, nak.syndrome, nak.msn))))
-            acted = True
+            late = now - when
         self.dirty.add(qp)
-        return acted
+        return late
 
     # --- the training iterations ---------------------------------------------------------------
     def go(self, start_ns: int) -> None:
@@ -602,6 +706,10 @@ class Gpu:
         c["timeouts"] = c.get("req_timeouts", 0)
         c["naks_sent"] = c.get("resp_naks_sent", 0)
         c["tx_bytes"] = sum(qp.bytes_sent for qp in self.qps.values())
+        if self.limiters is not None:
+            c["limiter_changes"] = self.limiters.changes
+            c["limiter_change_us"] = round(self.limiters.change_ns / 1000)
+            c["limiter_change_us_max"] = round(self.limiters.change_ns_max / 1000)
         return c
 
     def frames_to(self) -> Dict[str, List[int]]:
@@ -616,13 +724,28 @@ class Gpu:
             row[3] += qp.control_bytes
         return {k: v for k, v in out.items() if any(v)}
 
+    def limiter_ready_times(self) -> Dict[int, int]:
+        """sent ns -> when its QP's limiter let it go, for the frames a limiter held (the tx
+        file's ready_ns: when they reached the NIC's shaper)."""
+        if self.limiters is None:
+            return {}
+        left = {row[0]: (row[1], row[2]) for row in self.tx_log if row[3] == "d"}
+        open_bps = ratelimit.OPEN_FACTOR * self.dcqcn.line_rate_bps
+        out: Dict[int, int] = {}
+        for qp in self.qps.values():
+            frames = [(s, *left[s]) for s in qp.sent_log if s in left]
+            out.update(ratelimit.ready_times(frames, qp.limit_log, open_bps))
+        return out
+
     def write_records(self, out_dir: str) -> None:
         self.collect_stamps()
         base = os.path.join(out_dir, self.host)
         _write_csv(base + ".packets.csv", PACKET_FIELDS, self.packets)
         _write_csv(base + ".ops.csv", OP_FIELDS, self.progress.op_rows(self.iteration_rows))
         _write_csv(base + ".iterations.csv", ITERATION_FIELDS, self.iteration_rows)
-        _write_csv(base + ".tx.csv", TX_FIELDS, self.tx_log)
+        ready = self.limiter_ready_times()
+        _write_csv(base + ".tx.csv", TX_FIELDS,
+                   (row + (ready.get(row[0], ""),) for row in self.tx_log))
         rows = []
         for qp in self.qps.values():
             if qp.rp is None:
@@ -787,8 +910,9 @@ class Loop:
                     continue  # superseded by an earlier deadline
                 what.armed = None
                 gpu = what.gpu
-                if gpu.qp_timers(what, now):
-                    gpu.lag.add(now - when)
+                late = gpu.qp_timers(what, now, when)
+                if late is not None:
+                    gpu.lag.add(late)
             elif what is None:
                 for g in self.gpus:
                     g.check_stuck(now)

@@ -31,6 +31,16 @@ def test_congestion_control_follows_the_policy_unless_the_scenario_says_otherwis
         "congestion_control"] == "none"
 
 
+def test_dcqcn_senders_get_rate_limiters_in_the_roce_class():
+    s = Scenario.from_dict({})
+    lossless = make_policy("lossless", PLAN, s)
+    lim = transport_config(s, lossless)["qp_limiter"]
+    roce = next(c for c in lossless.traffic_classes() if 26 in c.dscp)
+    assert lim == {"major": roce.minor, "open_bytes": 50_000_000, "burst": 210,
+                   "quantum": 4210}
+    assert transport_config(s, make_policy("hyperscale", PLAN, s))["qp_limiter"] is None
+
+
 def test_transport_settings_in_emulated_units():
     s = Scenario.from_dict({"transport": {"rto_ms": 100, "entropy": "per-packet",
                                           "qps_per_peer": 4}})

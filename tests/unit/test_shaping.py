@@ -46,6 +46,22 @@ def test_lossless_class_gets_a_pfc_gate_above_its_buffer():
     assert (paused.rate_bytes, paused.burst) == (1, 4210)
 
 
+def test_a_dcqcn_nic_holds_qp_limiters_under_its_roce_class_gate():
+    roce = TrafficClass("roce", 1, 1, (26,), 100000, pfc=PfcRule(48000, 24000))
+    classes = (TrafficClass("cnp", 0, 0, (48,), 1000), roce, TrafficClass("o", 2, 2, (), 1000))
+    nic = Shape(40, classes, nic_queue_bytes=256000, qp_limiters=roce.minor)
+    cmds = tc_commands("x", nic, netem=False, mtu=4196)
+    assert "tc qdisc replace dev x parent 51:1 handle 11: htb default 1" in cmds
+    open_class = next(c for c in cmds if "classid 11:1 " in c)
+    assert "rate 400000000bit ceil 400000000bit burst 210 cburst 210 quantum 4210" in open_class
+    assert "tc qdisc replace dev x parent 11:1 handle 71: bfifo limit 256000" in cmds
+    # the other classes, and the same class on a switch port, keep their plain buffer
+    assert any(c.endswith("handle 10: bfifo limit 256000") for c in cmds)
+    switch = tc_commands("x", Shape(40, classes, qp_limiters=roce.minor), netem=False,
+                         mtu=4196)
+    assert not any(c.endswith("htb default 1") for c in switch)
+
+
 def test_netem_only_when_the_kernel_has_it():
     with_delay = Shape(40, ONE, delay_us=50)
     assert not any("netem" in c for c in tc_commands("x", with_delay, netem=False))
