@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Iterable, Set
+from typing import Callable, Iterable, List, Set
 
 from .errors import ControllerError
 from .ledger import Ledger
@@ -85,8 +85,10 @@ class ControllerProcess:
                     done.add(event["dpid"])
         return done
 
-    def wait_programmed(self, dpids: Iterable[int], timeout: float = 60.0) -> float:
-        """Poll until every switch in ``dpids`` is programmed; returns the time it took."""
+    def wait_programmed(self, dpids: Iterable[int], timeout: float = 60.0,
+                        explain: Callable[[List[str]], str] = lambda names: "") -> float:
+        """Poll until every switch in ``dpids`` is programmed; returns the time it took.
+        ``explain``: what the switches themselves say, for the error."""
         want = set(dpids)
         t0 = time.monotonic()
         while True:
@@ -96,8 +98,10 @@ class ControllerProcess:
                 return time.monotonic() - t0
             if time.monotonic() - t0 > timeout:
                 names = sorted(self.plan.switch_by_dpid(d).name for d in missing)
+                said = explain(names)
                 raise ControllerError(f"switches not programmed after {timeout:.0f} s: "
-                                      f"{', '.join(names)} (see {self.log_path})")
+                                      f"{', '.join(names)} (see {self.log_path})"
+                                      + (f"; Open vSwitch: {said}" if said else ""))
             time.sleep(0.05)
 
     def tail(self, lines: int = 3) -> str:

@@ -290,6 +290,23 @@ class Fabric:
                 "path_us_applied": {"same_leaf": round(path_delay_us(applied, True), 3),
                                     "cross_leaf": round(path_delay_us(applied, False), 3)}}
 
+    def controller_links(self, names: List[str]) -> str:
+        """What Open vSwitch says of each named switch's connection to the controller: why
+        a switch was never programmed (refused, backing off, never tried)."""
+        out = []
+        for sw in (self.net.switches if self.net else []):
+            if sw.name not in names:
+                continue
+            uuid = sw.vsctl("get", "Bridge", sw.name, "controller").strip().strip("[]")
+            uuid = uuid.split(",")[0].strip()
+            if not uuid:
+                out.append(f"{sw.name}: no controller set")
+                continue
+            state = " ".join(sw.vsctl("get", "Controller", uuid, "is_connected", "status")
+                             .split())
+            out.append(f"{sw.name}: connected={state}")
+        return "; ".join(out)
+
     def check_connectivity(self, may_reach=lambda a, b: True, timeout_s: float = 3.0) -> None:
         """Each GPU pings the next GPU (in rank order) it may reach; fails naming the pairs
         that cannot talk. This also makes the switches forward their first packets (see

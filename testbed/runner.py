@@ -315,7 +315,8 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
             fabric.start()
             say(f"fabric up ({time.monotonic() - built:.1f} s); the controller programs "
                 f"{len(plan.switches)} switches")
-            took = ctl.wait_programmed([s.dpid for s in plan.switches])
+            took = ctl.wait_programmed([s.dpid for s in plan.switches],
+                                       explain=fabric.controller_links)
             say(f"{len(plan.switches)} switches programmed ({took:.1f} s)")
             fabric.check_connectivity(policy.may_reach)
         warnings = ovs_buffer_warnings(caps, need)

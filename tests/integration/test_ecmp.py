@@ -66,3 +66,17 @@ def test_a_udp_flood_is_spread_by_source_port(session):
         time.sleep(0.1)
     assert all(n >= 16 * 20 // 8 for n in carried.values()), carried
     assert sum(carried.values()) >= 16 * 20 * 0.95
+
+
+def test_open_vswitch_reports_each_switch_connected(session):
+    """What a run quotes when a switch was never programmed: here every switch is."""
+    plan, s = session
+    deadline = time.monotonic() + 15  # OVS writes the state to its database every few s
+    while True:
+        said = s.fabric.controller_links([sw.name for sw in plan.switches])
+        if said.count("connected=true") == len(plan.switches) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert said.count("connected=true") == len(plan.switches), said
+    assert "state=ACTIVE" in said
+    assert s.fabric.controller_links([]) == ""

@@ -23,6 +23,7 @@ SECONDS=0
 timeout 1200 python -m testbed run --scenario /tmp/vm-main.yaml --traffic rxe --out $out/results \
   --json > $out/run.json 2> $out/run.log
 echo "run exit $? (${SECONDS}s)"
+cp /var/log/openvswitch/ovs-vswitchd.log $out/ 2>/dev/null || true  # why, if it failed
 root_state > $out/rules-after.txt
 { [ -d /sys/module/rdma_rxe ] && echo loaded || echo unloaded; } > $out/rxe-module-after.txt
 SECONDS=0
