@@ -98,7 +98,10 @@ class ControllerProcess:
                 return time.monotonic() - t0
             if time.monotonic() - t0 > timeout:
                 names = sorted(self.plan.switch_by_dpid(d).name for d in missing)
-                said = explain(names)
+                try:
+                    said = explain(names)
+                except Exception as e:  # the diagnosis must not hide the error itself
+                    said = f"(could not ask: {e})"
                 raise ControllerError(f"switches not programmed after {timeout:.0f} s: "
                                       f"{', '.join(names)} (see {self.log_path})"
                                       + (f"; Open vSwitch: {said}" if said else ""))
