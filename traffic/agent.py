@@ -245,7 +245,7 @@ class Gpu:
                 nl.bind((0, 0))
                 self.limiters = ratelimit.Limiters(
                     nl, socket.if_nametoindex(self.cfg["intf"]), limiter["major"],
-                    self.cfg["link_rate_bps"], limiter["burst"], limiter["quantum"])
+                    limiter["open_bytes"], limiter["burst"], limiter["quantum"])
         self.receiver = nicio.Receiver(self.rx, self.cfg["ip"])
         # the receive path's common case, delivered where the packets are parsed
         self.fast = (self.by_qpn, self.rank_by_addr, self.packets, self.rank, self.iterations,
@@ -465,8 +465,7 @@ class Gpu:
         held = qp.held
         while held and held[0][2] <= now:
             held.popleft()
-        after = ratelimit.reschedule(
-            held, 8e9 / (want or ratelimit.OPEN_FACTOR * self.dcqcn.line_rate_bps))
+        after = ratelimit.reschedule(held, 8e9 / (want or self.limiters.open_bps))
         if after is not None:
             qp.next_tx_ns = after
 
@@ -513,8 +512,7 @@ class Gpu:
                 self.tx_key += 1
                 qp.bytes_sent += size
                 if limited:  # the frame leaves the limiter one gap after the last
-                    if qp.limit_bps != rp.rate:
-                        self.sync_limit(qp, now)
+                    self.sync_limit(qp, now)
                     ready = max(now, qp.next_tx_ns)
                     qp.next_tx_ns = ready + int(size * 8e9 / qp.limit_bps)
                     if ready > now:
@@ -730,15 +728,16 @@ class Gpu:
         if self.limiters is None:
             return {}
         left = {row[0]: (row[1], row[2]) for row in self.tx_log if row[3] == "d"}
-        open_bps = ratelimit.OPEN_FACTOR * self.dcqcn.line_rate_bps
         out: Dict[int, int] = {}
         for qp in self.qps.values():
             frames = [(s, *left[s]) for s in qp.sent_log if s in left]
-            out.update(ratelimit.ready_times(frames, qp.limit_log, open_bps))
+            out.update(ratelimit.ready_times(frames, qp.limit_log, self.limiters.open_bps))
         return out
 
     def write_records(self, out_dir: str) -> None:
         self.collect_stamps()
+        if self.limiters is not None:
+            self.limiters.check()
         base = os.path.join(out_dir, self.host)
         _write_csv(base + ".packets.csv", PACKET_FIELDS, self.packets)
         _write_csv(base + ".ops.csv", OP_FIELDS, self.progress.op_rows(self.iteration_rows))
@@ -917,6 +916,8 @@ class Loop:
                 for g in self.gpus:
                     g.check_stuck(now)
                     g.reconcile_stamps()
+                    if g.limiters is not None:
+                        g.limiters.check()  # a rate change the kernel refused fails the run
                     touched.add(g)
                 heap.push(now + HOUSEKEEPING_NS, None)
                 continue

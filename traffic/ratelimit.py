@@ -122,12 +122,14 @@ def ready_times(frames: Sequence[Tuple[int, int, int]], rates: Sequence[Tuple[in
 
 class Limiters:
     """The QP classes of one GPU NIC. ``sock``: a NETLINK_ROUTE socket in the host's
-    namespace; ``major``: the handle of the RoCE class's HTB qdisc."""
+    namespace; ``major``: the handle of the RoCE class's HTB qdisc; ``open_bytes``, ``burst``,
+    ``quantum``: the classes' settings (``testbed.shaping.limiter_qdisc``)."""
 
-    def __init__(self, sock: socket.socket, ifindex: int, major: int, line_bps: float,
+    def __init__(self, sock: socket.socket, ifindex: int, major: int, open_bytes: int,
                  burst: int, quantum: int):
         self.sock, self.ifindex, self.major = sock, ifindex, major
-        self.open_bytes = int(OPEN_FACTOR * line_bps / 8)
+        self.open_bytes = open_bytes
+        self.open_bps = open_bytes * 8.0  # an open class's rate
         self.burst, self.quantum = burst, quantum
         self.changes = 0  # rate changes sent, and the time the calls took
         self.change_ns = self.change_ns_max = 0
@@ -153,9 +155,8 @@ class Limiters:
 
     def set_rate(self, index: int, rate_bps: float) -> None:
         """The QP's class to ``rate_bps`` (0: open). Sent at once; the kernel answers only
-        with an error, which the next call (or ``check``) raises."""
+        with an error, which ``check`` raises."""
         rate = self.open_bytes if not rate_bps else max(1, int(rate_bps / 8))
-        self.check()
         msg = class_message(self.ifindex, self.classid(index), rate, self.burst, self.quantum)
         t0 = time.monotonic_ns()
         self.sock.send(msg)  # the kernel applies it inside the call (under the RTNL lock)
@@ -165,6 +166,7 @@ class Limiters:
         self.change_ns_max = max(self.change_ns_max, took)
 
     def check(self) -> None:
+        """Raise the first error the kernel answered a rate change with."""
         try:
             data = self.sock.recv(65536)
         except BlockingIOError:

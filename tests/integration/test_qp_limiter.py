@@ -41,7 +41,7 @@ def inside() -> dict:
     nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
     nl.bind((0, 0))
     limiters = ratelimit.Limiters(nl, socket.if_nametoindex("nic0"), roce_class.minor,
-                                  RATE_MBIT * 1e6, q["burst"], q["quantum"])
+                                  q["open_bytes"], q["burst"], q["quantum"])
     tos = (26 << 2) | 0b10
     limiters.create([(0, PEER, 0x101), (1, PEER, 0x102)], tos)
     limiters.set_rate(0, RATE_MBIT * 1e6 / 4)
