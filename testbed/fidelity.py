@@ -127,7 +127,7 @@ def lag_check(lag: Optional[dict], allowed_us: float) -> dict:
             "p99_us": lag["p99_us"], "max_us": lag["max_us"], "samples": lag["count"],
             "allowed_p95_us": round(allowed_us, 3),
             "first_start_lag_us_max": lag.get("first_start_lag_us_max"),
-            "scheduling": lag.get("scheduling")}
+            "scheduling": lag.get("scheduling"), "by_timer": lag.get("by_timer") or {}}
 
 
 def drops_check(unexplained: int) -> dict:
@@ -160,7 +160,13 @@ def _detail(name: str, c: dict) -> str:
     if name == "cpu":
         return f"p90 busy {c['busy_p90']:.0%}, allowed {c['allowed_busy_p90']:.0%}"
     if name == "agent_loop_lag":
-        return f"p95 {c['p95_us']:,.0f} us, allowed {c['allowed_p95_us']:,.0f} us"
+        text = f"p95 {c['p95_us']:,.0f} us, allowed {c['allowed_p95_us']:,.0f} us"
+        late = {k: v for k, v in (c.get("by_timer") or {}).items()
+                if v.get("p95_us") is not None}
+        if late:  # the kind of timer with the latest tail, and how many of them there were
+            kind, worst = max(late.items(), key=lambda kv: kv[1]["p95_us"])
+            text += f"; latest: {kind} timers (p95 {worst['p95_us']:,.0f} us of {worst['count']:,})"
+        return text
     if name == "emulator_drops":
         return f"{c['unexplained_drops']:,} packets"
     return ""

@@ -264,20 +264,36 @@ def _workload_figures(index: int, spec: dict, ctx: RunContext, packets: Packets,
 
 
 def _pooled_lag(summaries: List[dict]) -> Optional[dict]:
-    """How late the agents woke for their timers, over all agents."""
-    hists = [metrics.LagHistogram(s["loop_lag"]["counts"]) for s in summaries
-             if (s.get("loop_lag") or {}).get("counts")]
-    if not hists:
+    """How late the agents woke for their timers, over all agents; ``by_timer``: the same per
+    kind of timer (compute ends, RTOs, DCQCN events, pacing, NAKs), to show which ones lag."""
+    pooled = _pool([(s.get("loop_lag") or {}).get("counts") for s in summaries])
+    if pooled is None:
         return None
-    pooled = hists[0]
-    for h in hists[1:]:
-        pooled = pooled.merge(h)
     d = pooled.to_dict()
     del d["counts"]
     first = [s["first_start_lag_us"] for s in summaries if "first_start_lag_us" in s]
     d["first_start_lag_us_max"] = max(first) if first else None
     d["scheduling"] = ", ".join(sorted({s.get("scheduling", "normal") for s in summaries}))
+    kinds = sorted({k for s in summaries for k in s.get("loop_lag_by_timer") or {}})
+    d["by_timer"] = {}
+    for kind in kinds:
+        hist = _pool([((s.get("loop_lag_by_timer") or {}).get(kind) or {}).get("counts")
+                      for s in summaries])
+        if hist is not None:
+            k = hist.to_dict()
+            d["by_timer"][kind] = {"count": k["count"], "p50_us": k["p50_us"],
+                                   "p95_us": k["p95_us"], "max_us": k["max_us"]}
     return d
+
+
+def _pool(counts: List[Optional[List[int]]]) -> Optional[metrics.LagHistogram]:
+    hists = [metrics.LagHistogram(c) for c in counts if c]
+    if not hists:
+        return None
+    pooled = hists[0]
+    for h in hists[1:]:
+        pooled = pooled.merge(h)
+    return pooled
 
 
 def _round(x, digits: int = 6):

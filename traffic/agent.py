@@ -71,6 +71,8 @@ RATE_SAMPLE_NS = 10_000_000
 AGENT_NICE = -20
 PROBE_CLOCK_SLACK_NS = 1_000_000_000  # all agents share one clock: a probe "sent" later is forged
 HOUSEKEEPING_NS = 1_000_000_000
+# the timers whose lateness the agents record (summary's loop_lag_by_timer)
+TIMER_KINDS = ("compute", "rto", "dcqcn", "pacing", "nak")
 STAMPS_BATCH = 32  # transmit timestamps are collected once this many wait (and at the end)
 # Frames a NIC holds: the one on the wire and two more, so that the link stays busy through a
 # wake-up delayed by a moderation interval plus a frame time
@@ -212,6 +214,7 @@ class Gpu:
         self.compute_start = self.ready_at = self.collective_start = 0
         self.compute = (0, 0)
         self.lag = LagHistogram()  # how late the loop acted on this GPU's timers
+        self.lag_by: Dict[str, LagHistogram] = {}  # the same, per kind of timer (TIMER_KINDS)
         self.first_start_lag_ns = 0
         self.counters: Dict[str, int] = defaultdict(int)
         self.tx = self.rx = self.receiver = self.sender = self.stamps = None
@@ -568,27 +571,36 @@ class Gpu:
             self.loop.wait_for_nic(self)
 
     # --- time ---------------------------------------------------------------------------------
-    def qp_timers(self, qp: QueuePair, now: int, when: int) -> Optional[int]:
-        """Run the timers of ``qp`` due at ``now`` (armed for ``when``); how late the loop
-        acted if one of them acted (a retransmission timeout, a paced packet's turn, a DCQCN
-        rate or alpha update, a reordering NAK), None for a deadline that moved on meanwhile
-        or the rate samples kept for the records. A QP whose limiter paces is late only by
-        what its limiter ran dry for."""
-        late = None
+    def late(self, kind: str, lag_ns: int) -> None:
+        """The loop acted ``lag_ns`` after a ``kind`` timer's time (one of TIMER_KINDS)."""
+        self.lag.add(lag_ns)
+        hist = self.lag_by.get(kind)
+        if hist is None:
+            hist = self.lag_by[kind] = LagHistogram()
+        hist.add(lag_ns)
+
+    def qp_timers(self, qp: QueuePair, now: int, when: int) -> None:
+        """Run the timers of ``qp`` due at ``now`` (armed for ``when``) and record how late the
+        loop acted if one of them acted (a retransmission timeout, a paced packet's turn, a
+        DCQCN rate or alpha update, a reordering NAK); nothing for a deadline that moved on
+        meanwhile or the rate samples kept for the records. A QP whose limiter paces is late
+        only by what its limiter ran dry for. One wake is one sample, under the kind of the
+        last timer that acted."""
+        late = kind = None
         if qp.req.check_timeout(now):
             self._queue(qp)
-            late = now - when
+            late, kind = now - when, "rto"
         rp = qp.rp
         if rp is not None:
             if rp.congested:
                 if now >= rp.next_event_ns():
-                    late = now - when
+                    late, kind = now - when, "dcqcn"
                 elif qp.queued and late is None:
                     if qp.limit is None:
                         if qp.next_tx_ns <= now:
-                            late = now - when
+                            late, kind = now - when, "pacing"
                     elif now >= qp.next_tx_ns - self.limiter_lead_ns(rp):
-                        late = max(0, now - max(qp.next_tx_ns, when))
+                        late, kind = max(0, now - max(qp.next_tx_ns, when)), "pacing"
             rp.tick(now)
             if now >= qp.next_sample_ns:
                 if qp._unsampled():
@@ -597,9 +609,10 @@ class Gpu:
         nak = qp.resp.tick(now)
         if nak is not None:
             self.control.append((qp, bytes(qp.ack.fill(nak.psn, nak.syndrome, nak.msn))))
-            late = now - when
+            late, kind = now - when, "nak"
         self.dirty.add(qp)
-        return late
+        if late is not None:
+            self.late(kind, late)
 
     # --- the training iterations ---------------------------------------------------------------
     def go(self, start_ns: int) -> None:
@@ -625,7 +638,7 @@ class Gpu:
         if self.it == 0:  # all ranks start at once: the first bursts compete for the CPUs
             self.first_start_lag_ns = now - self.ready_at
         else:
-            self.lag.add(now - self.ready_at)
+            self.late("compute", now - self.ready_at)
         self.state = COLLECTIVE
         self.collective_start = now
         self.mark, self.mark_ns = None, now
@@ -757,6 +770,7 @@ class Gpu:
         _write_csv(base + ".qps.csv", QP_FIELDS, rows)
         summary = {"rank": self.rank, "host": self.host, "counters": self.summary(),
                    "rx_packets": len(self.packets), "loop_lag": self.lag.to_dict(),
+                   "loop_lag_by_timer": {k: h.to_dict() for k, h in self.lag_by.items()},
                    "first_start_lag_us": round(self.first_start_lag_ns / 1000.0, 3),
                    "scheduling": self.loop.scheduling,
                    "frames_to": self.frames_to()}
@@ -909,9 +923,7 @@ class Loop:
                     continue  # superseded by an earlier deadline
                 what.armed = None
                 gpu = what.gpu
-                late = gpu.qp_timers(what, now, when)
-                if late is not None:
-                    gpu.lag.add(late)
+                gpu.qp_timers(what, now, when)
             elif what is None:
                 for g in self.gpus:
                     g.check_stuck(now)

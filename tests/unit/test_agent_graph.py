@@ -4,7 +4,7 @@ import statistics
 import pytest
 
 from traffic import metrics
-from traffic.agent import Gpu
+from traffic.agent import TIMER_KINDS, Gpu
 from traffic.progress import Progress
 
 TRANSPORT = {"congestion_control": "none", "qps_per_peer": 1, "entropy": "per-qp",
@@ -192,3 +192,14 @@ def test_a_timer_due_during_one_gpus_service_runs_before_the_next_gpu_is_served(
     assert kinds[1] == ("timer", "c") and events[1][2] == 200_000  # 200 us late, not 500
     assert sorted(kinds) == [("service", "a"), ("service", "b"), ("service", "c"),
                              ("timer", "c")]
+
+
+def test_timer_lag_is_kept_per_kind_of_timer_and_in_total():
+    a = _agent()
+    a.late("dcqcn", 300_000)
+    a.late("dcqcn", 280_000)
+    a.late("compute", 5_000)
+    assert a.lag.to_dict()["count"] == 3
+    assert {k: h.to_dict()["count"] for k, h in a.lag_by.items()} == {"dcqcn": 2, "compute": 1}
+    assert a.lag_by["dcqcn"].to_dict()["p95_us"] >= 300
+    assert set(a.lag_by) <= set(TIMER_KINDS)

@@ -116,3 +116,14 @@ def test_cpu_sampler_measures_a_busy_cpu():
             pass  # keep one CPU busy
     assert len(s.samples) >= 3
     assert all(0.0 <= x <= 1.0 for x in s.samples) and max(s.samples) > 0
+
+
+def test_a_late_run_names_the_kind_of_timer_with_the_latest_tail():
+    lag = {"count": 10, "p50_us": 10.0, "p95_us": 251.0, "p99_us": 400.0, "max_us": 500.0,
+           "by_timer": {"compute": {"count": 8, "p50_us": 5.0, "p95_us": 10.0, "max_us": 20.0},
+                        "dcqcn": {"count": 2, "p50_us": 300.0, "p95_us": 400.0,
+                                  "max_us": 500.0}}}
+    check = F.lag_check(lag, 209.0)
+    assert not check["ok"] and check["by_timer"] == lag["by_timer"]
+    v = F.verdict({"agent_loop_lag": check}, host_rate_mbit=40.0)
+    assert "latest: dcqcn timers (p95 400 us of 2)" in v["problems"][0]

@@ -177,3 +177,22 @@ def test_per_collective_counts_of_marks_and_retransmissions(tmp_path):
     c = collect(d, RunContext(2, [RING]))[0]["collectives"][0]
     assert (c["packets_received"], c["ecn_marked_packets"], c["retransmissions_received"]) == (
         2, 1, 1)
+
+
+def test_pooled_timer_lag_is_split_by_kind_of_timer():
+    from testbed.results import _pooled_lag
+    from traffic.metrics import LagHistogram
+
+    def hist(*us):
+        h = LagHistogram()
+        for u in us:
+            h.add(int(u * 1000))
+        return h.to_dict()
+    a = {"loop_lag": hist(5, 400), "loop_lag_by_timer": {"compute": hist(5), "dcqcn": hist(400)}}
+    b = {"loop_lag": hist(6, 300), "loop_lag_by_timer": {"rto": hist(6), "dcqcn": hist(300)}}
+    old = {"loop_lag": hist(7)}  # an agent without the split still counts in the total
+    d = _pooled_lag([a, b, old])
+    assert d["count"] == 5
+    assert set(d["by_timer"]) == {"compute", "dcqcn", "rto"}
+    assert d["by_timer"]["dcqcn"]["count"] == 2 and d["by_timer"]["dcqcn"]["p95_us"] >= 400
+    assert d["by_timer"]["compute"]["p95_us"] < 10
