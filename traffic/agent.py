@@ -213,8 +213,7 @@ class Gpu:
         self.it = -1
         self.compute_start = self.ready_at = self.collective_start = 0
         self.compute = (0, 0)
-        self.lag = LagHistogram()  # how late the loop acted on this GPU's timers
-        self.lag_by: Dict[str, LagHistogram] = {}  # the same, per kind of timer (TIMER_KINDS)
+        self.lag_by: Dict[str, LagHistogram] = {}  # how late the loop acted, per TIMER_KINDS
         self.first_start_lag_ns = 0
         self.counters: Dict[str, int] = defaultdict(int)
         self.tx = self.rx = self.receiver = self.sender = self.stamps = None
@@ -571,9 +570,16 @@ class Gpu:
             self.loop.wait_for_nic(self)
 
     # --- time ---------------------------------------------------------------------------------
+    @property
+    def lag(self) -> LagHistogram:
+        """How late the loop acted on this GPU's timers, all kinds together."""
+        total = LagHistogram()
+        for hist in self.lag_by.values():
+            total = total.merge(hist)
+        return total
+
     def late(self, kind: str, lag_ns: int) -> None:
         """The loop acted ``lag_ns`` after a ``kind`` timer's time (one of TIMER_KINDS)."""
-        self.lag.add(lag_ns)
         hist = self.lag_by.get(kind)
         if hist is None:
             hist = self.lag_by[kind] = LagHistogram()
