@@ -26,6 +26,27 @@ def _progress(quiet: bool):
     return lambda msg: print(msg, file=sys.stderr, flush=True)
 
 
+def cmd_calibrate(args) -> int:
+    from . import calibrate, timescale
+    from .catalog import find
+    from .config import DEFAULT
+
+    from .report import table
+
+    cal = calibrate.measure(_progress(args.quiet))
+    rows = [[name, f"{share:.0%}"] for name, share in cal.busy.items()]
+    print(table(["policy", f"CPUs busy ({cal.gpus} GPUs at {cal.host_rate_mbit:g} Mbit/s)"],
+                rows))
+    for scenario in (DEFAULT, find("large")):
+        t = scenario.topology
+        choice = timescale.choose(timescale.AUTO, scenario.policies, t.gpus, cal)
+        print(f"{scenario.name}: {t.gpus} GPUs at auto run at {choice.host_rate_mbit:g} Mbit/s "
+              f"(predicted CPUs {choice.predicted_busy:.0%} busy of "
+              f"{timescale.TARGET_BUSY:.0%} allowed)")
+    print(f"kept in {calibrate.CACHE} for this machine")
+    return 0
+
+
 def cmd_run(args) -> int:
     from . import runner
     from .catalog import find
@@ -179,11 +200,14 @@ def policies_reference() -> str:
     from .config import DEFAULT
     from .topology import FabricPlan
 
-    t = DEFAULT.topology
+    from controllers.params import REFERENCE_RATE_MBIT
+
+    scenario = DEFAULT.with_host_rate(REFERENCE_RATE_MBIT)  # byte defaults are for this rate
+    t = scenario.topology
     plan = FabricPlan.for_topology(t)
     out = []
     for name in policy_names():
-        policy = make_policy(name, plan, DEFAULT)
+        policy = make_policy(name, plan, scenario)
         summary = " ".join(type(policy.params).__doc__.split())
         out.append(f"{name}: {summary}")
         for c in policy.traffic_classes():
@@ -280,6 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print results.json to stdout")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.set_defaults(func=cmd_run)
+    cal = sub.add_parser("calibrate", help="measure how fast this machine can run the fabric "
+                                           "faithfully (topology.host_rate_mbit: auto uses it)")
+    cal.add_argument("--quiet", action="store_true", help="no progress lines")
+    cal.set_defaults(func=cmd_calibrate)
     c = sub.add_parser("check", help="what this kernel and machine support")
     c.add_argument("--json", action="store_true")
     c.add_argument("--servers", metavar="HERE,B,...",

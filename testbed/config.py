@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Tuple, Union
 
 from .errors import ConfigError
 from .schema import build, plain
+from .timescale import AUTO, REFERENCE_RATE_MBIT, require_rate
 
 MBIT = 1_000_000
 
@@ -26,10 +27,13 @@ class TopologyConfig:
     leaves: int = field(default=4, metadata={"min": 1, "max": 255, "doc": "leaf switches"})
     gpus_per_leaf: int = field(default=2, metadata={"min": 1, "max": 254,
                                                     "doc": "GPU hosts under each leaf"})
-    host_rate_mbit: float = field(default=40.0, metadata={
-        "min": 0.1, "max": 1000.0, "unit": "Mbit/s", "doc": "GPU NIC and leaf downlink rate"})
-    fabric_rate_mbit: float = field(default=40.0, metadata={
-        "min": 0.1, "max": 1000.0, "unit": "Mbit/s", "doc": "leaf-spine link rate"})
+    host_rate_mbit: Union[float, str] = field(default=AUTO, metadata={
+        "auto": True, "min": 0.1, "max": 1000.0, "unit": "Mbit/s",
+        "doc": "GPU NIC and leaf downlink rate; auto: the fastest rate this machine holds "
+               "faithfully, from its calibration (python -m testbed calibrate)"})
+    fabric_rate_mbit: Union[float, str] = field(default=AUTO, metadata={
+        "auto": True, "min": 0.1, "max": 1000.0, "unit": "Mbit/s",
+        "doc": "leaf-spine link rate; auto: from oversubscription, else the host rate"})
     nic_queue_bytes: int = field(default=256_000, metadata={
         "min": 3000, "max": 64_000_000, "unit": "B", "doc": "GPU NIC transmit queue"})
     oversubscription: float = field(default=0.0, metadata={
@@ -51,9 +55,20 @@ class TopologyConfig:
         "min": 1.0, "max": 1600.0, "unit": "Gbit/s",
         "doc": "link rate of the real fabric being modelled (sets the time scale)"})
 
+    def __post_init__(self):
+        if self.host_rate_mbit != AUTO and self.fabric_rate_mbit == AUTO:
+            object.__setattr__(self, "fabric_rate_mbit", self.uplink_rate_mbit())
+
     @property
     def gpus(self) -> int:
         return self.leaves * self.gpus_per_leaf
+
+    def uplink_rate_mbit(self) -> float:
+        """The leaf-spine rate the host rate implies: by ``oversubscription``, else equal."""
+        host = require_rate(self.host_rate_mbit)
+        if not self.oversubscription:
+            return host
+        return host * self.gpus_per_leaf / (self.spines * self.oversubscription)
 
 
 COLLECTIVE_NAMES = ("ring", "halving_doubling", "double_binary_tree", "hierarchical",
@@ -306,7 +321,19 @@ class Scenario:
     @property
     def time_scale(self) -> float:
         """How many times slower than the modelled fabric the emulated links run."""
-        return self.topology.modelled_rate_gbit * 1000 / self.topology.host_rate_mbit
+        return self.topology.modelled_rate_gbit * 1000 / require_rate(self.topology.host_rate_mbit)
+
+    def for_checks(self) -> "Scenario":
+        """This scenario, or while its rate is still ``auto`` a copy at the rate the byte
+        defaults are stated for: what is valid does not depend on the rate chosen later."""
+        if self.topology.host_rate_mbit != AUTO:
+            return self
+        return self.with_host_rate(REFERENCE_RATE_MBIT)
+
+    def with_host_rate(self, host_rate_mbit: float) -> "Scenario":
+        """A copy whose GPU NICs run at ``host_rate_mbit`` (the fabric rate derived again)."""
+        t = dataclasses.replace(self.topology, host_rate_mbit=float(host_rate_mbit))
+        return _derive(dataclasses.replace(self, topology=t), {})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Scenario":
@@ -391,15 +418,19 @@ def load_file(path: str) -> Scenario:
 
 
 def _derive(scenario: "Scenario", data: Mapping[str, Any]) -> "Scenario":
-    """Settings computed from others: the uplink rate from an oversubscription ratio; a
-    neighbour host per leaf for the rxe endpoints."""
+    """Settings computed from others: the uplink rate from an oversubscription ratio (once the
+    host rate is known); a neighbour host per leaf for the rxe endpoints."""
     t = scenario.topology
     if scenario.rxe.enabled and not t.neighbours_per_leaf:
         t = dataclasses.replace(t, neighbours_per_leaf=1)
-    if t.oversubscription:
-        rate = t.host_rate_mbit * t.gpus_per_leaf / (t.spines * t.oversubscription)
-        given = (data.get("topology") or {}).get("fabric_rate_mbit")
-        if given is not None and abs(given - rate) > 1e-6 * rate:
+    given = (data.get("topology") or {}).get("fabric_rate_mbit", AUTO)
+    if t.oversubscription and t.host_rate_mbit == AUTO and given != AUTO:
+        raise ConfigError(f"topology: fabric_rate_mbit {given:g} and oversubscription "
+                          f"{t.oversubscription:g} both set the uplink rate (host_rate_mbit is "
+                          "auto); set one of them")
+    if t.oversubscription and t.host_rate_mbit != AUTO:
+        rate = t.uplink_rate_mbit()
+        if given != AUTO and abs(given - rate) > 1e-6 * rate:
             raise ConfigError(f"topology: fabric_rate_mbit {given:g} contradicts "
                               f"oversubscription {t.oversubscription:g} (which gives {rate:g}); "
                               "set one of them")

@@ -39,8 +39,8 @@ from .shaping import burst_bytes
 VERDICT_OK = "ok"
 VERDICT_BAD = "outside tolerance"
 ADVICE = ("Numbers from this run may reflect the emulator rather than the fabric: rerun with "
-          "lower link rates (topology.host_rate_mbit and fabric_rate_mbit, e.g. {rate:g}), "
-          "fewer GPUs, or on a machine with more cores.")
+          "lower link rates (topology.host_rate_mbit: auto chooses one this machine holds, "
+          "or e.g. {rate:g}), fewer GPUs, or on a machine with more cores.")
 
 
 def serialization_us(frame_bytes, rate_bps: float):

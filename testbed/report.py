@@ -107,8 +107,15 @@ def time_scale_note(results: dict) -> str:
     if not scale:
         return ""
     modelled = results.get("scenario", {}).get("topology", {}).get("modelled_rate_gbit")
-    return (f"time scale: emulated links run {scale:,.0f}x slower than the modelled "
+    note = (f"time scale: emulated links run {scale:,.0f}x slower than the modelled "
             f"{modelled:g} Gbit/s fabric; latencies and CCTs are emulated time")
+    choice = results.get("time_scale_choice") or {}
+    if choice.get("chosen_by") == "auto":
+        note += (f" (GPU NICs at {choice['host_rate_mbit']:g} Mbit/s: chosen for this machine, "
+                 f"predicted CPUs {choice['predicted_busy']:.0%} busy)")
+    if choice.get("warning"):
+        note += f"\nwarning: {choice['warning']}"
+    return note
 
 
 def summary_table(results: dict) -> str:

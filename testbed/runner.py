@@ -15,7 +15,7 @@ import shutil
 import signal
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from controllers.policy import Policy, make_policy, policy_names
 
@@ -26,7 +26,7 @@ from traffic.collectives import build as build_collective
 from .agents import (AgentGroup, congestion_control, expected_duration_s, finish_timeout_s,
                      qp_limiter, workload_specs)
 from .background import Background, background_plan
-from . import capacity, cost, htmlreport
+from . import calibrate, capacity, cost, htmlreport, timescale
 from .placement import by_server, place
 from .capture import PacketCapture
 from .capabilities import Capabilities, detect
@@ -58,7 +58,9 @@ def new_run_id() -> str:
 def validate(scenario: Scenario, available_mb: Optional[int] = None) -> FabricPlan:
     """Checks that need more than one key; raises ConfigError before anything starts. With
     ``available_mb`` (the machine's available memory) a fabric too large for it is refused
-    first, before its schedules are built (they grow with the square of the GPUs)."""
+    first, before its schedules are built (they grow with the square of the GPUs). A rate
+    still ``auto`` is checked at the reference rate (``Scenario.for_checks``)."""
+    scenario = scenario.for_checks()
     known = policy_names()
     for p in scenario.policies:
         if p not in known:
@@ -143,16 +145,42 @@ def configured_policy(name: str, plan, scenario: Scenario, caps: Capabilities) -
     return policy
 
 
+def choose_time_scale(scenario: Scenario, progress: Progress,
+                      calibration=None) -> Tuple[Scenario, Optional[timescale.Choice]]:
+    """``scenario`` at the GPU NIC rate it runs at, and how that rate was chosen: ``auto``
+    from this machine's calibration (measured first if there is none), an explicit rate
+    checked against it where one exists (a warning if it exceeds the budget)."""
+    t = scenario.topology
+    auto = t.host_rate_mbit == timescale.AUTO
+    cal = calibration or (calibrate.calibration(progress) if auto else calibrate.load())
+    if cal is None:
+        return scenario, None
+    choice = timescale.choose(t.host_rate_mbit, scenario.policies, t.gpus, cal)
+    if auto:
+        scenario = scenario.with_host_rate(choice.host_rate_mbit)
+    progress(timescale.describe(choice, t.modelled_rate_gbit))
+    note = timescale.warning(choice)
+    if note:
+        progress(f"warning: {note}")
+    return scenario, choice
+
+
 def run(scenario: Scenario, out_root: str = "results", progress: Progress = lambda s: None,
-        caps: Optional[Capabilities] = None):
-    """Run every policy of ``scenario``; returns (results dict, run directory)."""
+        caps: Optional[Capabilities] = None, calibrated: bool = True):
+    """Run every policy of ``scenario``; returns (results dict, run directory). ``calibrated``:
+    choose (``auto``) or check the GPU NIC rate against this machine's calibration first."""
     plan = validate(scenario, capacity.mem_available_mb())
     caps = caps or detect()
     caps.require_run()
+    checked = scenario.for_checks()
     for name in scenario.policies:  # ConfigError for a marking this machine cannot do
-        ecn_marking(scenario, make_policy(name, plan, scenario), caps)
+        ecn_marking(checked, make_policy(name, plan, checked), caps)
     if scenario.rxe.enabled:
         require_rxe(caps)
+    choice = None  # what is wrong with the scenario or the machine is said before calibrating
+    if calibrated:
+        scenario, choice = choose_time_scale(scenario, progress)
+    timescale.require_rate(scenario.topology.host_rate_mbit)
     run_id = new_run_id()
     run_dir = os.path.abspath(os.path.join(out_root, run_id))
     os.makedirs(run_dir, mode=0o755)
@@ -162,6 +190,8 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
         "scenario": scenario.to_dict(), "time_scale": round(scenario.time_scale, 1),
         "capabilities": caps.to_dict(), "policies": {},
     }
+    if choice is not None:
+        results["time_scale_choice"] = choice.to_dict()
     path = os.path.join(run_dir, "results.json")
     write_json_atomic(path, results)
     ledger = Ledger(run_id)

@@ -1,7 +1,8 @@
 """Typed settings from plain mappings: frozen dataclasses whose fields declare their rules.
 
 A field's ``metadata`` may hold ``min``, ``max``, ``choices``, ``unit`` and ``doc``
-(and ``empty`` for a string that may be empty). ``build``
+(and ``empty`` for a string that may be empty, ``auto`` for a number that may be the string
+"auto": chosen later). ``build``
 turns a mapping into the dataclass, checking every key and value and raising one
 ``ConfigError`` that names the path and what is allowed. Used by the scenario and by the
 policies' parameters, so both report errors the same way.
@@ -56,6 +57,10 @@ def _value(f, value, where):
         if not isinstance(value, (list, tuple)) or not value:
             raise ConfigError(f"{where}: must be a non-empty list, got {value!r}")
         return tuple(scalar(str, v, f"{where}[{i}]", meta) for i, v in enumerate(value))
+    if meta.get("auto"):
+        if isinstance(value, str) and value != "auto":
+            raise ConfigError(f"{where}: must be a number or auto, got {value!r}")
+        return value if value == "auto" else scalar(float, value, where, meta)
     return scalar(type(default), value, where, meta)
 
 

@@ -9,11 +9,11 @@ from scapy.layers.inet import IP, UDP
 from scapy.utils import rdpcap
 
 from testbed.api import run_scenario
-from testbed.config import DEFAULT
 from tests.unit.test_tshark import tshark_fields
 from traffic import roce
 from traffic.agent import qp_number
 from traffic.collectives import build
+from .live import DEFAULT
 
 pytestmark = pytest.mark.integration
 

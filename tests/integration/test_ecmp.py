@@ -5,10 +5,9 @@ import time
 
 import pytest
 
-from testbed.config import DEFAULT
 from testbed.queues import egress_stats, spine_load
 
-from .live import fabric_session
+from .live import DEFAULT, fabric_session
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,8 @@ import sys
 
 import pytest
 
-from testbed.config import DEFAULT
 
-from .live import fabric_session
+from .live import DEFAULT, fabric_session
 
 pytestmark = pytest.mark.integration
 

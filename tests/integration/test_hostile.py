@@ -12,10 +12,9 @@ import pytest
 
 from testbed import runner
 from testbed.agents import AgentGroup, finish_timeout_s
-from testbed.config import DEFAULT
 from traffic.agent import qp_number
 
-from .live import fabric_session
+from .live import DEFAULT, fabric_session
 from .test_transport import delivered_bytes, expected_bytes
 
 pytestmark = pytest.mark.integration

@@ -9,9 +9,9 @@ import pytest
 
 from testbed import runner
 from testbed.agents import loops_wanted
-from testbed.config import DEFAULT
 from testbed.results import RESULTS_SCHEMA
 from traffic import roce
+from .live import DEFAULT
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from testbed import runner
-from testbed.config import DEFAULT
 from traffic.collectives import build
+from .live import DEFAULT
 
 pytestmark = pytest.mark.integration
 

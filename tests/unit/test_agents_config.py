@@ -9,7 +9,7 @@ PLAN = FabricPlan(2, 4, 2)
 
 
 def test_one_config_per_gpu_with_all_peers():
-    s = Scenario.from_dict({})
+    s = Scenario.from_dict({}).for_checks()
     cfgs = agent_configs(PLAN, s, "/tmp/x", make_policy("hyperscale", PLAN, s))
     assert [c["host"] for c in cfgs] == [h.name for h in PLAN.hosts]
     c = cfgs[2]
@@ -23,16 +23,16 @@ def test_one_config_per_gpu_with_all_peers():
 
 
 def test_congestion_control_follows_the_policy_unless_the_scenario_says_otherwise():
-    s = Scenario.from_dict({})
+    s = Scenario.from_dict({}).for_checks()
     assert transport_config(s, make_policy("lossless", PLAN, s))["congestion_control"] == "dcqcn"
     assert transport_config(s, make_policy("hyperscale", PLAN, s))["congestion_control"] == "none"
-    forced = Scenario.from_dict({"transport": {"congestion_control": "none"}})
+    forced = Scenario.from_dict({"transport": {"congestion_control": "none"}}).for_checks()
     assert transport_config(forced, make_policy("lossless", PLAN, forced))[
         "congestion_control"] == "none"
 
 
 def test_dcqcn_senders_get_rate_limiters_in_the_roce_class():
-    s = Scenario.from_dict({})
+    s = Scenario.from_dict({}).for_checks()
     lossless = make_policy("lossless", PLAN, s)
     lim = transport_config(s, lossless)["qp_limiter"]
     roce = next(c for c in lossless.traffic_classes() if 26 in c.dscp)
@@ -43,7 +43,7 @@ def test_dcqcn_senders_get_rate_limiters_in_the_roce_class():
 
 def test_transport_settings_in_emulated_units():
     s = Scenario.from_dict({"transport": {"rto_ms": 100, "entropy": "per-packet",
-                                          "qps_per_peer": 4}})
+                                          "qps_per_peer": 4}}).for_checks()
     t = transport_config(s, make_policy("lossless", PLAN, s))
     assert t["rto_ns"] == 100_000_000 and t["max_rto_ns"] == 800_000_000
     assert t["reorder_ns"] == 50_000_000 and t["qps_per_peer"] == 4
@@ -52,8 +52,8 @@ def test_transport_settings_in_emulated_units():
 
 
 def test_expected_duration_grows_as_links_slow_down():
-    fast = Scenario.from_dict({"topology": {"host_rate_mbit": 1000, "fabric_rate_mbit": 1000}})
-    slow = Scenario.from_dict({"topology": {"host_rate_mbit": 1, "fabric_rate_mbit": 1}})
+    fast = Scenario.from_dict({"topology": {"host_rate_mbit": 1000, "fabric_rate_mbit": 1000}}).for_checks()
+    slow = Scenario.from_dict({"topology": {"host_rate_mbit": 1, "fabric_rate_mbit": 1}}).for_checks()
     assert expected_duration_s(slow) > 100 * expected_duration_s(fast)
 
 
@@ -68,7 +68,7 @@ def test_a_sweep_gives_one_workload_per_size_and_stragglers_get_their_delay():
     s = Scenario.from_dict({"workload": {"sizes": [65536, 131072], "iterations": 3,
                                          "collective": "double_binary_tree",
                                          "compute_ms": 2, "compute_jitter_ms": 0.5,
-                                         "stragglers": {"ranks": [3], "delay_ms": 5}}})
+                                         "stragglers": {"ranks": [3], "delay_ms": 5}}}).for_checks()
     cfgs = agent_configs(PLAN, s, "/tmp/x", make_policy("hyperscale", PLAN, s))
     assert [w["size"] for w in cfgs[0]["workloads"]] == [65536, 131072]
     assert {w["collective"] for w in cfgs[0]["workloads"]} == {"double_binary_tree"}
@@ -80,15 +80,15 @@ def test_a_sweep_gives_one_workload_per_size_and_stragglers_get_their_delay():
 
 def test_neighbour_hosts_get_no_agent():
     plan = FabricPlan(2, 2, 2, neighbours_per_leaf=1)
-    s = Scenario.from_dict({"topology": {"leaves": 2, "neighbours_per_leaf": 1}})
+    s = Scenario.from_dict({"topology": {"leaves": 2, "neighbours_per_leaf": 1}}).for_checks()
     cfgs = agent_configs(plan, s, "/tmp/x", make_policy("hyperscale", plan, s))
     assert [c["host"] for c in cfgs] == ["gpu1", "gpu2", "gpu3", "gpu4"]
     assert all(len(c["peers"]) == 3 for c in cfgs)
 
 
 def test_the_wait_for_agents_covers_the_longest_recovery():
-    short = Scenario.from_dict({"transport": {"rto_ms": 250}})
-    long = Scenario.from_dict({"transport": {"rto_ms": 1000}})
+    short = Scenario.from_dict({"transport": {"rto_ms": 250}}).for_checks()
+    long = Scenario.from_dict({"transport": {"rto_ms": 1000}}).for_checks()
     # 7 retries at the backed-off 8 x RTO: 14 s and 56 s
     assert finish_timeout_s(long) - finish_timeout_s(short) == 56 - 14
     assert finish_timeout_s(short) == 30 + 10 * expected_duration_s(short) + 14

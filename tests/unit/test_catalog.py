@@ -73,6 +73,12 @@ def test_the_template_is_the_default_scenario_and_the_reference_has_every_key():
 def test_oversubscription_sets_the_uplink_rate():
     from testbed.config import Scenario
     s = Scenario.from_dict({"topology": {"oversubscription": 2}})
-    assert s.topology.fabric_rate_mbit == 20.0  # 40 x 2 GPUs / (2 spines x 2)
+    assert s.topology.fabric_rate_mbit == "auto"  # until the run chooses the host rate
+    assert s.with_host_rate(40).topology.fabric_rate_mbit == 20.0  # 40 x 2 / (2 spines x 2)
+    s = Scenario.from_dict({"topology": {"oversubscription": 2, "host_rate_mbit": 40}})
+    assert s.topology.fabric_rate_mbit == 20.0
     with pytest.raises(ConfigError, match="contradicts oversubscription"):
+        Scenario.from_dict({"topology": {"oversubscription": 2, "fabric_rate_mbit": 40,
+                                         "host_rate_mbit": 40}})
+    with pytest.raises(ConfigError, match="both set the uplink rate"):
         Scenario.from_dict({"topology": {"oversubscription": 2, "fabric_rate_mbit": 40}})

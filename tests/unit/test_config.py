@@ -14,7 +14,11 @@ def test_defaults_are_the_documented_default_scenario():
     assert s.policies == ("enterprise", "hyperscale", "lossless")
     assert s.emulation.sample_interval_us == 1000 and s.policy_params == {}
     assert (s.workload.size_bytes, s.workload.iterations) == (1 << 20, 10)
-    assert s.time_scale == pytest.approx(100e3 / s.topology.host_rate_mbit)
+    assert s.topology.host_rate_mbit == s.topology.fabric_rate_mbit == "auto"
+    with pytest.raises(ConfigError, match="auto"):
+        s.time_scale  # chosen by the runner, from this machine's calibration
+    assert s.for_checks().time_scale == pytest.approx(100e3 / 40)
+    assert s.with_host_rate(20).topology.fabric_rate_mbit == 20.0  # auto: equal to the host
 
 
 def test_values_override_defaults_and_round_trip():

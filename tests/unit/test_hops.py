@@ -29,7 +29,7 @@ def test_extra_delay_is_added_as_given():
 
 
 def test_policy_defaults_make_lossless_the_lowest_latency_per_hop():
-    s = Scenario.from_dict({})
+    s = Scenario.from_dict({}).for_checks()
     delays = {p: hop_model(s, resolve(p, {}, 40.0, 4096)).delays_us(40.0, 40.0, 4110)
               for p in ("enterprise", "hyperscale", "lossless")}
     assert delays["lossless"]["switch_to_switch"] < delays["hyperscale"]["switch_to_switch"]
@@ -41,14 +41,14 @@ def test_policy_defaults_make_lossless_the_lowest_latency_per_hop():
 
 def test_switch_latency_off_leaves_only_the_extra_delay():
     s = Scenario.from_dict({"emulation": {"switch_latency": False},
-                            "topology": {"link_delay_us": 3}})
+                            "topology": {"link_delay_us": 3}}).for_checks()
     d = hop_model(s, resolve("lossless", {}, 40.0, 4096)).delays_us(40.0, 40.0, 4110)
     assert d == {"gpu_nic": 3.0, "switch_to_gpu": 3.0, "switch_to_switch": 3.0}
 
 
 def test_policy_params_override_the_model():
     s = Scenario.from_dict({"policy_params": {"lossless": {"forwarding": "store_and_forward",
-                                                           "switch_latency_ns": 0}}})
+                                                           "switch_latency_ns": 0}}}).for_checks()
     m = hop_model(s, resolve("lossless", s.policy_params["lossless"], 40.0, 4096))
     assert m.forwarding == "store_and_forward" and m.pipeline_ns == 0
 
@@ -57,7 +57,7 @@ def test_paths_and_shapes_use_the_port_kinds():
     d = {"gpu_nic": 1.0, "switch_to_gpu": 10.0, "switch_to_switch": 100.0}
     assert path_delay_us(d, True) == 10.0 and path_delay_us(d, False) == 210.0
     plan = FabricPlan(2, 2, 1)
-    shapes = egress_shapes(plan, Scenario.from_dict({}).topology, ONE, delays_us=d)
+    shapes = egress_shapes(plan, Scenario.from_dict({}).for_checks().topology, ONE, delays_us=d)
     by_delay = sorted(s.delay_us for s in shapes.values())
     # 2 GPU NICs, 2 leaf ports toward GPUs, 8 switch-to-switch ports (4 links)
     assert by_delay == [1.0] * 2 + [10.0] * 2 + [100.0] * 8

@@ -31,7 +31,7 @@ def make_run(root, status="complete", policies=("hyperscale", "lossless"), scena
     run = os.path.join(str(root), f"run-{status}")
     results = {"schema": "ai-fabric-testbed/results/2", "run_id": "20261130-000000-abcd",
                "status": status, "started": "a", "finished": "b", "version": "0.1.0",
-               "scenario": (scenario or DEFAULT).to_dict(), "time_scale": 2500.0,
+               "scenario": (scenario or DEFAULT.for_checks()).to_dict(), "time_scale": 2500.0,
                "capabilities": {"datapath": "netdev", "netem": False}, "policies": {}}
     for i, name in enumerate(policies):
         records = os.path.join(run, "records", name)
@@ -122,7 +122,7 @@ def test_report_command_redraws_a_saved_run_and_refuses_a_folder_without_results
 def test_compare_shows_changed_figures_and_scenario_keys(tmp_path, capsys):
     a = make_run(tmp_path / "a")
     b = make_run(tmp_path / "b", policies=("hyperscale",),
-                 scenario=DEFAULT.override({"topology": {"fabric_rate_mbit": 20}}))
+                 scenario=DEFAULT.for_checks().override({"topology": {"fabric_rate_mbit": 20}}))
     with open(os.path.join(b, "results.json")) as f:
         rb = json.load(f)
     rb["policies"]["hyperscale"]["drops"] = 5

@@ -111,7 +111,7 @@ def test_the_controller_marks_ecn_only_where_the_kernel_cannot():
     from testbed.topology import FabricPlan
 
     plan = FabricPlan(2, 4, 2)
-    scenario = Scenario.from_dict({})
+    scenario = Scenario.from_dict({}).for_checks()
 
     def caps(bpf, red=False):
         return Capabilities(root=True, qdiscs={"red": red}, ovs_running=True,
