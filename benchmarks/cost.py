@@ -182,6 +182,8 @@ def main() -> int:
     scenario = catalog.find(args.scenario)
     if args.policy:
         scenario = scenario.with_policies(args.policy)
+    # the rate chosen once: the floor pushes the same frames at the run's rate
+    scenario, _ = runner.choose_time_scale(scenario, lambda s: print(s, file=sys.stderr))
     with tempfile.TemporaryDirectory(prefix="testbed-cost-") as work:
         results, run_dir = runner.run(scenario, out_root=work,
                                       progress=lambda s: print(s, file=sys.stderr))

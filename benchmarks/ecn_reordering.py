@@ -37,7 +37,7 @@ def scenario():
         "policies": ["lossless"], "workload": {"iterations": 1},
         "topology": {"host_rate_mbit": 40, "fabric_rate_mbit": 20},
         "policy_params": {"lossless": {"adaptive_routing": False}},
-        "transport": {"rto_ms": 1000}})
+        "transport": {"rto_us": 400}})
 
 
 def reordered(run_dir: str) -> int:

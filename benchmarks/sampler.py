@@ -83,7 +83,7 @@ def emulator_step(policy_name: str, samples: int) -> dict:
     cfg = {"plan": plan.to_dict(), "classes": [class_to_dict(c) for c in
                                                 policy.traffic_classes()],
            "host_pids": {h.name: os.getpid() for h in plan.hosts},
-           "interval_us": DEFAULT.emulation.sample_interval_us, "events": None,
+           "interval_us": DEFAULT.sample_interval_us, "events": None,
            "host_rate_mbit": t.host_rate_mbit, "fabric_rate_mbit": t.fabric_rate_mbit,
            "nic_queue_bytes": t.nic_queue_bytes, "delayed": [], "ecn_marking": "sampled",
            "marking_via": "bpf", "queue_counting": "bpf", "mtu": link_mtu(DEFAULT.workload.mtu),

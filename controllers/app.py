@@ -43,7 +43,7 @@ def load_policy(path: str):
         spec = json.load(f)
     plan = FabricPlan.from_dict(spec["plan"])
     context = FabricContext(**spec["context"])
-    params = resolve(spec["policy"], spec["params"], context.host_rate_mbit, context.mtu)
+    params = resolve(spec["policy"], spec["params"], context.modelled_gbit, context.mtu)
     return policy_class(spec["policy"])(plan, params, context)
 
 

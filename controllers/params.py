@@ -1,10 +1,12 @@
-"""Each policy's parameters: documented defaults, scaled to the scenario's link rate.
+"""Each policy's parameters: documented defaults, scaled to the modelled fabric's link rate.
 
-Byte quantities (buffers, ECN and PFC thresholds) are declared for 40 Mbit/s links - the
-testbed's default emulated rate - and scale linearly with the scenario's host link rate, as the
-published thresholds do with real link rates (REFERENCE.md: HPCC's Kmin/Kmax "scaled linearly
-with link rate"), never below two frames. A value given in the scenario
-(``policy_params: {lossless: {pfc_xoff_bytes: 60000}}``) is used as it is.
+Byte quantities (buffers, ECN and PFC thresholds) are declared for the modelled 100 Gbit/s
+fabric and scale linearly with ``topology.modelled_rate_gbit``, as published thresholds do with
+real link rates (HPCC's Kmin/Kmax "scaled linearly with link rate"), never below two frames -
+not with the emulated rate: a byte is a byte at every time scale (the emulation slows the
+links, the frames stay), so a buffer drains in the same modelled time at 40 or 5 Mbit/s. A
+value given in the scenario (``policy_params: {lossless: {pfc_xoff_bytes: 60000}}``) is used
+as it is.
 
 Ordering kept by the lossless defaults, as in real deployments: ECN marks before PFC pauses
 (Kmin < Kmax <= XOFF), and the RoCE class buffer is XOFF plus the headroom that absorbs what
@@ -22,7 +24,8 @@ from typing import Any, Dict, Mapping, Tuple
 from testbed.errors import ConfigError
 from testbed.schema import build
 
-REFERENCE_RATE_MBIT = 40.0
+REFERENCE_RATE_MBIT = 40.0  # the emulated rate the testbed's defaults were measured at
+REFERENCE_MODELLED_GBIT = 100.0  # the modelled rate the byte defaults are declared for
 SCALED = {"scaled": True, "unit": "B"}
 
 
@@ -115,8 +118,9 @@ def params_class(policy: str):
                           f"(known: {', '.join(sorted(PARAMS))})")
 
 
-def resolve(policy: str, overrides: Mapping[str, Any], host_rate_mbit: float, mtu: int):
-    """The policy's parameters for a scenario: scaled defaults, then the overrides."""
+def resolve(policy: str, overrides: Mapping[str, Any], modelled_gbit: float, mtu: int):
+    """The policy's parameters for a fabric modelling ``modelled_gbit`` links: scaled
+    defaults, then the overrides."""
     cls = params_class(policy)
     given = build(cls, overrides or {}, f"policy_params.{policy}")
     frame = mtu + 100
@@ -124,7 +128,7 @@ def resolve(policy: str, overrides: Mapping[str, Any], host_rate_mbit: float, mt
     for f in dataclasses.fields(cls):
         value = getattr(given, f.name)
         if f.name not in (overrides or {}) and f.metadata.get("scaled") and value:
-            value = max(2 * frame, int(round(value * host_rate_mbit / REFERENCE_RATE_MBIT)))
+            value = max(2 * frame, int(round(value * modelled_gbit / REFERENCE_MODELLED_GBIT)))
         values[f.name] = value
     return cls(**values)
 

@@ -44,6 +44,7 @@ class FabricContext:
     # sampled ECN marking through OpenFlow marking groups (only where the kernel cannot run
     # testbed.bpfmark's program): the EGRESS table then matches ip_ecn
     openflow_marking: bool = False
+    modelled_gbit: float = 100.0  # the modelled fabric's link rate: the byte defaults scale
 
     @property
     def reaction_s(self) -> float:
@@ -57,8 +58,9 @@ class FabricContext:
     def of(cls, scenario) -> "FabricContext":
         t = scenario.topology
         return cls(t.host_rate_mbit, t.fabric_rate_mbit, scenario.workload.mtu,
-                   scenario.emulation.sample_interval_us / 1e6, scenario.time_scale,
-                   t.cable_m, t.link_delay_us, scenario.emulation.switch_latency)
+                   scenario.sample_interval_us / 1e6, scenario.time_scale,
+                   t.cable_m, t.link_delay_us, scenario.emulation.switch_latency,
+                   modelled_gbit=t.modelled_rate_gbit)
 
 
 class Policy(ABC):
@@ -74,7 +76,7 @@ class Policy(ABC):
         self.plan = plan
         self.context = context or FabricContext()
         self.params = params if params is not None else resolve(
-            self.name, {}, self.context.host_rate_mbit, self.context.mtu)
+            self.name, {}, self.context.modelled_gbit, self.context.mtu)
 
     def params_dict(self) -> dict:
         return to_dict(self.params)
@@ -124,7 +126,7 @@ def register(cls: Type[Policy]) -> Type[Policy]:
 def make_policy(name: str, plan: FabricPlan, scenario) -> Policy:
     """The policy ``name`` configured by a scenario (its parameter overrides, rates, MTU)."""
     context = FabricContext.of(scenario)
-    params = resolve(name, scenario.policy_params.get(name, {}), context.host_rate_mbit,
+    params = resolve(name, scenario.policy_params.get(name, {}), context.modelled_gbit,
                      context.mtu)
     return policy_class(name)(plan, params, context)
 

@@ -53,15 +53,15 @@ def transport_config(scenario: Scenario, policy) -> dict:
     """The NIC settings every agent of a run gets (RC, congestion control, entropy)."""
     tr = scenario.transport
     cc = congestion_control(scenario, policy)
-    rto_ns = int(tr.rto_ms * 1e6)
+    rto_ns = scenario.emulated_ns(tr.rto_us)
     roce_dscp, cnp_dscp = policy.dscp()
     return {"congestion_control": cc, "qps_per_peer": tr.qps_per_peer, "entropy": tr.entropy,
             "ack_every": tr.ack_every, "rto_ns": rto_ns, "max_rto_ns": MAX_RTO_FACTOR * rto_ns,
             "retry_limit": tr.retry_limit,
             "reorder_ns": rto_ns // 2 if tr.entropy == "per-packet" else 0,
-            "dcqcn_timer_ns": int(tr.dcqcn_timer_ms * 1e6),
+            "dcqcn_timer_ns": scenario.emulated_ns(tr.dcqcn_timer_us),
             "dcqcn_byte_counter": tr.dcqcn_byte_counter,
-            "cnp_interval_ns": int(tr.cnp_interval_ms * 1e6),
+            "cnp_interval_ns": scenario.emulated_ns(tr.cnp_interval_us),
             "roce_tos": (roce_dscp << 2) | 0b10, "ack_tos": roce_dscp << 2,
             "cnp_tos": cnp_dscp << 2, "qp_limiter": qp_limiter(scenario, policy)}
 
@@ -79,12 +79,12 @@ def agent_configs(plan: FabricPlan, scenario: Scenario, out_dir: str, policy) ->
     workloads = workload_specs(scenario, plan)
     peers = [{"rank": h.rank, "host": h.name, "ip": h.ip, "mac": h.mac} for h in plan.gpus]
     st = w.stragglers
-    straggler = {"delay_ns": int(st.delay_ms * 1e6), "distribution": st.distribution,
+    straggler = {"delay_ns": scenario.emulated_ns(st.delay_us), "distribution": st.distribution,
                  "probability": st.probability}
     return [{"rank": h.rank, "host": h.name, "intf": h.intf, "ip": h.ip, "mac": h.mac,
              "ranks": len(plan.gpus), "workloads": workloads, "mtu": w.mtu,
-             "compute": {"ns": int(w.compute_ms * 1e6),
-                         "jitter_ns": int(w.compute_jitter_ms * 1e6)},
+             "compute": {"ns": scenario.emulated_ns(w.compute_us),
+                         "jitter_ns": scenario.emulated_ns(w.compute_jitter_us)},
              "straggler": straggler if h.rank in st.ranks else None, "seed": w.seed,
              "transport": transport,
              "link_rate_bps": scenario.topology.host_rate_mbit * 1e6, "out_dir": out_dir,
@@ -101,8 +101,8 @@ def expected_duration_s(scenario: Scenario) -> float:
     bits = sum(per_byte * size * 8 * 1.1 for size in w.run_sizes) * w.iterations
     wire = bits / (min(t.host_rate_mbit, t.fabric_rate_mbit) * 1e6)
     st = w.stragglers
-    late = st.delay_ms * (3 if st.distribution == "exponential" else 2) if st.ranks else 0.0
-    compute = (w.compute_ms + w.compute_jitter_ms + late) / 1000.0
+    late = st.delay_us * (3 if st.distribution == "exponential" else 2) if st.ranks else 0.0
+    compute = scenario.emulated_ns(w.compute_us + w.compute_jitter_us + late) / 1e9
     return wire + compute * w.iterations * len(w.run_sizes)
 
 
@@ -110,7 +110,7 @@ def finish_timeout_s(scenario: Scenario) -> float:
     """How long a run waits for its agents: generous for slow emulation (10x the line-rate
     estimate) plus one QP's worst recovery (every retry at the longest timeout)."""
     tr = scenario.transport
-    worst_recovery = tr.retry_limit * MAX_RTO_FACTOR * tr.rto_ms / 1000.0
+    worst_recovery = tr.retry_limit * MAX_RTO_FACTOR * scenario.emulated_ns(tr.rto_us) / 1e9
     return 30 + 10 * expected_duration_s(scenario) + worst_recovery
 
 

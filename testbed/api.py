@@ -10,7 +10,11 @@
 overrides; ``load_result`` reads a saved run directory. Results are frozen dataclasses mirroring
 ``results.json`` (see the README); every figure keeps its name and unit suffix from there, and
 ``raw`` holds the whole dictionary for anything not surfaced here. A counter whose mechanism
-was absent (no ECN, no PFC, no DCQCN) is ``None``.
+was absent (no ECN, no PFC, no DCQCN) is ``None``. Times are emulated, as in ``results.json``;
+``modelled`` holds the same time figures in the modelled fabric's time (divided by the time
+scale), which is what compares across machines and rates:
+
+    assert result.policy("lossless").modelled.cct_us.p50 < 200  # us at 100 Gbit/s
 """
 from __future__ import annotations
 
@@ -75,6 +79,24 @@ class StragglerIdle:
 
 
 @dataclass(frozen=True)
+class Modelled:
+    """The time figures in the modelled fabric's time (results.json ``modelled``)."""
+    cct_us: Optional[Cct] = None
+    latency_us: Optional[Percentiles] = None
+    jitter_us: Optional[Jitter] = None
+    straggler_idle_us: Optional[StragglerIdle] = None
+    pfc_paused_ms: Optional[float] = None
+
+    @classmethod
+    def parse(cls, d: Optional[Mapping[str, Any]]) -> Optional["Modelled"]:
+        if not d:
+            return None
+        return cls(_from(Cct, d.get("cct_us")), _from(Percentiles, d.get("latency_us")),
+                   _from(Jitter, d.get("jitter_us")),
+                   _from(StragglerIdle, d.get("straggler_idle_us")), d.get("pfc_paused_ms"))
+
+
+@dataclass(frozen=True)
 class Fidelity:
     verdict: Optional[str] = None
     problems: Tuple[str, ...] = ()
@@ -106,6 +128,7 @@ class CollectiveResult:
     packets_received: Optional[int]
     retransmissions_received: Optional[int]
     ecn_marked_packets: Optional[int]
+    modelled: Optional[Modelled] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -114,7 +137,8 @@ class CollectiveResult:
         return dataclasses.replace(
             c, cct_us=_from(Cct, d.get("cct_us")), latency_us=_from(Percentiles, d.get("latency_us")),
             jitter_us=_from(Jitter, d.get("jitter_us")),
-            straggler_idle_us=_from(StragglerIdle, d.get("straggler_idle_us")))
+            straggler_idle_us=_from(StragglerIdle, d.get("straggler_idle_us")),
+            modelled=Modelled.parse(d.get("modelled")))
 
 
 @dataclass(frozen=True)
@@ -149,6 +173,7 @@ class PolicyResult:
     ecn_marking_via: Optional[str] = None  # sampled marking applied by "bpf" or "openflow"
     per_hop_latency: Optional[Dict[str, Any]] = None  # model, what was applied, floors seen
     rxe: Optional[Dict[str, Any]] = None  # --traffic rxe: mode and perftest figures
+    modelled: Optional[Modelled] = None  # the time figures in the modelled fabric's time
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -160,7 +185,8 @@ class PolicyResult:
             jitter_us=_from(Jitter, d.get("jitter_us")), cct_us=_from(Cct, d.get("cct_us")),
             straggler_idle_us=_from(StragglerIdle, d.get("straggler_idle_us")),
             collectives=tuple(CollectiveResult.parse(c) for c in d.get("collectives") or ()),
-            fidelity=_from(Fidelity, fid) if fid else None)
+            fidelity=_from(Fidelity, fid) if fid else None,
+            modelled=Modelled.parse(d.get("modelled")))
 
     def collective(self, size_bytes: Optional[int] = None) -> CollectiveResult:
         """The collective's figures (at ``size_bytes`` in a sweep)."""

@@ -1,11 +1,12 @@
 """Background and adversarial traffic on the fabric while the collectives run.
 
 * **noisy neighbour**: every neighbour host (``topology.neighbours_per_leaf``: non-GPU hosts, a
-  tenant of their own) sends UDP at ``rate_mbit`` to the neighbour with the same position on
+  tenant of their own) sends UDP at ``rate_gbit`` (the modelled fabric's rate) to the
+  neighbour with the same position on
   the next leaf - with the project's flow tool (kernel receive timestamps, so its loss and
   latency are reported) or with ``iperf3 -u``;
 * **incast**: several senders burst ``burst_bytes`` of RoCE frames (the RoCE DSCP, another job's
-  queue pair) at one target at the same instants, ``bursts_per_s`` times a second.
+  queue pair) at one target at the same instants, every ``period_us`` of modelled time.
 
 ``background_plan`` (pure) decides who sends what; ``Background`` starts the processes inside
 the hosts' namespaces, records every PID in the run's ledger, and stops them when the
@@ -54,7 +55,7 @@ def background_plan(plan: FabricPlan, scenario) -> BackgroundPlan:
     """Who sends to whom; ``ConfigError`` when the scenario asks for what the fabric lacks."""
     bg = scenario.background
     out = BackgroundPlan()
-    if bg.noisy_neighbour.rate_mbit > 0:
+    if bg.noisy_neighbour.rate_gbit > 0:
         if len(plan.neighbours) < 2:
             raise ConfigError("background.noisy_neighbour: needs at least two neighbour hosts "
                               "(set topology.neighbours_per_leaf)")
@@ -69,7 +70,7 @@ def background_plan(plan: FabricPlan, scenario) -> BackgroundPlan:
                         if p.leaf == peer_leaf and p.index - plan.gpus_per_leaf == peer_j)
             out.noisy.append(Flow("noisy", h.name, peer.name))
     inc = bg.incast
-    if inc.bursts_per_s > 0:
+    if inc.period_us > 0:
         names = {h.name for h in plan.hosts}
         target = inc.target or plan.gpus[-1].name
         if target not in names:
@@ -105,6 +106,9 @@ class Background:
         self.bg = background_plan(plan, scenario)
         self.procs: List[dict] = []  # {"role", "flow", "proc", "out", "flows"}
         self.duration_s = scenario.background.max_s
+        # the neighbours' rate as the emulated links run it
+        nn = scenario.background.noisy_neighbour
+        self.rate_mbit = round(scenario.emulated_mbit(nn.rate_gbit), 6) if nn.rate_gbit else 0.0
 
     @property
     def empty(self) -> bool:
@@ -114,11 +118,13 @@ class Background:
         parts = []
         nn, inc = self.scenario.background.noisy_neighbour, self.scenario.background.incast
         if self.bg.noisy:
-            parts.append(f"noisy neighbour: {len(self.bg.noisy)} flows of {nn.rate_mbit:g} "
-                         f"Mbit/s ({nn.tool})")
+            parts.append(f"noisy neighbour: {len(self.bg.noisy)} flows of {nn.rate_gbit:g} "
+                         f"Gbit/s modelled, {self.rate_mbit:g} Mbit/s emulated ({nn.tool})")
         if self.bg.incast:
             parts.append(f"incast: {len(self.bg.incast)} senders -> {self.bg.incast_target}, "
-                         f"{inc.burst_bytes:,} B each, {inc.bursts_per_s:g} bursts/s")
+                         f"{inc.burst_bytes:,} B each, one burst every {inc.period_us:g} us "
+                         f"modelled ({self.scenario.emulated_ns(inc.period_us) / 1e6:g} ms "
+                         "emulated)")
         return "; ".join(parts)
 
     def start_receivers(self) -> None:
@@ -157,7 +163,7 @@ class Background:
                 src, dst = self.plan.host(f.src), self.plan.host(f.dst)
                 self._flows("noisy-sender", f, f.src, "send",
                             {"kind": "udp", "src_ip": src.ip, "dst_ip": dst.ip,
-                             "payload": nn.packet_bytes, "rate_mbit": nn.rate_mbit,
+                             "payload": nn.packet_bytes, "rate_mbit": self.rate_mbit,
                              "dscp": nn.dscp, "start": "stdin",
                              "duration_s": self.duration_s})
         inc = bg.incast
@@ -169,16 +175,17 @@ class Background:
                 "dst_mac": dst.mac, "dst_ip": dst.ip, "dscp": self.roce_dscp, "ecn": 2,
                 "payload": mtu, "dqpn": 0xFFFF00,  # another job's QP: no agent QP matches
                 "start": "stdin",
-                "bursts": {"duration_s": self.duration_s, "period_us": 1e6 / inc.bursts_per_s,
+                "bursts": {"duration_s": self.duration_s,
+                           "period_us": self.scenario.emulated_ns(inc.period_us) / 1000,
                            "packets": max(1, math.ceil(inc.burst_bytes / mtu))}})
         for p in self.procs:
             if p["role"].endswith("sender"):
                 _expect_ready(p["proc"])
 
     def go(self, start_ns: int) -> None:
-        """Start the background traffic at ``start_ns`` + ``background.start_ms``."""
+        """Start the background traffic at ``start_ns`` + ``background.start_us`` (modelled)."""
         bg = self.scenario.background
-        start_ns += int(bg.start_ms * 1e6)
+        start_ns += self.scenario.emulated_ns(bg.start_us)
         for p in self.procs:
             if p["role"].endswith("sender"):
                 p["proc"].stdin.write(f"go {start_ns}\n".encode())
@@ -189,7 +196,7 @@ class Background:
                 src, dst = self.plan.host(f.src), self.plan.host(f.dst)
                 delay = max(IPERF_GRACE_S, (start_ns - time.time_ns()) / 1e9)
                 cmd = (f"sleep {delay:.3f} && exec iperf3 -c {dst.ip} -B {src.ip} "
-                       f"-p {IPERF_PORT} -u -b {nn.rate_mbit:g}M -l {nn.packet_bytes} "
+                       f"-p {IPERF_PORT} -u -b {self.rate_mbit:g}M -l {nn.packet_bytes} "
                        f"-t {max(1, math.ceil(self.duration_s))} -S {nn.dscp << 2} -J")
                 self._popen("noisy-sender", f, f.src, ["sh", "-c", cmd],
                             self._out("iperf3-client", f.src), stdout_to_out=True)
@@ -210,7 +217,8 @@ class Background:
                 receiver = self._result("noisy-receiver", f)
                 flows.append(_noisy_figures(nn.tool, f, sender, receiver,
                                             self.plan.host(f.src).ip))
-            out["noisy_neighbour"] = {"tool": nn.tool, "rate_mbit": nn.rate_mbit,
+            out["noisy_neighbour"] = {"tool": nn.tool, "rate_gbit": nn.rate_gbit,
+                                      "rate_mbit": self.rate_mbit,
                                       "flows": flows}
         if self.bg.incast:
             sent = [self._result("incast-sender", f) or {} for f in self.bg.incast]

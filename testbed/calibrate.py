@@ -1,8 +1,11 @@
 """Calibration (thin edge of ``testbed.timescale``): how busy this machine's CPUs get while the
 reference fabric - the default scenario, 8 GPUs at 40 Mbit/s - runs under each policy.
 
-Measured once per machine by a short real run, kept in ``CACHE`` (keyed by the machine: its
-id, CPUs, memory and kernel), and redone by ``python -m testbed calibrate``.
+Measured once per machine by short real runs, kept in ``CACHE`` (keyed by the machine: its
+id, CPUs, memory and kernel), and redone by ``python -m testbed calibrate``. What else the
+machine does would be charged to the fabric, so it first waits for the CPUs to be quiet and
+runs the reference ``ROUNDS`` times, keeping per policy the least busy and least delayed
+round: a passing load makes one round worse, not the machine's answer.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import tempfile
 import time
 from typing import Callable, Optional
 
+from . import cost
 from .errors import TestbedError
 from .results import write_json_atomic
 from .timescale import CALIBRATION_VERSION, REFERENCE_RATE_MBIT, Calibration
@@ -23,6 +27,9 @@ CACHE = os.path.join(os.environ.get("TESTBED_CACHE_DIR", "/var/lib/ai-fabric-tes
                      "calibration.json")
 REFERENCE_GPUS_PER_LEAF, REFERENCE_LEAVES = 2, 4
 REFERENCE_ITERATIONS = 5
+ROUNDS = 2
+QUIET_BUSY = 0.15  # the CPUs' busy share below which the machine counts as quiet
+QUIET_WAIT_S = 20.0
 
 
 def machine_key() -> str:
@@ -61,30 +68,67 @@ def measure(progress: Callable[[str], None] = lambda s: None, path: str = CACHE)
                      "host_rate_mbit": REFERENCE_RATE_MBIT},
         "workload": {"iterations": REFERENCE_ITERATIONS}})
     progress(f"calibrating this machine once: the reference fabric ({scenario.topology.gpus} "
-             f"GPUs at {REFERENCE_RATE_MBIT:g} Mbit/s) under each policy, about 20 s")
-    work = tempfile.mkdtemp(prefix="testbed-calibration-")
-    try:
-        results, _ = runner.run(scenario, out_root=work, progress=_outcomes(progress),
-                                calibrated=False)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+             f"GPUs at {REFERENCE_RATE_MBIT:g} Mbit/s) under each policy, {ROUNDS} rounds, "
+             "about 40 s")
+    before = wait_quiet(progress)
     busy, noise, allowed = {}, {}, 0.0
+    for _ in range(ROUNDS):
+        work = tempfile.mkdtemp(prefix="testbed-calibration-")
+        try:
+            results, _ = runner.run(scenario, out_root=work, progress=_outcomes(progress),
+                                    calibrated=False)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        for name, (share, delay, tolerance) in round_figures(results).items():
+            busy[name] = min(busy.get(name, share), share)
+            noise[name] = min(noise.get(name, delay), delay)
+            allowed = tolerance or allowed
+    cal = Calibration(machine=machine_key(), cpus=os.cpu_count() or 1,
+                      measured=time.strftime("%Y-%m-%d %H:%M", time.localtime()),
+                      gpus=scenario.topology.gpus, host_rate_mbit=REFERENCE_RATE_MBIT, busy=busy,
+                      noise_us=noise, allowed_us=float(allowed), busy_before=round(before, 3))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_json_atomic(path, cal.to_dict())
+    return cal
+
+
+def round_figures(results: dict) -> dict:
+    """Per policy of one reference run (pure): (CPU busy share, the machine's delay - the
+    larger of agent timer lag p95 and idle-path overhead, us -, the tolerance both had)."""
+    out = {}
     for name, p in results["policies"].items():
         share = (p.get("emulation_cost") or {}).get("busy_share")
         if not share:
             raise TestbedError(f"calibration: the {name} run measured no CPU share")
-        busy[name] = float(share)
         checks = (p.get("fidelity") or {}).get("checks") or {}
         lag, idle = checks.get("agent_loop_lag") or {}, checks.get("idle_path_latency") or {}
-        noise[name] = max(lag.get("p95_us") or 0.0, idle.get("overhead_us") or 0.0)
-        allowed = lag.get("allowed_p95_us") or idle.get("allowed_overhead_us") or allowed
-    cal = Calibration(machine=machine_key(), cpus=os.cpu_count() or 1,
-                      measured=time.strftime("%Y-%m-%d %H:%M", time.localtime()),
-                      gpus=scenario.topology.gpus, host_rate_mbit=REFERENCE_RATE_MBIT, busy=busy,
-                      noise_us=noise, allowed_us=float(allowed))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_json_atomic(path, cal.to_dict())
-    return cal
+        delay = max(lag.get("p95_us") or 0.0, idle.get("overhead_us") or 0.0)
+        out[name] = (float(share), delay,
+                     lag.get("allowed_p95_us") or idle.get("allowed_overhead_us") or 0.0)
+    return out
+
+
+def busy_share(seconds: float = 1.0) -> float:
+    """How busy the machine's CPUs were over the next ``seconds`` (0..1)."""
+    a = cost.machine_cpu_s()
+    time.sleep(seconds)
+    b = cost.machine_cpu_s()
+    d = {k: b[k] - a[k] for k in a}
+    total = sum(d.values())
+    return 1.0 - (d["idle"] + d["iowait"]) / total if total > 0 else 0.0
+
+
+def wait_quiet(progress: Callable[[str], None]) -> float:
+    """Wait (up to ``QUIET_WAIT_S``) for the CPUs to be quiet; their busy share at the start."""
+    deadline = time.monotonic() + QUIET_WAIT_S
+    share = busy_share()
+    while share > QUIET_BUSY and time.monotonic() < deadline:
+        progress(f"calibration: waiting for a quiet machine (CPUs {share:.0%} busy)")
+        share = busy_share(2.0)
+    if share > QUIET_BUSY:
+        progress(f"calibration: the CPUs stay {share:.0%} busy without the testbed: the "
+                 "rates chosen leave that load room; calibrate again once it is gone")
+    return share
 
 
 def _outcomes(progress: Callable[[str], None]) -> Callable[[str], None]:

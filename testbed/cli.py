@@ -75,7 +75,7 @@ def cmd_run(args) -> int:
         json.dump(results, sys.stdout, indent=2)
         print()
     else:
-        print(summary_table(results))
+        print(summary_table(results, emulated=args.emulated))
         print(f"\nresults: {os.path.join(run_dir, 'results.json')}")
         report = os.path.join(run_dir, "report.html")
         if os.path.exists(report):
@@ -202,7 +202,9 @@ def policies_reference() -> str:
 
     from controllers.params import REFERENCE_RATE_MBIT
 
-    scenario = DEFAULT.with_host_rate(REFERENCE_RATE_MBIT)  # byte defaults are for this rate
+    # the classes' PFC headroom covers the emulator's reaction at the emulated rate: shown at
+    # the reference rate
+    scenario = DEFAULT.with_host_rate(REFERENCE_RATE_MBIT)
     t = scenario.topology
     plan = FabricPlan.for_topology(t)
     out = []
@@ -223,8 +225,9 @@ def policies_reference() -> str:
             unit = f" {f.metadata['unit']}" if "unit" in f.metadata else ""
             out.append(f"  {f.name} = {value!r}{unit}: {f.metadata.get('doc', '')}")
         out.append("")
-    out.append(f"Byte defaults are for {t.host_rate_mbit:g} Mbit/s links and scale with the "
-               "scenario's host link rate.")
+    out.append(f"Byte defaults are for the modelled {t.modelled_rate_gbit:g} Gbit/s fabric and "
+               "scale with topology.modelled_rate_gbit; the PFC headroom shown is for "
+               f"{t.host_rate_mbit:g} Mbit/s emulated links.")
     return "\n".join(out)
 
 
@@ -303,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="directory that receives the run directory (default: ./results)")
     r.add_argument("--json", action="store_true", help="print results.json to stdout")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
+    r.add_argument("--emulated", action="store_true",
+                   help="print latencies and CCTs in emulated time (default: the modelled "
+                        "fabric's time)")
     r.set_defaults(func=cmd_run)
     cal = sub.add_parser("calibrate", help="measure how fast this machine can run the fabric "
                                            "faithfully (topology.host_rate_mbit: auto uses it)")

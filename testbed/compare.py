@@ -57,13 +57,18 @@ def compare(a: dict, b: dict, label_a: str = "A", label_b: str = "B") -> str:
            [f"{n} only in B" for n in pb if n not in pa]
     if only:
         out.append("policies not compared: " + ", ".join(only))
+    # times in the modelled fabric's where both runs have them: runs at two time scales compare
+    modelled = report.modelled_time(a) and report.modelled_time(b)
+    out.append("times: " + ("the modelled fabric's" if modelled else "emulated"))
     for name in both:
         rows = []
         for label, get in report.ROWS:
-            va, vb = get(pa[name]), get(pb[name])
+            va = get(report.view(pa[name], not modelled))
+            vb = get(report.view(pb[name], not modelled))
             if va is None and vb is None:
                 continue
-            rows.append([label, report.fmt(va), report.fmt(vb), _change(va, vb)])
+            show = report.sig if modelled and label in report.TIME_ROWS else report.fmt
+            rows.append([label, show(va), show(vb), _change(va, vb)])
         out.append(report.table([name, "A", "B", "B - A"], rows))
     diff = scenario_diff(a.get("scenario") or {}, b.get("scenario") or {})
     if diff:

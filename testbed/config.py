@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Tuple, Union
+from typing import Any, Dict, List, Mapping, Tuple, Union
 
 from .errors import ConfigError
 from .schema import build, plain
 from .timescale import AUTO, REFERENCE_RATE_MBIT, require_rate
 
 MBIT = 1_000_000
+
+
+SAMPLING_MODELLED_US = 0.4  # the switches' reaction time in the modelled fabric
+SAMPLING_FLOOR_US = 200  # the switch-queue emulator cannot sample faster (emulated us)
 
 
 @dataclass(frozen=True)
@@ -79,12 +83,12 @@ COLLECTIVE_NAMES = ("ring", "halving_doubling", "double_binary_tree", "hierarchi
 class StragglerConfig:
     ranks: Tuple[int, ...] = field(default=(), metadata={
         "item": int, "doc": "ranks (0-based) whose compute phase runs late"})
-    delay_ms: float = field(default=5.0, metadata={
-        "min": 0.0, "max": 600_000.0, "unit": "ms",
+    delay_us: float = field(default=2.0, metadata={
+        "min": 0.0, "max": 600_000_000.0, "unit": "us (modelled)",
         "doc": "how late: the delay itself (fixed), or the mean of the distribution"})
     distribution: str = field(default="fixed", metadata={
         "choices": ("fixed", "uniform", "exponential"),
-        "doc": "fixed: delay_ms every time; uniform: 0..2 x delay_ms; exponential: mean delay_ms"})
+        "doc": "fixed: delay_us every time; uniform: 0..2 x delay_us; exponential: mean delay_us"})
     probability: float = field(default=1.0, metadata={
         "min": 0.0, "max": 1.0, "doc": "chance that a straggler rank is late in an iteration"})
 
@@ -108,11 +112,11 @@ class WorkloadConfig:
         "doc": "pipelining: each ring block / tree half is sent in this many pieces"})
     mtu: int = field(default=4096, metadata={
         "choices": (256, 512, 1024, 2048, 4096), "unit": "B", "doc": "RoCE path MTU"})
-    compute_ms: float = field(default=0.0, metadata={
-        "min": 0.0, "max": 600_000.0, "unit": "ms",
-        "doc": "compute phase before each collective (emulated time)"})
-    compute_jitter_ms: float = field(default=0.0, metadata={
-        "min": 0.0, "max": 600_000.0, "unit": "ms",
+    compute_us: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 600_000_000.0, "unit": "us (modelled)",
+        "doc": "compute phase before each collective"})
+    compute_jitter_us: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 600_000_000.0, "unit": "us (modelled)",
         "doc": "each rank's compute phase varies uniformly by up to this much either way"})
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)
     seed: int = field(default=1, metadata={"min": 0, "max": 2**31,
@@ -138,29 +142,29 @@ class TransportConfig:
         "doc": "UDP source port: derived from the QP, or a new one per packet (spraying)"})
     ack_every: int = field(default=16, metadata={
         "min": 1, "max": 4096, "unit": "packets", "doc": "responder ACK coalescing"})
-    rto_ms: float = field(default=250.0, metadata={
-        "min": 1.0, "max": 600_000.0, "unit": "ms",
+    rto_us: float = field(default=100.0, metadata={
+        "min": 0.001, "max": 600_000_000.0, "unit": "us (modelled)",
         "doc": "retransmission timeout (doubles per retry, up to 8x); longer than the deepest "
                "emulated queues take to drain"})
     retry_limit: int = field(default=7, metadata={
         "min": 1, "max": 64, "doc": "retransmissions of one PSN before the QP fails"})
-    dcqcn_timer_ms: float = field(default=20.0, metadata={
-        "min": 0.1, "max": 60_000.0, "unit": "ms",
+    dcqcn_timer_us: float = field(default=8.0, metadata={
+        "min": 0.001, "max": 60_000_000.0, "unit": "us (modelled)",
         "doc": "DCQCN alpha-update and rate-increase timers (paper: 55 us, about ten base "
-               "RTTs; the emulated base RTT is about 2 ms)"})
+               "RTTs of its fabric)"})
     dcqcn_byte_counter: int = field(default=256_000, metadata={
         "min": 1000, "max": 1 << 30, "unit": "B",
         "doc": "DCQCN rate-increase byte counter (paper: 10 MB, scaled like the ECN "
                "thresholds)"})
-    cnp_interval_ms: float = field(default=20.0, metadata={
-        "min": 0.1, "max": 60_000.0, "unit": "ms",
-        "doc": "a receiver sends at most one CNP per QP per interval (REFERENCE: ~50 us)"})
+    cnp_interval_us: float = field(default=8.0, metadata={
+        "min": 0.001, "max": 60_000_000.0, "unit": "us (modelled)",
+        "doc": "a receiver sends at most one CNP per QP per interval (ConnectX: ~50 us)"})
 
 
 @dataclass(frozen=True)
 class NoisyNeighbourConfig:
-    rate_mbit: float = field(default=0.0, metadata={
-        "min": 0.0, "max": 1000.0, "unit": "Mbit/s",
+    rate_gbit: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 1600.0, "unit": "Gbit/s (modelled)",
         "doc": "per neighbour host; 0 = off. Each neighbour host sends to one on the next leaf"})
     tool: str = field(default="flows", metadata={
         "choices": ("flows", "iperf3"), "doc": "the agents' own UDP flows, or iperf3 -u"})
@@ -171,8 +175,9 @@ class NoisyNeighbourConfig:
 
 @dataclass(frozen=True)
 class IncastConfig:
-    bursts_per_s: float = field(default=0.0, metadata={
-        "min": 0.0, "max": 1000.0, "doc": "synchronised bursts per second; 0 = off"})
+    period_us: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 600_000_000.0, "unit": "us (modelled)",
+        "doc": "time between synchronised bursts; 0 = off"})
     burst_bytes: int = field(default=64_000, metadata={
         "min": 1000, "max": 64_000_000, "unit": "B", "doc": "what each sender sends per burst"})
     senders: Tuple[str, ...] = field(default=(), metadata={
@@ -189,14 +194,16 @@ class BackgroundConfig:
 
     noisy_neighbour: NoisyNeighbourConfig = field(default_factory=NoisyNeighbourConfig)
     incast: IncastConfig = field(default_factory=IncastConfig)
-    start_ms: float = field(default=0.0, metadata={
-        "min": 0.0, "max": 3_600_000.0, "unit": "ms", "doc": "after the collectives start"})
+    start_us: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 3_600_000_000.0, "unit": "us (modelled)",
+        "doc": "after the collectives start"})
     max_s: float = field(default=600.0, metadata={
-        "min": 0.1, "max": 86_400.0, "unit": "s", "doc": "hard bound on background traffic"})
+        "min": 0.1, "max": 86_400.0, "unit": "s",
+        "doc": "hard bound on background traffic (the machine's own time)"})
 
     @property
     def enabled(self) -> bool:
-        return self.noisy_neighbour.rate_mbit > 0 or self.incast.bursts_per_s > 0
+        return self.noisy_neighbour.rate_gbit > 0 or self.incast.period_us > 0
 
 
 @dataclass(frozen=True)
@@ -220,10 +227,12 @@ class FidelityConfig:
 
 @dataclass(frozen=True)
 class EmulationConfig:
-    sample_interval_us: int = field(default=1000, metadata={
-        "min": 200, "max": 100_000, "unit": "us",
+    sample_interval_us: Union[float, str] = field(default=AUTO, metadata={
+        "auto": True, "min": SAMPLING_FLOOR_US, "max": 100_000, "unit": "us (emulated)",
         "doc": "how often the switch-queue emulator samples every egress queue: the emulated "
-               "switches' reaction time for ECN marking, PFC and adaptive routing"})
+               "switches' reaction time for ECN marking, PFC and adaptive routing; auto: "
+               f"{SAMPLING_MODELLED_US:g} us of modelled time (1 ms at 40 Mbit/s), at least "
+               f"{SAMPLING_FLOOR_US} us (the emulator's floor)"})
     switch_rate_headroom: float = field(default=0.02, metadata={
         "min": 0.0, "max": 0.2,
         "doc": "switch ports send this much faster than their nominal rate, so that the "
@@ -323,6 +332,40 @@ class Scenario:
         """How many times slower than the modelled fabric the emulated links run."""
         return self.topology.modelled_rate_gbit * 1000 / require_rate(self.topology.host_rate_mbit)
 
+    def emulated_ns(self, modelled_us: float) -> int:
+        """A modelled-time constant as the emulation runs it, in ns."""
+        return int(round(modelled_us * 1000 * self.time_scale))
+
+    def emulated_mbit(self, modelled_gbit: float) -> float:
+        """A modelled-fabric rate as the emulation runs it, in Mbit/s."""
+        return modelled_gbit * 1000 / self.time_scale
+
+    @property
+    def sample_interval_us(self) -> float:
+        """How often the switch-queue emulator samples (emulated us): ``auto`` scales the
+        modelled reaction time, down to the emulator's floor."""
+        given = self.emulation.sample_interval_us
+        if given != AUTO:
+            return float(given)
+        return max(float(SAMPLING_FLOOR_US), round(SAMPLING_MODELLED_US * self.time_scale, 1))
+
+    def unscaled_constants(self) -> List[str]:
+        """The time constants the run cannot scale to the modelled fabric, and what they are
+        in modelled time here."""
+        out = []
+        wanted = SAMPLING_MODELLED_US * self.time_scale
+        if self.emulation.sample_interval_us == AUTO and wanted < SAMPLING_FLOOR_US:
+            out.append(f"the switch-queue emulator samples every {SAMPLING_FLOOR_US} us (its "
+                       f"floor), {SAMPLING_FLOOR_US / self.time_scale:.3g} us modelled instead "
+                       f"of {SAMPLING_MODELLED_US:g}: ECN, PFC and adaptive routing react that "
+                       "much later than the modelled switches")
+        if "lossless" in self.policies:
+            gap = self.policy_params.get("lossless", {}).get("flowlet_gap_s", 1)
+            out.append(f"lossless: the flowlet gap is an OpenFlow idle timeout of {gap:g} s "
+                       f"of the machine's time, {gap * 1e6 / self.time_scale:,.0f} us "
+                       "modelled: adaptive routing moves a flow only after that long idle")
+        return out
+
     def for_checks(self) -> "Scenario":
         """This scenario, or while its rate is still ``auto`` a copy at the rate the byte
         defaults are stated for: what is valid does not depend on the rate chosen later."""
@@ -338,6 +381,7 @@ class Scenario:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Scenario":
         params = None
+        _no_renamed_keys(data)
         if isinstance(data, Mapping) and "policy_params" in data:
             data = dict(data)
             params = data.pop("policy_params")
@@ -415,6 +459,34 @@ def load_file(path: str) -> Scenario:
         return Scenario.from_dict(data)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}")
+
+
+# Keys that were emulated time or rate and are now the modelled fabric's: (section path, old
+# key) -> (new key, what the default old value becomes at the reference 2,500x time scale).
+RENAMED = {
+    ("transport", "rto_ms"): ("rto_us", "250 ms -> 100 us"),
+    ("transport", "dcqcn_timer_ms"): ("dcqcn_timer_us", "20 ms -> 8 us"),
+    ("transport", "cnp_interval_ms"): ("cnp_interval_us", "20 ms -> 8 us"),
+    ("workload", "compute_ms"): ("compute_us", "20 ms -> 8 us"),
+    ("workload", "compute_jitter_ms"): ("compute_jitter_us", "1 ms -> 0.4 us"),
+    ("workload.stragglers", "delay_ms"): ("delay_us", "5 ms -> 2 us"),
+    ("background", "start_ms"): ("start_us", "10 ms -> 4 us"),
+    ("background.incast", "bursts_per_s"): ("period_us", "5 per s -> 80 us"),
+    ("background.noisy_neighbour", "rate_mbit"): ("rate_gbit", "15 Mbit/s -> 37.5 Gbit/s"),
+}
+
+
+def _no_renamed_keys(data) -> None:
+    """A scenario written for the emulated units is refused with the key that replaced it."""
+    for (path, old), (new, example) in RENAMED.items():
+        section = data
+        for part in path.split("."):
+            section = section.get(part) if isinstance(section, Mapping) else None
+        if isinstance(section, Mapping) and old in section:
+            raise ConfigError(
+                f"{path}.{old}: was emulated time or rate; it is now {path}.{new} in the "
+                f"modelled fabric's units (divide by the time scale: at 40 Mbit/s, 2,500x, "
+                f"{example})")
 
 
 def _derive(scenario: "Scenario", data: Mapping[str, Any]) -> "Scenario":

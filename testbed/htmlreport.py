@@ -175,6 +175,10 @@ def render(results: dict, figures: List[Figure], plot_note: str = "") -> str:
         parts.append(f"<p class=\"meta\">{_e(note)}</p>")
     parts.append("<h2>Fidelity</h2>" + _verdicts(results))
     parts.append("<h2>Comparison</h2>" + _table(*report.comparison(results), "comparison"))
+    if report.modelled_time(results):
+        parts.append("<details><summary>The same in emulated time</summary>"
+                     + _table(*report.comparison(results, emulated=True), "comparison-emulated")
+                     + "</details>")
     parts.append("<h2>Plots</h2>")
     if plot_note:
         parts.append(f"<p class=\"warn\">{_e(plot_note)}</p>")
@@ -189,7 +193,8 @@ def render(results: dict, figures: List[Figure], plot_note: str = "") -> str:
         parts.append("<h2>Message-size sweep</h2>")
         parts += [_table(*report.sweep(n, entries)) for n, entries in sweeps]
     parts.append("<h2>Per GPU</h2>")
-    parts += [_table(*report.per_gpu(n, p)) for n, p in policies.items()]
+    scale = results.get("time_scale") if report.modelled_time(results) else 0.0
+    parts += [_table(*report.per_gpu(n, p, scale)) for n, p in policies.items()]
     parts.append("<h2>Scenario</h2><pre id=\"scenario\">"
                  + _e(yaml.safe_dump(scenario, sort_keys=False, default_flow_style=False))
                  + "</pre>")

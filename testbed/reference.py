@@ -85,8 +85,11 @@ def markdown() -> str:
     out = [f"<!-- {GENERATED} -->", "# Scenario reference", "",
            "Every key a scenario file (YAML) may set, with its default and unit. Unknown keys "
            "and bad values are refused with one error naming the key and what is allowed; "
-           "nothing starts before the whole file is valid. Byte defaults of `policy_params` "
-           "are for 40 Mbit/s links and scale with `topology.host_rate_mbit`.", ""]
+           "nothing starts before the whole file is valid. Times and rates marked modelled are "
+           "the modelled fabric's (the run scales them by its time scale); byte defaults of "
+           "`policy_params` are for a 100 Gbit/s modelled fabric and scale with "
+           "`topology.modelled_rate_gbit` (not with the emulated rate: a byte is a byte at "
+           "every time scale).", ""]
     section = None
     for k in list(keys()) + list(policy_keys()):
         top = k.path.rsplit(".", 1)[0] if "." in k.path else "(top level)"

@@ -1,6 +1,11 @@
-"""What a run prints: the comparison table, the size sweep, fidelity warnings (pure text)."""
+"""What a run prints: the comparison table, the size sweep, fidelity warnings (pure text).
+
+Times lead in the modelled fabric's time (each policy's ``modelled`` figures: the emulated
+time divided by the time scale); ``emulated=True`` shows the emulated times instead.
+"""
 from __future__ import annotations
 
+import math
 from typing import List, Tuple
 
 
@@ -12,6 +17,22 @@ def fmt(value, digits=1) -> str:
     if isinstance(value, float):
         return f"{value:,.{digits}f}"
     return f"{value:,}"
+
+
+def sig(value, digits: int = 4) -> str:
+    """A time in the modelled fabric: ``digits`` significant digits, never an exponent."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return fmt(value)
+    if value == 0 or abs(value) >= 10 ** (digits - 1):
+        return f"{value:,.0f}"
+    return f"{value:,.{max(0, digits - 1 - math.floor(math.log10(abs(value))))}f}"
+
+
+def view(p: dict, emulated: bool = False) -> dict:
+    """A policy's figures with its time summaries in modelled time (``emulated``: as run)."""
+    if emulated or not p.get("modelled"):
+        return p
+    return {**p, **p["modelled"]}
 
 
 ROWS = [
@@ -39,8 +60,8 @@ ROWS = [
     ("retransmitted packets", lambda p: p.get("retransmitted_packets")),
     ("NAKs / RTO timeouts", lambda p: _pair(p.get("naks"), p.get("rto_timeouts"))),
     ("CNPs sent", lambda p: p.get("cnps_sent")),
-    ("per-hop delay, switch port (us)", lambda p: _hop(p.get("per_hop_latency"))),
-    ("latency floor across leaves (us)",
+    ("per-hop delay, switch port (emulated us)", lambda p: _hop(p.get("per_hop_latency"))),
+    ("latency floor across leaves (emulated us)",
      lambda p: ((p.get("per_hop_latency") or {}).get("measured_min_us") or {}).get("cross_leaf")),
     ("ECN marking", lambda p: " ".join(filter(None, (p.get("ecn_marking"),
                                                      p.get("ecn_marking_via")))) or None),
@@ -54,6 +75,10 @@ ROWS = [
         f"{v:,}" for v in (p.get("spine_load_packets") or {}).values()) or None),
 ]
 """The comparison: (label, figure of a policy's results) per row."""
+TIME_ROWS = {"PFC paused time (ms)", "latency p50 (us)", "latency p99 (us)",
+             "latency p99.9 (us)", "latency max (us)", "jitter |IPDV| p99 (us)", "CCT p50 (ms)",
+             "CCT p99 (ms)", "CCT max (ms)", "straggler idle / iteration (ms)"}
+"""The rows that are times: in the modelled fabric's time unless emulated ones are asked for."""
 
 
 def _hop(h):
@@ -82,33 +107,52 @@ def _rxe(p, test, figure):
     return (t.get("results") or {}).get(figure) if not t.get("error") else "failed"
 
 
-def comparison(results: dict) -> Tuple[List[str], List[List[str]]]:
+def modelled_time(results: dict, emulated: bool = False) -> bool:
+    """Whether the tables show modelled time (every policy has its modelled figures)."""
+    policies = results.get("policies") or {}
+    return not emulated and bool(policies) and all(p.get("modelled") for p in policies.values())
+
+
+def comparison(results: dict, emulated: bool = False) -> Tuple[List[str], List[List[str]]]:
     """The comparison table as text cells: header (what, then one column per policy), rows."""
     policies = results.get("policies", {})
     names = list(policies)
     w = results.get("scenario", {}).get("workload", {})
     what = (f"per policy ({w.get('collective')}, {_size(w.get('size_bytes'))})"
             if w and not w.get("sizes") else "per policy")
+    modelled = modelled_time(results, emulated)
+    what += ", modelled time" if modelled else ", emulated time"
+    views = {n: view(policies[n], not modelled) for n in names}
     rxe = any(policies[n].get("rxe") for n in names)
     return ([what] + names,
-            [[label] + [fmt(get(policies[n])) for n in names] for label, get in ROWS
+            [[label] + [(sig if modelled and label in TIME_ROWS else fmt)(get(views[n]))
+                        for n in names] for label, get in ROWS
              if rxe or not label.startswith("rxe ")])
 
 
-def per_gpu(name: str, p: dict) -> Tuple[List[str], List[List[str]]]:
+def per_gpu(name: str, p: dict, time_scale: float = 0.0) -> Tuple[List[str], List[List[str]]]:
+    """One row per GPU; latencies in modelled time given the run's ``time_scale`` (0:
+    emulated)."""
+    def t(us):
+        return sig(us / time_scale) if time_scale and us is not None else fmt(us)
     return ([f"{name}: per GPU", "rank", "sent", "received", "rx p50 (us)", "rx p99 (us)"],
             [[host, fmt(g["rank"]), fmt(g["packets_sent"]), fmt(g["packets_received"]),
-              fmt(g["latency_us_p50"]), fmt(g["latency_us_p99"])]
+              t(g["latency_us_p50"]), t(g["latency_us_p99"])]
              for host, g in (p.get("per_gpu") or {}).items()])
 
 
-def time_scale_note(results: dict) -> str:
+def time_scale_note(results: dict, emulated: bool = False) -> str:
     scale = results.get("time_scale")
     if not scale:
         return ""
     modelled = results.get("scenario", {}).get("topology", {}).get("modelled_rate_gbit")
+    if modelled_time(results, emulated):
+        shown = (f"latencies and CCTs are the modelled fabric's time (emulated / {scale:,.0f}; "
+                 "emulated figures in results.json, or --emulated)")
+    else:
+        shown = "latencies and CCTs are emulated time"
     note = (f"time scale: emulated links run {scale:,.0f}x slower than the modelled "
-            f"{modelled:g} Gbit/s fabric; latencies and CCTs are emulated time")
+            f"{modelled:g} Gbit/s fabric; {shown}")
     choice = results.get("time_scale_choice") or {}
     if choice.get("chosen_by") == "auto":
         note += (f" (GPU NICs at {choice['host_rate_mbit']:g} Mbit/s: chosen for this machine, "
@@ -118,15 +162,17 @@ def time_scale_note(results: dict) -> str:
     return note
 
 
-def summary_table(results: dict) -> str:
+def summary_table(results: dict, emulated: bool = False) -> str:
     """The comparison printed at the end of a run: one column per policy, then per GPU."""
     policies = results.get("policies", {})
-    out = [table(*comparison(results))]
-    out += [table(*per_gpu(name, p)) for name, p in policies.items()]
+    modelled = modelled_time(results, emulated)
+    scale = results.get("time_scale") if modelled else 0.0
+    out = [table(*comparison(results, emulated))]
+    out += [table(*per_gpu(name, p, scale)) for name, p in policies.items()]
     for name, p in policies.items():
         if len(p.get("collectives") or []) > 1:
-            out.append(sweep_table(name, p["collectives"]))
-    note = time_scale_note(results)
+            out.append(sweep_table(name, p["collectives"], not modelled))
+    note = time_scale_note(results, emulated)
     if note:
         out.append(note)
     return "\n\n".join(out)
@@ -157,8 +203,18 @@ def _gpu_s(extrapolation):
     return f"{extrapolation['gpu_seconds_per_step_modelled']:.3g} @ {extrapolation['gpus']:,}"
 
 
-def sweep(policy: str, entries: List[dict]) -> Tuple[List[str], List[List[str]]]:
-    """nccl-tests style: one row per message size (time = median CCT, emulated)."""
+def sweep(policy: str, entries: List[dict], emulated: bool = False
+          ) -> Tuple[List[str], List[List[str]]]:
+    """nccl-tests style: one row per message size (time = median CCT), in the modelled fabric's
+    time and bandwidths; ``emulated``: as run (entries without modelled figures are)."""
+    name = entries[0]["collective"] if entries else ""
+    if not emulated and entries and all(e.get("modelled") for e in entries):
+        return ([f"{policy}: {name} sweep", "iters", "time (us)", "algbw (Gb/s)",
+                 "busbw (Gb/s)", "lat p99 (us)"],
+                [[_size(e["size_bytes"]), fmt(e["iterations"]),
+                  sig(e["modelled"]["cct_us"]["p50"] if e["modelled"].get("cct_us") else None),
+                  fmt(e.get("algbw_gbps_modelled"), 2), fmt(e.get("busbw_gbps_modelled"), 2),
+                  sig((e["modelled"].get("latency_us") or {}).get("p99"))] for e in entries])
     rows = []
     for e in entries:
         rows.append([_size(e["size_bytes"]), fmt(e["iterations"]),
@@ -167,13 +223,12 @@ def sweep(policy: str, entries: List[dict]) -> Tuple[List[str], List[List[str]]]
                      fmt(_mbit(e.get("busbw_gbps_emulated")), 2),
                      fmt(e.get("busbw_gbps_modelled"), 2),
                      fmt((e.get("latency_us") or {}).get("p99"), 0)])
-    name = entries[0]["collective"] if entries else ""
     return ([f"{policy}: {name} sweep", "iters", "time (us)", "algbw (Mb/s)",
              "busbw (Mb/s)", "busbw modelled (Gb/s)", "lat p99 (us)"], rows)
 
 
-def sweep_table(policy: str, entries: List[dict]) -> str:
-    return table(*sweep(policy, entries))
+def sweep_table(policy: str, entries: List[dict], emulated: bool = False) -> str:
+    return table(*sweep(policy, entries, emulated))
 
 
 def fidelity_warnings(results: dict) -> List[str]:

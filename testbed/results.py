@@ -161,6 +161,25 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
     return figures, packets
 
 
+MODELLED_TIMES = ("latency_us", "jitter_us", "cct_us", "straggler_idle_us", "pfc_paused_ms")
+NOT_TIMES = ("count", "ipdv_count")  # counts inside the time summaries
+
+
+def modelled(figures: dict, time_scale: float) -> dict:
+    """The time summaries of ``figures`` (``MODELLED_TIMES``) in the modelled fabric's time:
+    every emulated time divided by the time scale, counts as they are."""
+    def scaled(value, key=""):
+        if isinstance(value, dict):
+            return {k: scaled(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [scaled(v) for v in value]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and key not in NOT_TIMES:
+            return _round(value / time_scale, 9)
+        return value
+    return {k: scaled(figures[k]) for k in MODELLED_TIMES if figures.get(k) is not None}
+
+
 def _summaries(records_dir: str) -> List[dict]:
     out = []
     for path in sorted(glob.glob(os.path.join(records_dir, "*.summary.json"))):
@@ -240,7 +259,7 @@ def _workload_figures(index: int, spec: dict, ctx: RunContext, packets: Packets,
         total = int(delivered.payload[delivered.src == rank].sum())
         moved[str(rank)] = round(total / len(its)) if its else None
     expected = {str(r): coll.bytes_sent(r) for r in range(ctx.ranks)}
-    return {
+    out = {
         "collective": coll.name,
         "size_bytes": size,
         "iterations": len(its),
@@ -261,6 +280,8 @@ def _workload_figures(index: int, spec: dict, ctx: RunContext, packets: Packets,
                                                    ctx.extrapolate_gpus, ctx.time_scale)
                           if idle else None),
     }
+    out["modelled"] = modelled(out, ctx.time_scale)
+    return out
 
 
 def _pooled_lag(summaries: List[dict]) -> Optional[dict]:

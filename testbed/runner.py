@@ -41,7 +41,7 @@ from .fidelity import CpuSampler, evaluate
 from .hops import hop_model, path_floor_us
 from .rxe import RxeTraffic, endpoints as rxe_endpoints, require as require_rxe
 from .shaping import link_mtu, marking_method, marking_via
-from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, write_json_atomic
+from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled, write_json_atomic
 from .switchq import EmulatorProcess, merge_reports
 from .topology import FabricPlan
 from .wakeup import cpus_kept_awake
@@ -181,6 +181,9 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
     if calibrated:
         scenario, choice = choose_time_scale(scenario, progress)
     timescale.require_rate(scenario.topology.host_rate_mbit)
+    unscaled = scenario.unscaled_constants()
+    for note in unscaled:
+        progress(f"not scaled: {note}")
     run_id = new_run_id()
     run_dir = os.path.abspath(os.path.join(out_root, run_id))
     os.makedirs(run_dir, mode=0o755)
@@ -192,6 +195,7 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
     }
     if choice is not None:
         results["time_scale_choice"] = choice.to_dict()
+    results["time_scale_not_scaled"] = unscaled
     path = os.path.join(run_dir, "results.json")
     write_json_atomic(path, results)
     ledger = Ledger(run_id)
@@ -560,13 +564,14 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
         "ecn_marking_via": marked_via,
         "red_marked_by_port": ({k: v["marked"] for k, v in sorted(stats.items()) if v["marked"]}
                                if marking == "red" else None),
-        "reaction_time_us": scenario.emulation.sample_interval_us,
+        "reaction_time_us": scenario.sample_interval_us,
         "background": background_report or None,
         "pcap": pcaps,
         "rxe": rxe_report,
         "warnings": session.warnings + rxe_warnings(rxe_report),
         "duration_s": round(time.monotonic() - t0, 2),
     })
+    figures["modelled"] = modelled(figures, ctx.time_scale)
     minima = packets.path_minima_us()
     figures["per_hop_latency"] = dict(hops, measured_min_us=path_floor_us(plan, minima))
     figures["fidelity"] = evaluate(records, plan, figures, minima, hops["delay_us_applied"],
@@ -586,11 +591,11 @@ def _workload_text(scenario: Scenario, gpus: int) -> str:
     w = scenario.workload
     sizes = (", ".join(f"{s:,}" for s in w.sizes) + " B") if w.sizes else f"{w.size_bytes:,} B"
     extra = []
-    if w.compute_ms:
-        extra.append(f"{w.compute_ms:g} ms compute")
+    if w.compute_us:
+        extra.append(f"{w.compute_us:g} us compute")
     if w.stragglers.ranks:
         extra.append(f"stragglers {', '.join(map(str, w.stragglers.ranks))} "
-                     f"+{w.stragglers.delay_ms:g} ms ({w.stragglers.distribution})")
+                     f"+{w.stragglers.delay_us:g} us ({w.stragglers.distribution})")
     return (f"{w.iterations} x {w.collective} of {sizes} on {gpus} GPUs"
             + (f" ({'; '.join(extra)})" if extra else ""))
 

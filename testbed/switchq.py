@@ -744,7 +744,7 @@ class EmulatorProcess:
             "plan": policy.plan.to_dict(),
             "classes": [class_to_dict(c) for c in policy.traffic_classes()],
             "host_pids": {h.name: session.fabric.netns_pid(h.name) for h in policy.plan.hosts},
-            "interval_us": scenario.emulation.sample_interval_us,
+            "interval_us": scenario.sample_interval_us,
             "events": session.controller.events_path,
             "out": self.report_path,
             "timeline": self.timeline_path,

@@ -32,7 +32,7 @@ RATE_STEPS = (0.5, 1.0, 2.0, 2.5, 4.0, 5.0, 8.0, 10.0, 16.0, 20.0, 25.0, 32.0, 4
               64.0, 80.0, 100.0, 125.0, 160.0, 200.0, 250.0, 320.0, 400.0, 500.0, 640.0,
               800.0, 1000.0)
 NOISE_MARGIN = 1.5  # measured delay x this must stay within the tolerance
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class Calibration:
     # tolerance both had at the reference rate
     noise_us: Dict[str, float] = field(default_factory=dict)
     allowed_us: float = 0.0
+    busy_before: float = 0.0  # the CPUs' busy share without the testbed, when measured
     version: int = CALIBRATION_VERSION
 
     @property
@@ -59,7 +60,8 @@ class Calibration:
         return {"machine": self.machine, "cpus": self.cpus, "measured": self.measured,
                 "gpus": self.gpus, "host_rate_mbit": self.host_rate_mbit,
                 "busy": dict(self.busy), "noise_us": dict(self.noise_us),
-                "allowed_us": self.allowed_us, "version": self.version}
+                "allowed_us": self.allowed_us, "busy_before": self.busy_before,
+                "version": self.version}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Calibration":
@@ -70,6 +72,7 @@ class Calibration:
                    gpus=int(d["gpus"]), host_rate_mbit=float(d["host_rate_mbit"]), busy=busy,
                    noise_us={str(k): float(v) for k, v in d.get("noise_us", {}).items()},
                    allowed_us=float(d.get("allowed_us", 0.0)),
+                   busy_before=float(d.get("busy_before", 0.0)),
                    version=int(d.get("version", 0)))
 
 

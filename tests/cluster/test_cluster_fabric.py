@@ -7,10 +7,9 @@ import os
 import pytest
 
 from testbed import runner
-from testbed.config import DEFAULT
 from testbed.placement import cross_links
 
-from ..integration.live import fabric_session
+from ..integration.live import DEFAULT, fabric_session
 from ..integration.leftovers import wait_clean
 from .conftest import NEEDS_SSHD
 

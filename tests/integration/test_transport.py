@@ -55,7 +55,7 @@ def test_drops_cost_go_back_n_retransmissions_and_lossless_has_none(tmp_path):
     # OpenFlow ECN marking reordering a flow: testbed.bpfmark, README fidelity notes.)
     _, ll_run, ll_dir = run(
         tmp_path / "lossless", ["lossless"], policy_params={"lossless": {
-            "adaptive_routing": False}}, transport={"rto_ms": 1000}, **common)
+            "adaptive_routing": False}}, transport={"rto_us": 400}, **common)
     hs, ll = hs_run["policies"]["hyperscale"], ll_run["policies"]["lossless"]
     # Every byte of every transfer arrived, in order, despite the drops.
     assert delivered_bytes(hs_dir, "hyperscale") == expected_bytes(scenario)

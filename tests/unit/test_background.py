@@ -14,7 +14,7 @@ def _plan(scenario):
 
 def test_noisy_neighbours_send_to_the_same_position_on_the_next_leaf():
     s = Scenario.from_dict({"topology": {"neighbours_per_leaf": 2},
-                            "background": {"noisy_neighbour": {"rate_mbit": 10}}})
+                            "background": {"noisy_neighbour": {"rate_gbit": 25}}})
     bg = background_plan(_plan(s), s)
     pairs = [(f.src, f.dst) for f in bg.noisy]
     assert pairs[:2] == [("nb1", "nb3"), ("nb2", "nb4")]
@@ -25,23 +25,23 @@ def test_noisy_neighbours_send_to_the_same_position_on_the_next_leaf():
 def test_on_one_leaf_neighbours_send_to_each_other():
     s = Scenario.from_dict({"topology": {"leaves": 1, "gpus_per_leaf": 2,
                                          "neighbours_per_leaf": 2},
-                            "background": {"noisy_neighbour": {"rate_mbit": 10}}})
+                            "background": {"noisy_neighbour": {"rate_gbit": 25}}})
     assert [(f.src, f.dst) for f in background_plan(_plan(s), s).noisy] == [
         ("nb1", "nb2"), ("nb2", "nb1")]
 
 
 def test_incast_defaults_to_the_neighbours_or_far_gpus_towards_the_last_gpu():
-    s = Scenario.from_dict({"background": {"incast": {"bursts_per_s": 2}}})
+    s = Scenario.from_dict({"background": {"incast": {"period_us": 200}}})
     bg = background_plan(_plan(s), s)
     assert bg.incast_target == "gpu8"
     assert [f.src for f in bg.incast] == ["gpu1", "gpu2", "gpu3", "gpu4", "gpu5", "gpu6"]
     s = Scenario.from_dict({"topology": {"neighbours_per_leaf": 1},
-                            "background": {"incast": {"bursts_per_s": 2, "target": "gpu1"}}})
+                            "background": {"incast": {"period_us": 200, "target": "gpu1"}}})
     assert [f.src for f in background_plan(_plan(s), s).incast] == ["nb1", "nb2", "nb3", "nb4"]
 
 
 def test_incast_senders_must_differ_from_the_target():
-    s = Scenario.from_dict({"background": {"incast": {"bursts_per_s": 2, "target": "gpu2",
+    s = Scenario.from_dict({"background": {"incast": {"period_us": 200, "target": "gpu2",
                                                       "senders": ["gpu2"]}}})
     with pytest.raises(ConfigError, match="gpu2 is the target"):
         background_plan(_plan(s), s)

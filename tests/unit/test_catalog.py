@@ -47,7 +47,7 @@ def test_scenarios_command_lists_names_and_shows_one(capsys):
     out = capsys.readouterr().out
     assert all(name in out for name in REQUIRED)
     assert main(["scenarios", "--show", "incast"]) == 0
-    assert "bursts_per_s" in capsys.readouterr().out
+    assert "period_us" in capsys.readouterr().out
     assert main(["scenarios", "--show", "nope"]) == 2
 
 

@@ -12,7 +12,10 @@ def test_defaults_are_the_documented_default_scenario():
     assert (s.topology.spines, s.topology.leaves, s.topology.gpus_per_leaf) == (2, 4, 2)
     assert s.topology.gpus == 8
     assert s.policies == ("enterprise", "hyperscale", "lossless")
-    assert s.emulation.sample_interval_us == 1000 and s.policy_params == {}
+    assert s.emulation.sample_interval_us == "auto" and s.policy_params == {}
+    assert s.for_checks().sample_interval_us == 1000  # 0.4 us modelled at 2,500x
+    assert s.with_host_rate(5).sample_interval_us == 8000
+    assert s.with_host_rate(1000).sample_interval_us == 200  # the emulator's floor
     assert (s.workload.size_bytes, s.workload.iterations) == (1 << 20, 10)
     assert s.topology.host_rate_mbit == s.topology.fabric_rate_mbit == "auto"
     with pytest.raises(ConfigError, match="auto"):
@@ -123,10 +126,10 @@ def test_sizes_parse_like_nccl_tests():
 def test_workload_sections_validate_and_round_trip():
     s = Scenario.from_dict({"workload": {
         "collective": "double_binary_tree", "sizes": [65536, 131072], "chunks": 8,
-        "compute_ms": 2.5, "stragglers": {"ranks": [1, 3], "delay_ms": 5,
+        "compute_us": 1, "stragglers": {"ranks": [1, 3], "delay_us": 2,
                                           "distribution": "exponential"}},
-        "background": {"noisy_neighbour": {"rate_mbit": 10, "tool": "iperf3"},
-                       "incast": {"bursts_per_s": 5, "senders": ["nb1"], "target": "gpu8"}},
+        "background": {"noisy_neighbour": {"rate_gbit": 25, "tool": "iperf3"},
+                       "incast": {"period_us": 80, "senders": ["nb1"], "target": "gpu8"}},
         "topology": {"neighbours_per_leaf": 1}})
     assert s.workload.run_sizes == (65536, 131072)
     assert s.workload.stragglers.ranks == (1, 3)

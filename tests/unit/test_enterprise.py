@@ -13,7 +13,7 @@ def plan():
 
 
 def two_tenants(plan):
-    params = resolve("enterprise", {"tenants": [["gpu1", "gpu3", "gpu5", "gpu7"]]}, 40, 4096)
+    params = resolve("enterprise", {"tenants": [["gpu1", "gpu3", "gpu5", "gpu7"]]}, 100.0, 4096)
     return EnterprisePolicy(plan, params)
 
 
@@ -82,7 +82,7 @@ def test_bad_tenants_and_root_are_config_errors(plan):
     with pytest.raises(ConfigError, match="gpu1 is in two tenants"):
         tenants(plan, (("gpu1",), ("gpu1", "gpu2")))
     with pytest.raises(ConfigError, match="spanning_tree_root"):
-        EnterprisePolicy(plan, resolve("enterprise", {"spanning_tree_root": 3}, 40, 4096))
+        EnterprisePolicy(plan, resolve("enterprise", {"spanning_tree_root": 3}, 100.0, 4096))
 
 
 def test_neighbour_hosts_form_their_own_tenant_by_default():

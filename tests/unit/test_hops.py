@@ -30,7 +30,7 @@ def test_extra_delay_is_added_as_given():
 
 def test_policy_defaults_make_lossless_the_lowest_latency_per_hop():
     s = Scenario.from_dict({}).for_checks()
-    delays = {p: hop_model(s, resolve(p, {}, 40.0, 4096)).delays_us(40.0, 40.0, 4110)
+    delays = {p: hop_model(s, resolve(p, {}, 100.0, 4096)).delays_us(40.0, 40.0, 4110)
               for p in ("enterprise", "hyperscale", "lossless")}
     assert delays["lossless"]["switch_to_switch"] < delays["hyperscale"]["switch_to_switch"]
     assert delays["hyperscale"] == delays["enterprise"]
@@ -42,14 +42,14 @@ def test_policy_defaults_make_lossless_the_lowest_latency_per_hop():
 def test_switch_latency_off_leaves_only_the_extra_delay():
     s = Scenario.from_dict({"emulation": {"switch_latency": False},
                             "topology": {"link_delay_us": 3}}).for_checks()
-    d = hop_model(s, resolve("lossless", {}, 40.0, 4096)).delays_us(40.0, 40.0, 4110)
+    d = hop_model(s, resolve("lossless", {}, 100.0, 4096)).delays_us(40.0, 40.0, 4110)
     assert d == {"gpu_nic": 3.0, "switch_to_gpu": 3.0, "switch_to_switch": 3.0}
 
 
 def test_policy_params_override_the_model():
     s = Scenario.from_dict({"policy_params": {"lossless": {"forwarding": "store_and_forward",
                                                            "switch_latency_ns": 0}}}).for_checks()
-    m = hop_model(s, resolve("lossless", s.policy_params["lossless"], 40.0, 4096))
+    m = hop_model(s, resolve("lossless", s.policy_params["lossless"], 100.0, 4096))
     assert m.forwarding == "store_and_forward" and m.pipeline_ns == 0
 
 

@@ -75,13 +75,13 @@ def test_unknown_destination_is_dropped_not_flooded(plan):
 def test_one_shallow_class_and_optional_step_ecn(plan):
     (cls,) = HyperscalePolicy(plan).traffic_classes()
     assert cls.ecn is None and cls.pfc is None and cls.buffer_bytes == 96_000
-    marked = HyperscalePolicy(plan, resolve("hyperscale", {"ecn": "step"}, 40, 4096))
+    marked = HyperscalePolicy(plan, resolve("hyperscale", {"ecn": "step"}, 100.0, 4096))
     (cls,) = marked.traffic_classes()
     assert cls.ecn.kind == "step" and cls.ecn.kmin == 32_000
 
 
 def test_openflow_marking_sets_ce_on_ect_packets_through_that_port_only(plan):
-    policy = HyperscalePolicy(plan, resolve("hyperscale", {"ecn": "step"}, 40, 4096),
+    policy = HyperscalePolicy(plan, resolve("hyperscale", {"ecn": "step"}, 100.0, 4096),
                               FabricContext(openflow_marking=True))
     fabric = FakeFabric(plan, policy)
     lf1 = plan.leaves[0].dpid
@@ -101,7 +101,7 @@ def test_openflow_marking_sets_ce_on_ect_packets_through_that_port_only(plan):
 def test_without_openflow_marking_the_pipeline_never_looks_at_ecn(plan):
     """Marking below the switch (RED, the BPF program): no flow matches ip_ecn, so a flow's
     ECT and CE packets share one datapath flow and cannot overtake each other in OVS."""
-    policy = HyperscalePolicy(plan, resolve("hyperscale", {"ecn": "step"}, 40, 4096))
+    policy = HyperscalePolicy(plan, resolve("hyperscale", {"ecn": "step"}, 100.0, 4096))
     for sw in plan.switches:
         msgs = policy.switch_connected(sw.dpid)
         assert not [m for m in msgs if isinstance(m, FlowMod) and "ip_ecn" in dict(m.match)]

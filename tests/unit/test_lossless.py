@@ -35,7 +35,7 @@ def test_headroom_covers_every_feeder_for_the_reaction_time(plan):
     feeders = 1 + 2  # the other GPU of the leaf and both spines
     expected = int(feeders * (rate * (3 * 0.001 + LANDING_S) + 2 * (4096 + 100)))
     assert policy.headroom_bytes() == expected
-    fixed = LosslessPolicy(plan, resolve("lossless", {"pfc_headroom_bytes": 5000}, 40, 4096))
+    fixed = LosslessPolicy(plan, resolve("lossless", {"pfc_headroom_bytes": 5000}, 100.0, 4096))
     assert fixed.headroom_bytes() == 5000
     # with the per-hop delay: what the feeders sent during it arrives after the pause too
     delayed = LosslessPolicy(plan, context=FabricContext(40, 40, 4096, 0.001, time_scale=2500,
@@ -118,7 +118,7 @@ def test_a_few_frames_queued_on_a_busy_uplink_move_no_flowlet(plan):
 
 
 def test_without_adaptive_routing_roce_is_hashed(plan):
-    policy = LosslessPolicy(plan, resolve("lossless", {"adaptive_routing": False}, 40, 4096))
+    policy = LosslessPolicy(plan, resolve("lossless", {"adaptive_routing": False}, 100.0, 4096))
     fabric = FakeFabric(plan, policy)
     src, dst = plan.host("gpu1"), plan.host("gpu3")
     fabric.send(src.name, udp_packet(src, dst))

@@ -28,11 +28,11 @@ def test_every_size_of_a_sweep_must_cover_the_gpus():
 
 def test_background_traffic_needs_the_hosts_it_names():
     with pytest.raises(ConfigError, match="neighbour hosts"):
-        _check(background={"noisy_neighbour": {"rate_mbit": 5}})
+        _check(background={"noisy_neighbour": {"rate_gbit": 12.5}})
     with pytest.raises(ConfigError, match="incast.target: no host named 'gpu99'"):
-        _check(background={"incast": {"bursts_per_s": 5, "target": "gpu99"}})
+        _check(background={"incast": {"period_us": 80, "target": "gpu99"}})
     plan = _check(topology={"neighbours_per_leaf": 1},
-                  background={"noisy_neighbour": {"rate_mbit": 5}})
+                  background={"noisy_neighbour": {"rate_gbit": 12.5}})
     assert len(plan.neighbours) == 4 and len(plan.gpus) == 8
 
 

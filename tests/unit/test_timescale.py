@@ -83,7 +83,7 @@ def test_the_cached_calibration_is_this_machines_only(tmp_path):
     with open(path, "w") as f:
         json.dump(mine.to_dict(), f)
     assert calibrate.load(path) == mine
-    for other in (dict(mine.to_dict(), machine="elsewhere"), dict(mine.to_dict(), version=1)):
+    for other in (dict(mine.to_dict(), machine="elsewhere"), dict(mine.to_dict(), version=2)):
         with open(path, "w") as f:
             json.dump(other, f)
         assert calibrate.load(path) is None
@@ -116,3 +116,60 @@ def test_the_runner_applies_auto_and_only_checks_an_explicit_rate():
     over = Scenario.from_dict({"topology": {"oversubscription": 2}})
     s, _ = runner.choose_time_scale(over, said.append, calibration=cal())
     assert s.topology.fabric_rate_mbit == 20.0  # 40 x 2 per leaf / (2 spines x 2)
+
+
+def test_time_constants_are_the_modelled_fabrics_and_scale_with_the_run():
+    from testbed.agents import agent_configs, transport_config
+    from controllers.policy import make_policy
+    from testbed.topology import FabricPlan
+
+    plan = FabricPlan(2, 4, 2)
+    spec = {"transport": {"rto_us": 100, "dcqcn_timer_us": 8, "cnp_interval_us": 8},
+            "workload": {"compute_us": 8, "stragglers": {"ranks": [1], "delay_us": 2}}}
+    at = {}
+    for rate in (40, 20):
+        s = Scenario.from_dict(spec).with_host_rate(rate)
+        t = transport_config(s, make_policy("lossless", plan, s))
+        cfg = agent_configs(plan, s, "/tmp/x", make_policy("lossless", plan, s))[1]
+        at[rate] = (t["rto_ns"], t["dcqcn_timer_ns"], t["cnp_interval_ns"],
+                    cfg["compute"]["ns"], cfg["straggler"]["delay_ns"])
+    assert at[40] == (250_000_000, 20_000_000, 20_000_000, 20_000_000, 5_000_000)
+    assert at[20] == tuple(2 * v for v in at[40])  # half the rate: twice the emulated time
+    s = Scenario.from_dict({"background": {"noisy_neighbour": {"rate_gbit": 37.5}}})
+    assert s.with_host_rate(40).emulated_mbit(37.5) == 15.0
+
+
+def test_a_scenario_in_the_old_emulated_units_is_refused_with_the_new_key():
+    for old, new in ((("transport", "rto_ms"), "transport.rto_us"),
+                     (("workload", "compute_ms"), "workload.compute_us"),
+                     (("background", "incast", "bursts_per_s"), "background.incast.period_us")):
+        data = value = {}
+        for part in old[:-1]:
+            value[part] = {}
+            value = value[part]
+        value[old[-1]] = 5
+        with pytest.raises(ConfigError, match=f"now {new} in the modelled fabric's units"):
+            Scenario.from_dict(data)
+
+
+def test_the_run_names_the_constants_it_cannot_scale():
+    at_40 = Scenario.from_dict({"policies": ["hyperscale"]}).with_host_rate(40)
+    assert at_40.unscaled_constants() == []  # 1 ms sampling is the modelled 0.4 us
+    fast = Scenario.from_dict({"policy_params": {"lossless": {"flowlet_gap_s": 2}}})
+    notes = fast.with_host_rate(1000).unscaled_constants()
+    assert notes[0].startswith("the switch-queue emulator samples every 200 us (its floor), "
+                               "2 us modelled instead of 0.4")
+    assert "idle timeout of 2 s" in notes[1] and "20,000 us modelled" in notes[1]
+
+
+def test_each_calibration_round_gives_busy_share_and_delay_per_policy():
+    def policy(share, lag, idle):
+        return {"emulation_cost": {"busy_share": share},
+                "fidelity": {"checks": {"agent_loop_lag": {"p95_us": lag,
+                                                           "allowed_p95_us": 208.6},
+                                        "idle_path_latency": {"overhead_us": idle}}}}
+    got = calibrate.round_figures({"policies": {"hyperscale": policy(0.61, 31.6, 83.2),
+                                                "lossless": policy(0.66, 250.0, 90.0)}})
+    assert got == {"hyperscale": (0.61, 83.2, 208.6), "lossless": (0.66, 250.0, 208.6)}
+    with pytest.raises(Exception, match="no CPU share"):
+        calibrate.round_figures({"policies": {"lossless": {"emulation_cost": {}}}})

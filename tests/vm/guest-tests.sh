@@ -11,7 +11,7 @@ cat > /tmp/vm-main.yaml <<'YAML'
 name: vm-main
 policies: [hyperscale, lossless]
 topology: {spines: 2, leaves: 2, gpus_per_leaf: 1, host_rate_mbit: 10, fabric_rate_mbit: 10}
-workload: {size_bytes: 65536, iterations: 8, compute_ms: 20}
+workload: {size_bytes: 65536, iterations: 8, compute_us: 2}
 rxe: {size_bytes: 1024, lat_iterations: 50, bw_iterations: 50}
 YAML
 cd /vagrant
