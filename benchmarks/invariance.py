@@ -66,6 +66,7 @@ def main() -> int:
                    help="built-in name or YAML file (repeatable; default: every built-in)")
     p.add_argument("--factors", default="1,2,4",
                    help="rates as fractions of the first: 1,2,4 runs at r, r/2, r/4")
+    p.add_argument("--rate", type=float, help="the first rate (default: what auto chooses)")
     p.add_argument("--out", help="keep the runs here")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -76,8 +77,11 @@ def main() -> int:
     try:
         for name in names:
             scenario = catalog.find(name)
-            chosen, _ = runner.choose_time_scale(scenario, lambda s: None)
-            base = chosen.topology.host_rate_mbit
+            if args.rate:
+                base = args.rate
+            else:
+                chosen, _ = runner.choose_time_scale(scenario, lambda s: None)
+                base = chosen.topology.host_rate_mbit
             by_factor = {}
             for f in factors:
                 rate = round(base / f, 3)
