@@ -33,7 +33,7 @@ def cmd_calibrate(args) -> int:
 
     from .report import table
 
-    cal = calibrate.measure(_progress(args.quiet))
+    cal = (args.if_missing and calibrate.load()) or calibrate.measure(_progress(args.quiet))
     rows = [[name, f"{share:.0%}"] for name, share in cal.busy.items()]
     print(table(["policy", f"CPUs busy ({cal.gpus} GPUs at {cal.host_rate_mbit:g} Mbit/s)"],
                 rows))
@@ -313,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate", help="measure how fast this machine can run the fabric "
                                            "faithfully (topology.host_rate_mbit: auto uses it)")
     cal.add_argument("--quiet", action="store_true", help="no progress lines")
+    cal.add_argument("--if-missing", action="store_true",
+                     help="keep this machine's calibration if it has one")
     cal.set_defaults(func=cmd_calibrate)
     c = sub.add_parser("check", help="what this kernel and machine support")
     c.add_argument("--json", action="store_true")

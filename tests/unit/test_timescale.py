@@ -173,3 +173,12 @@ def test_each_calibration_round_gives_busy_share_and_delay_per_policy():
     assert got == {"hyperscale": (0.61, 83.2, 208.6), "lossless": (0.66, 250.0, 208.6)}
     with pytest.raises(Exception, match="no CPU share"):
         calibrate.round_figures({"policies": {"lossless": {"emulation_cost": {}}}})
+
+
+def test_calibrate_if_missing_keeps_the_machines_calibration(tmp_path, monkeypatch, capsys):
+    from testbed.cli import main
+    mine = cal(machine=calibrate.machine_key())
+    monkeypatch.setattr(calibrate, "load", lambda path=None: mine)
+    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: pytest.fail("measured again"))
+    assert main(["calibrate", "--if-missing", "--quiet"]) == 0
+    assert "default: 8 GPUs at auto run at 40 Mbit/s" in capsys.readouterr().out
