@@ -111,7 +111,11 @@ def test_lossless_pauses_across_servers_and_loses_nothing(tmp_path, server):
         # leaf downlink on one server pauses spine queues on the other
         "workload": {"collective": "all_to_all", "iterations": 2, "size_bytes": 1 << 20},
         "transport": {"congestion_control": "none"},  # PFC alone holds the senders back
-        "policy_params": {"lossless": {"adaptive_routing": False}},
+        # half the default thresholds (what the byte defaults were at 20 Mbit/s when they still
+        # scaled with the emulated rate): queues cross XOFF on both servers within 2 iterations
+        "policy_params": {"lossless": {"adaptive_routing": False, "pfc_xoff_bytes": 64_000,
+                                       "pfc_xon_bytes": 48_000, "ecn_kmin_bytes": 16_000,
+                                       "ecn_kmax_bytes": 48_000, "other_buffer_bytes": 48_000}},
         # one spine per server: every downlink's feeders include a queue on the other server
         "cluster": {"servers": ["localhost", server.address], "placement": "spread"}})
     results, _run_dir = runner.run(scenario, out_root=str(tmp_path))
