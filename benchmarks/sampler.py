@@ -38,7 +38,7 @@ from privatens import reexec_in_private_netns  # noqa: E402
 def build(policy_name: str):
     from controllers.policy import make_policy
     from testbed.config import DEFAULT
-    DEFAULT = DEFAULT.with_host_rate(40.0)  # the reference rate the benchmark's figures are for
+    DEFAULT = DEFAULT.for_checks()  # at the reference rate the benchmark's figures are for
     from testbed.fabric import egress_shapes
     from testbed.runner import link_mtu
     from testbed.shaping import tc_commands
@@ -71,7 +71,7 @@ def emulator_step(policy_name: str, samples: int) -> dict:
     from controllers.classes import class_to_dict
     from controllers.policy import make_policy
     from testbed.config import DEFAULT
-    DEFAULT = DEFAULT.with_host_rate(40.0)  # the reference rate the benchmark's figures are for
+    DEFAULT = DEFAULT.for_checks()  # at the reference rate the benchmark's figures are for
     from testbed.runner import link_mtu
     from testbed.switchq import Emulator
     from testbed.topology import FabricPlan

@@ -18,8 +18,8 @@ import tempfile
 import time
 from typing import Callable, Optional
 
-from . import cost
 from .errors import TestbedError
+from .fidelity import busy_between, cpu_counters
 from .results import write_json_atomic
 from .timescale import CALIBRATION_VERSION, REFERENCE_RATE_MBIT, Calibration
 
@@ -110,16 +110,14 @@ def round_figures(results: dict) -> dict:
 
 def busy_share(seconds: float = 1.0) -> float:
     """How busy the machine's CPUs were over the next ``seconds`` (0..1)."""
-    a = cost.machine_cpu_s()
+    last = cpu_counters()
     time.sleep(seconds)
-    b = cost.machine_cpu_s()
-    d = {k: b[k] - a[k] for k in a}
-    total = sum(d.values())
-    return 1.0 - (d["idle"] + d["iowait"]) / total if total > 0 else 0.0
+    return busy_between(last, cpu_counters()) or 0.0
 
 
 def wait_quiet(progress: Callable[[str], None]) -> float:
-    """Wait (up to ``QUIET_WAIT_S``) for the CPUs to be quiet; their busy share at the start."""
+    """Wait (up to ``QUIET_WAIT_S``) for the CPUs to be quiet; their busy share when the
+    calibration starts."""
     deadline = time.monotonic() + QUIET_WAIT_S
     share = busy_share()
     while share > QUIET_BUSY and time.monotonic() < deadline:

@@ -200,11 +200,9 @@ def policies_reference() -> str:
     from .config import DEFAULT
     from .topology import FabricPlan
 
-    from controllers.params import REFERENCE_RATE_MBIT
-
     # the classes' PFC headroom covers the emulator's reaction at the emulated rate: shown at
     # the reference rate
-    scenario = DEFAULT.with_host_rate(REFERENCE_RATE_MBIT)
+    scenario = DEFAULT.for_checks()
     t = scenario.topology
     plan = FabricPlan.for_topology(t)
     out = []

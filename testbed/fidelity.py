@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -219,6 +219,20 @@ def evaluate(records_dir: str, plan, figures: dict, path_minima_us: Dict[tuple, 
     return verdict(checks, t.host_rate_mbit)
 
 
+def cpu_counters() -> Tuple[int, int]:
+    """The machine's CPU time so far (/proc/stat ticks): (all, idle + iowait)."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields[:8]), idle
+
+
+def busy_between(last: Tuple[int, int], now: Tuple[int, int]) -> Optional[float]:
+    """The CPUs' busy share between two ``cpu_counters`` readings (None: no time passed)."""
+    total, idle = now[0] - last[0], now[1] - last[1]
+    return 1.0 - idle / total if total > 0 else None
+
+
 class CpuSampler:
     """Samples the machine's CPU busy share from /proc/stat in a thread."""
 
@@ -228,20 +242,13 @@ class CpuSampler:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    @staticmethod
-    def _read():
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        return sum(fields[:8]), idle
-
     def _run(self):
-        last = self._read()
+        last = cpu_counters()
         while not self._stop.wait(self.interval_s):
-            now = self._read()
-            total, idle = now[0] - last[0], now[1] - last[1]
-            if total > 0:
-                self.samples.append(1.0 - idle / total)
+            now = cpu_counters()
+            share = busy_between(last, now)
+            if share is not None:
+                self.samples.append(share)
             last = now
 
     def __enter__(self):

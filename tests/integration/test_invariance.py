@@ -6,7 +6,7 @@ spanning tree: every inter-leaf flow on one spine) and hyperscale (ECMP), both w
 enough that queues, not drops, decide. Left out, each for a measured reason (docs/time-scale.md):
 40 Mbit/s (this contended run saturates the 2-core reference machine there, and the
 unfaithful run's lossless CCT came out 20% high); tail drops (hyperscale's per-iteration CCTs
-spread 530-1,600 us at one rate with 80-100 RTOs a run, so a median of a few iterations moves
+spread 530-1,600 us at one rate with 80-105 RTOs a run, so a median of a few iterations moves
 10-25% between repeats at the same rate); and lossless, whose DCQCN makes the same run's CCT
 p50 wander 274-316 us between repeats at one rate (issue 14's DCQCN work), besides the
 flowlet gap of its adaptive routing, an OpenFlow idle timeout in whole seconds that cannot

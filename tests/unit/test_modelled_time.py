@@ -98,3 +98,14 @@ def test_significant_digits_never_use_an_exponent():
     assert [sig(v) for v in (0.0000123, 0.0688, 152.13, 1234.5, 0)] == [
         "0.00001230", "0.06880", "152.1", "1,234", "0"]
     assert sig(None) == "-"
+
+
+def test_every_time_row_is_a_row_of_the_comparison():
+    from testbed.report import ROWS, TIME_ROWS
+    assert TIME_ROWS <= {label for label, _ in ROWS}  # a renamed row keeps its time format
+
+
+def test_the_busy_share_between_two_cpu_readings():
+    from testbed.fidelity import busy_between
+    assert busy_between((100, 40), (200, 65)) == 0.75
+    assert busy_between((100, 40), (100, 40)) is None
