@@ -103,6 +103,17 @@ def test_all_to_all_posts_everything_at_once():
     assert _posted(a) == [0, 1, 2]
 
 
+@pytest.mark.parametrize("collective", ["ring", "double_binary_tree", "all_to_all"])
+def test_the_gpus_of_one_process_share_one_schedule_and_each_keeps_its_own_part(collective):
+    ranks = [_progress(rank=r, n=8, collective=collective) for r in range(8)]
+    whole = ranks[0].workloads[0].collective
+    assert all(p.workloads[0].collective is whole for p in ranks)  # built once
+    for r, p in enumerate(ranks):
+        w = p.workloads[0]
+        assert w.sends == whole.sends(r)
+        assert list(w.receives.values()) == whole.receives(r)
+
+
 def test_an_iteration_ends_when_its_sends_are_acked_and_its_receives_delivered():
     p = _progress(rank=0, n=2, collective="ring")
     w = p.workload_of[0]
