@@ -6,6 +6,10 @@ id, CPUs, memory and kernel), and redone by ``python -m testbed calibrate``. Wha
 machine does would be charged to the fabric, so it first waits for the CPUs to be quiet and
 runs the reference ``ROUNDS`` times, keeping per policy the least busy and least delayed
 round: a passing load makes one round worse, not the machine's answer.
+
+Beside it, ``LEARNED`` keeps what runs at ``auto`` taught: per scenario and policy, the rate
+a rejected run asked for (``timescale.retry_rate``). It belongs to the calibration it was
+learned under: a new calibration starts it afresh.
 """
 from __future__ import annotations
 
@@ -16,15 +20,16 @@ import platform
 import shutil
 import tempfile
 import time
-from typing import Callable, Optional
+from typing import Callable, Dict, Optional
 
 from .errors import TestbedError
 from .fidelity import busy_between, cpu_counters
 from .results import write_json_atomic
 from .timescale import CALIBRATION_VERSION, REFERENCE_RATE_MBIT, Calibration
 
-CACHE = os.path.join(os.environ.get("TESTBED_CACHE_DIR", "/var/lib/ai-fabric-testbed"),
-                     "calibration.json")
+CACHE_DIR = os.environ.get("TESTBED_CACHE_DIR", "/var/lib/ai-fabric-testbed")
+CACHE = os.path.join(CACHE_DIR, "calibration.json")
+LEARNED = os.path.join(CACHE_DIR, "scenarios.json")
 REFERENCE_GPUS_PER_LEAF, REFERENCE_LEAVES = 2, 4
 REFERENCE_ITERATIONS = 5
 ROUNDS = 2
@@ -127,6 +132,56 @@ def wait_quiet(progress: Callable[[str], None]) -> float:
         progress(f"calibration: the CPUs stay {share:.0%} busy without the testbed: the "
                  "rates chosen leave that load room; calibrate again once it is gone")
     return share
+
+
+def scenario_key(scenario, policy: str) -> str:
+    """What a policy's run of ``scenario`` costs this machine depends on: everything but the
+    scenario's name, its rates (``auto`` here), its other policies and how many iterations."""
+    d = scenario.to_dict()
+    for key in ("name", "policies", "policy_params"):
+        d.pop(key, None)
+    d["workload"] = {k: v for k, v in d["workload"].items() if k != "iterations"}
+    d["policy"] = [policy, scenario.policy_params.get(policy, {})]
+    text = json.dumps(d, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _learned_file(cal: Calibration, path: str) -> dict:
+    """The learned caps under ``cal`` (empty if none, or learned under another calibration)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if data["machine"] == cal.machine and data["calibration"] == cal.measured:
+            return data
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return {"machine": cal.machine, "calibration": cal.measured, "caps": {}}
+
+
+def learned(scenario, cal: Calibration, path: str = "") -> Dict[str, float]:
+    """Policy -> the rate its runs of ``scenario`` must stay at or below on this machine."""
+    caps = _learned_file(cal, path or LEARNED)["caps"]
+    out = {}
+    for policy in scenario.policies:
+        entry = caps.get(scenario_key(scenario, policy))
+        if entry:
+            out[policy] = float(entry["cap_mbit"])
+    return out
+
+
+def remember(scenario, cal: Calibration, caps_mbit: Dict[str, float], path: str = "") -> None:
+    """Keep ``caps_mbit`` (policy -> rate a rejected run asked for) for ``scenario``, each
+    only where it is slower than what was kept."""
+    path = path or LEARNED
+    data = _learned_file(cal, path)
+    for policy, rate in caps_mbit.items():
+        key = scenario_key(scenario, policy)
+        old = data["caps"].get(key, {}).get("cap_mbit")
+        if old is None or rate < old:
+            data["caps"][key] = {"cap_mbit": rate, "scenario": scenario.name, "policy": policy,
+                                 "learned": time.strftime("%Y-%m-%d %H:%M", time.localtime())}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_json_atomic(path, data)
 
 
 def _outcomes(progress: Callable[[str], None]) -> Callable[[str], None]:

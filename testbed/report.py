@@ -157,6 +157,11 @@ def time_scale_note(results: dict, emulated: bool = False) -> str:
     if choice.get("chosen_by") == "auto":
         note += (f" (GPU NICs at {choice['host_rate_mbit']:g} Mbit/s: chosen for this machine, "
                  f"predicted CPUs {choice['predicted_busy']:.0%} busy)")
+    tried = choice.get("attempts") or []
+    if tried:
+        rates = ", ".join(f"{a['host_rate_mbit']:g}" for a in tried)
+        note += (f"\ntime scale: the fidelity monitor rejected the run at {rates} Mbit/s first "
+                 f"(kept in {', '.join(a['kept_in'] for a in tried)})")
     if choice.get("warning"):
         note += f"\nwarning: {choice['warning']}"
     return note

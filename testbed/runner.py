@@ -155,7 +155,9 @@ def choose_time_scale(scenario: Scenario, progress: Progress,
     cal = calibration or (calibrate.calibration(progress) if auto else calibrate.load())
     if cal is None:
         return scenario, None
-    choice = timescale.choose(t.host_rate_mbit, scenario.policies, t.gpus, cal)
+    cap = (timescale.learned_cap(calibrate.learned(scenario, cal), scenario.policies)
+           if auto else None)
+    choice = timescale.choose(t.host_rate_mbit, scenario.policies, t.gpus, cal, cap)
     if auto:
         scenario = scenario.with_host_rate(choice.host_rate_mbit)
     progress(timescale.describe(choice, t.modelled_rate_gbit))
@@ -177,13 +179,12 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
         ecn_marking(checked, make_policy(name, plan, checked), caps)
     if scenario.rxe.enabled:
         require_rxe(caps)
+    asked = scenario  # what this machine learns of a scenario is kept under it as given
     choice = None  # what is wrong with the scenario or the machine is said before calibrating
     if calibrated:
         scenario, choice = choose_time_scale(scenario, progress)
     timescale.require_rate(scenario.topology.host_rate_mbit)
-    unscaled = scenario.unscaled_constants()
-    for note in unscaled:
-        progress(f"not scaled: {note}")
+    unscaled = _say_unscaled(scenario, progress)
     run_id = new_run_id()
     run_dir = os.path.abspath(os.path.join(out_root, run_id))
     os.makedirs(run_dir, mode=0o755)
@@ -212,11 +213,21 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
                                         "servers"]))
             results["cpu_wakeup"] = wakeup
             progress(wakeup_text(wakeup))
-            for i, name in enumerate(scenario.policies, 1):
-                say = _prefixed(progress, f"[{name} {i}/{len(scenario.policies)}]")
-                policy = configured_policy(name, plan, scenario, caps)
-                results["policies"][name] = run_policy(policy, scenario, caps, run_dir, ledger,
-                                                       say, results)
+            while True:
+                for i, name in enumerate(scenario.policies, 1):
+                    say = _prefixed(progress, f"[{name} {i}/{len(scenario.policies)}]")
+                    policy = configured_policy(name, plan, scenario, caps)
+                    results["policies"][name] = run_policy(policy, scenario, caps, run_dir,
+                                                           ledger, say, results)
+                    write_json_atomic(path, results)
+                again = run_again(asked, scenario, choice, results, run_dir, progress)
+                if again is None:
+                    break
+                scenario, choice = again
+                results.update({"scenario": scenario.to_dict(), "policies": {},
+                                "time_scale": round(scenario.time_scale, 1),
+                                "time_scale_choice": choice.to_dict(),
+                                "time_scale_not_scaled": _say_unscaled(scenario, progress)})
                 write_json_atomic(path, results)
         results["status"] = "complete"
     except KeyboardInterrupt:
@@ -247,6 +258,58 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
                     write_json_atomic(path, results)
             raise
     return results, run_dir
+
+
+def _say_unscaled(scenario: Scenario, progress: Progress) -> List[str]:
+    notes = scenario.unscaled_constants()
+    for note in notes:
+        progress(f"not scaled: {note}")
+    return notes
+
+
+def run_again(asked: Scenario, scenario: Scenario, choice: Optional[timescale.Choice],
+              results: dict, run_dir: str, progress: Progress
+              ) -> Optional[Tuple[Scenario, timescale.Choice]]:
+    """After all policies ran at a rate chosen by ``auto``: if the fidelity monitor rejected
+    some of them, keep the rate each asks for on this machine (``calibrate.remember``) and,
+    while attempts and slower rates are left, move this attempt's files into ``rejected/``
+    and return the scenario and choice to run every policy again with (None: done)."""
+    if choice is None or choice.chosen_by != "auto":
+        return None
+    rate = scenario.topology.host_rate_mbit
+    fidelity = {name: p.get("fidelity") or {} for name, p in results["policies"].items()}
+    asks = {}
+    for name, section in fidelity.items():
+        wanted = timescale.retry_rate(rate, {name: section})
+        if wanted is not None:
+            asks[name] = wanted
+    if not asks:
+        return None
+    calibrate.remember(asked, choice.calibration, asks)
+    if len(choice.attempts) + 1 >= timescale.MAX_ATTEMPTS:
+        return None
+    slower = min(asks.values())
+    attempt = timescale.Attempt(
+        rate, {name: list(fidelity[name].get("problems") or []) for name in asks},
+        kept_in=os.path.join("rejected", f"{len(choice.attempts) + 1}-at-{rate:g}-mbit"))
+    keep_attempt(run_dir, attempt.kept_in, dict(
+        results, superseded=(f"the fidelity monitor rejected this run; it ran again at "
+                             f"{slower:g} Mbit/s (the run directory's results.json)")))
+    progress(timescale.retry_text(attempt, slower))
+    choice = timescale.retried(choice, slower, attempt, scenario.policies,
+                               scenario.topology.gpus)
+    return asked.with_host_rate(slower), choice
+
+
+def keep_attempt(run_dir: str, rel: str, results: dict) -> None:
+    """Move everything a rejected attempt wrote into ``run_dir/rel``, with its results."""
+    dest = os.path.join(run_dir, rel)
+    os.makedirs(dest)
+    top = rel.split(os.sep)[0]
+    for entry in os.listdir(run_dir):
+        if entry not in ("results.json", top):
+            shutil.move(os.path.join(run_dir, entry), dest)
+    write_json_atomic(os.path.join(dest, "results.json"), results)
 
 
 def wakeup_text(wakeup: dict) -> str:

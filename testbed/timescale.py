@@ -11,17 +11,24 @@ GPU NIC rate from ``RATE_STEPS`` that fits two bounds:
   the rate stays low enough that the delays measured at the reference rate keep
   ``NOISE_MARGIN`` inside the tolerance.
 
+The calibration runs one reference fabric; a scenario whose traffic costs more per frame (an
+all-to-all through more switches, background traffic, DCQCN at work) can still be rejected by
+the fidelity monitor at the rate it predicts. A run at ``auto`` then goes again at a slower
+rate (``retry_rate``: from the rejected run's own figures), and this machine remembers that
+rate for the scenario (``learned_cap``), so its next run starts there.
+
 Each run records the choice beside what it measured, so the model's error stays visible
 (docs/time-scale.md). The measurement itself is ``testbed.calibrate``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from controllers.params import REFERENCE_RATE_MBIT
 
 from .errors import ConfigError
+from .fidelity import VERDICT_OK
 
 AUTO = "auto"
 # The mean share of the machine's CPUs a run may keep busy: the fidelity monitor wants 10%
@@ -33,6 +40,12 @@ RATE_STEPS = (0.5, 1.0, 2.0, 2.5, 4.0, 5.0, 8.0, 10.0, 16.0, 20.0, 25.0, 32.0, 4
               800.0, 1000.0)
 NOISE_MARGIN = 1.5  # measured delay x this must stay within the tolerance
 CALIBRATION_VERSION = 3
+# A run at auto: the rate chosen first, then at most this many slower ones after rejections.
+MAX_ATTEMPTS = 3
+# The checks whose measure is one of this machine's delays, absolute while the tolerance is a
+# share of a frame's time: (what was measured, what was allowed) in the check's figures.
+DELAY_CHECKS = {"agent_loop_lag": ("p95_us", "allowed_p95_us"),
+                "idle_path_latency": ("overhead_us", "allowed_overhead_us")}
 
 
 @dataclass(frozen=True)
@@ -77,6 +90,19 @@ class Calibration:
 
 
 @dataclass(frozen=True)
+class Attempt:
+    """A run at ``auto`` that the fidelity monitor rejected, and where its results are kept."""
+    host_rate_mbit: float
+    problems: Mapping[str, List[str]]  # rejected policy -> the monitor's problem lines
+    kept_in: str  # the attempt's directory, relative to the run's
+
+    def to_dict(self) -> dict:
+        return {"host_rate_mbit": self.host_rate_mbit,
+                "problems": {k: list(v) for k, v in self.problems.items()},
+                "kept_in": self.kept_in}
+
+
+@dataclass(frozen=True)
 class Choice:
     """The GPU NIC rate a run uses, and why."""
     host_rate_mbit: float
@@ -84,6 +110,9 @@ class Choice:
     predicted_busy: float  # the calibration's prediction for the busiest policy, 0..1
     fits_mbit: float  # the fastest step predicted to fit
     calibration: Calibration
+    # the rate earlier rejected runs of this scenario asked for on this machine
+    learned_cap_mbit: Optional[float] = None
+    attempts: Tuple[Attempt, ...] = ()  # rejected runs before this rate, first first
 
     @property
     def over_budget(self) -> bool:
@@ -93,6 +122,8 @@ class Choice:
         return {"host_rate_mbit": self.host_rate_mbit, "chosen_by": self.chosen_by,
                 "predicted_busy": round(self.predicted_busy, 3), "target_busy": TARGET_BUSY,
                 "fits_mbit": self.fits_mbit, "warning": warning(self),
+                "learned_cap_mbit": self.learned_cap_mbit,
+                "attempts": [a.to_dict() for a in self.attempts],
                 "calibration": self.calibration.to_dict()}
 
 
@@ -122,14 +153,68 @@ def fitting_rate(cal: Calibration, policies: Tuple[str, ...], gpus: int) -> floa
     return fits[-1] if fits else RATE_STEPS[0]
 
 
-def choose(host_rate_mbit, policies: Tuple[str, ...], gpus: int, cal: Calibration) -> Choice:
-    """The rate of a run whose scenario says ``host_rate_mbit`` (a number or ``AUTO``)."""
+def choose(host_rate_mbit, policies: Tuple[str, ...], gpus: int, cal: Calibration,
+           cap_mbit: Optional[float] = None) -> Choice:
+    """The rate of a run whose scenario says ``host_rate_mbit`` (a number or ``AUTO``);
+    ``cap_mbit``: what this machine learned of the scenario (``learned_cap``)."""
     fits = fitting_rate(cal, policies, gpus)
+    if cap_mbit is not None:
+        fits = min(fits, cap_mbit)
     if host_rate_mbit == AUTO:
         rate, by = fits, "auto"
     else:
         rate, by = float(host_rate_mbit), "scenario"
-    return Choice(rate, by, predicted_busy(cal, policies, rate * gpus), fits, cal)
+    return Choice(rate, by, predicted_busy(cal, policies, rate * gpus), fits, cal, cap_mbit)
+
+
+def step_below(rate_mbit: float) -> Optional[float]:
+    """The fastest of ``RATE_STEPS`` slower than ``rate_mbit`` (None below the slowest)."""
+    slower = [r for r in RATE_STEPS if r < rate_mbit]
+    return slower[-1] if slower else None
+
+
+def learned_cap(caps_mbit: Mapping[str, float], policies: Tuple[str, ...]) -> Optional[float]:
+    """The rate a scenario's runs of ``policies`` must stay at or below here: the slowest of
+    the rates its earlier rejected runs asked for (``retry_rate``, kept per policy)."""
+    known = [caps_mbit[p] for p in policies if p in caps_mbit]
+    return min(known) if known else None
+
+
+def retry_rate(rate_mbit: float, fidelity: Mapping[str, dict]) -> Optional[float]:
+    """The rate to run again at after the monitor rejected some of the policies run at
+    ``rate_mbit`` (``fidelity``: each policy's fidelity section), or None when it rejected
+    none or no slower step is left. A failed delay check asks for the rate whose tolerance
+    holds the delay it measured with ``NOISE_MARGIN`` (the delays are this machine's,
+    absolute); any other failed check (CPU, pacing, drops: the load) for half the rate - and
+    so does a delay measured on saturated CPUs, which the load made, not the machine."""
+    wanted = []
+    for section in fidelity.values():
+        if section.get("verdict") == VERDICT_OK:
+            continue
+        checks = section.get("checks") or {}
+        saturated = (checks.get("cpu") or {}).get("ok") is False
+        for name, check in checks.items():
+            if check.get("ok") is not False:
+                continue
+            measured, allowed = (check.get(k) for k in DELAY_CHECKS.get(name, ("", "")))
+            if measured and allowed and not saturated:
+                wanted.append(rate_mbit * allowed / (measured * NOISE_MARGIN))
+            else:
+                wanted.append(rate_mbit / 2)
+    below = step_below(rate_mbit)
+    if not wanted or below is None:
+        return None
+    fits = [r for r in RATE_STEPS if r <= min(min(wanted), below)]
+    return fits[-1] if fits else RATE_STEPS[0]
+
+
+def retried(choice: Choice, rate_mbit: float, attempt: Attempt, policies: Tuple[str, ...],
+            gpus: int) -> Choice:
+    """The choice for the run again at ``rate_mbit`` after ``attempt`` was rejected."""
+    return replace(choice, host_rate_mbit=rate_mbit,
+                   predicted_busy=predicted_busy(choice.calibration, policies,
+                                                 rate_mbit * gpus),
+                   attempts=choice.attempts + (attempt,))
 
 
 def warning(choice: Choice) -> Optional[str]:
@@ -149,11 +234,25 @@ def warning(choice: Choice) -> Optional[str]:
             "redoes it)")
 
 
+def retry_text(attempt: Attempt, rate_mbit: float) -> str:
+    """The line that says why a run at ``auto`` goes again, and at which rate."""
+    why = "; ".join(f"{name}: {lines[0]}" + (f" (and {len(lines) - 1} more)"
+                                              if len(lines) > 1 else "")
+                    for name, lines in attempt.problems.items())
+    return (f"time scale: the fidelity monitor rejected the run at {attempt.host_rate_mbit:g} "
+            f"Mbit/s ({why}); running it again at {rate_mbit:g} Mbit/s, where this machine's "
+            f"delays and load fit (the rejected run is kept in {attempt.kept_in}/, and this "
+            "machine remembers the rate for this scenario)")
+
+
 def describe(choice: Choice, modelled_gbit: float) -> str:
     """One line for the start of a run."""
     scale = modelled_gbit * 1000 / choice.host_rate_mbit
     c = choice.calibration
     how = ("chosen for this machine" if choice.chosen_by == "auto" else "set by the scenario")
+    if choice.chosen_by == "auto" and choice.learned_cap_mbit is not None \
+            and choice.host_rate_mbit == choice.learned_cap_mbit:
+        how += ", as earlier runs of this scenario here asked for"
     return (f"time scale: GPU NICs at {choice.host_rate_mbit:g} Mbit/s, {scale:,.0f}x slower "
             f"than the modelled {modelled_gbit:g} Gbit/s ({how}; predicted CPUs "
             f"{choice.predicted_busy:.0%} busy of {TARGET_BUSY:.0%} allowed, from the "

@@ -182,3 +182,134 @@ def test_calibrate_if_missing_keeps_the_machines_calibration(tmp_path, monkeypat
     monkeypatch.setattr(calibrate, "measure", lambda *a, **k: pytest.fail("measured again"))
     assert main(["calibrate", "--if-missing", "--quiet"]) == 0
     assert "default: 8 GPUs at auto run at 40 Mbit/s" in capsys.readouterr().out
+
+
+def _fidelity(**failed):
+    """A policy's fidelity section with the given checks failed (name -> figures)."""
+    checks = {name: dict(figures, ok=False) for name, figures in failed.items()}
+    checks.setdefault("cpu", {"ok": True})
+    return {"verdict": "outside tolerance" if failed else "ok", "checks": checks,
+            "problems": [f"{name} failed" for name in failed]}
+
+
+def test_a_rejected_run_asks_for_the_rate_its_own_figures_say_fits():
+    idle = _fidelity(idle_path_latency={"overhead_us": 487.0, "allowed_overhead_us": 208.6})
+    # the machine's delay is absolute: 40 x 208.6 / (487 x 1.5) = 11.4 -> step 10
+    assert timescale.retry_rate(40.0, {"hyperscale": idle}) == 10.0
+    lag = _fidelity(agent_loop_lag={"p95_us": 316.0, "allowed_p95_us": 208.6})
+    assert timescale.retry_rate(40.0, {"lossless": lag}) == 16.0  # 17.6
+    cpu = _fidelity(cpu={"busy_p90": 0.95, "allowed_busy_p90": 0.9})
+    assert timescale.retry_rate(40.0, {"lossless": cpu}) == 20.0  # the load: half
+    assert timescale.retry_rate(40.0, {"a": idle, "b": cpu}) == 10.0  # the slowest asked
+    # delays measured on saturated CPUs are the load's: half the rate, not 40 x 208.6 / 1,900
+    both = _fidelity(cpu={"busy_p90": 1.0}, agent_loop_lag={"p95_us": 1259.0,
+                                                             "allowed_p95_us": 208.6})
+    assert timescale.retry_rate(40.0, {"lossless": both}) == 20.0
+    # a delay just over the tolerance still asks for a slower step, never the same rate
+    near = _fidelity(agent_loop_lag={"p95_us": 210.0, "allowed_p95_us": 208.6})
+    assert timescale.retry_rate(40.0, {"x": near}) == 25.0
+    assert timescale.retry_rate(40.0, {"x": _fidelity()}) is None  # nothing rejected
+    assert timescale.retry_rate(timescale.RATE_STEPS[0], {"x": cpu}) is None  # no slower step
+    assert timescale.retry_rate(1.0, {"x": idle}) == timescale.RATE_STEPS[0]
+
+
+def test_what_rejected_runs_asked_for_caps_the_next_choice():
+    caps = {"lossless": 16.0, "hyperscale": 10.0}
+    assert timescale.learned_cap(caps, POLICIES) == 10.0
+    assert timescale.learned_cap(caps, ("lossless", "enterprise")) == 16.0
+    assert timescale.learned_cap(caps, ("enterprise",)) is None
+    capped = choose(AUTO, POLICIES, 8, cal(), cap_mbit=10.0)
+    assert capped.host_rate_mbit == 10.0 and capped.fits_mbit == 10.0
+    assert "as earlier runs of this scenario here asked for" in timescale.describe(capped, 100.0)
+    assert choose(AUTO, POLICIES, 8, cal(), cap_mbit=64.0).host_rate_mbit == 40.0
+    assert choose(80.0, POLICIES, 8, cal(), cap_mbit=10.0).host_rate_mbit == 80.0  # explicit
+
+
+def test_a_retried_choice_records_the_rejected_attempt():
+    first = choose(AUTO, POLICIES, 8, cal())
+    attempt = timescale.Attempt(40.0, {"lossless": ["the CPUs were saturated (p90 95%)"]},
+                                "rejected/1-at-40-mbit")
+    again = timescale.retried(first, 20.0, attempt, POLICIES, 8)
+    assert again.host_rate_mbit == 20.0 and again.attempts == (attempt,)
+    assert again.predicted_busy == pytest.approx(first.predicted_busy / 2)
+    d = again.to_dict()
+    assert d["attempts"] == [{"host_rate_mbit": 40.0, "kept_in": "rejected/1-at-40-mbit",
+                              "problems": {"lossless": ["the CPUs were saturated (p90 95%)"]}}]
+    text = timescale.retry_text(attempt, 20.0)
+    assert "rejected the run at 40 Mbit/s (lossless: the CPUs were saturated" in text
+    assert "again at 20 Mbit/s" in text and "rejected/1-at-40-mbit/" in text
+
+
+def test_what_runs_taught_is_kept_per_scenario_and_policy_until_the_next_calibration(tmp_path):
+    path = str(tmp_path / "scenarios.json")
+    c = cal(machine=calibrate.machine_key())
+    s = Scenario.from_dict({"name": "mine", "topology": {"oversubscription": 2}})
+    assert calibrate.learned(s, c, path) == {}
+    calibrate.remember(s, c, {"lossless": 16.0}, path)
+    calibrate.remember(s, c, {"lossless": 20.0, "hyperscale": 32.0}, path)  # only slower kept
+    assert calibrate.learned(s, c, path) == {"lossless": 16.0, "hyperscale": 32.0}
+    # the same traffic under another name, fewer iterations or fewer policies: the same cost
+    same = s.override({"name": "other", "workload": {"iterations": 2}}).with_policies(
+        ["lossless"])
+    assert calibrate.learned(same, c, path) == {"lossless": 16.0}
+    other = s.override({"topology": {"oversubscription": 1}})
+    assert calibrate.learned(other, c, path) == {}
+    tuned = s.override({"policy_params": {"lossless": {"ecn_kmin_bytes": 20000}}})
+    assert calibrate.learned(tuned, c, path) == {"hyperscale": 32.0}
+    recalibrated = cal(machine=calibrate.machine_key())
+    recalibrated = Calibration.from_dict(dict(recalibrated.to_dict(),
+                                              measured="2026-12-03 10:00"))
+    assert calibrate.learned(s, recalibrated, path) == {}
+
+
+def _rejected_results(rate, fidelity):
+    return {"policies": {name: {"fidelity": f} for name, f in fidelity.items()},
+            "scenario": {}, "status": "running"}
+
+
+def test_a_run_at_auto_that_the_monitor_rejected_goes_again_slower(tmp_path, monkeypatch):
+    monkeypatch.setattr(calibrate, "LEARNED", str(tmp_path / "scenarios.json"))
+    asked = Scenario.from_dict({"policies": ["hyperscale", "lossless"]})
+    said = []
+    scenario, choice = runner.choose_time_scale(asked, said.append,
+                                                calibration=cal(machine=calibrate.machine_key()))
+    run_dir = tmp_path / "run"
+    (run_dir / "records" / "lossless").mkdir(parents=True)
+    (run_dir / "records" / "lossless" / "gpu1.tx.csv").write_text("x")
+    (run_dir / "results.json").write_text("{}")
+    lag = _fidelity(agent_loop_lag={"p95_us": 316.0, "allowed_p95_us": 208.6})
+    results = _rejected_results(40.0, {"hyperscale": _fidelity(), "lossless": lag})
+    again = runner.run_again(asked, scenario, choice, results, str(run_dir), said.append)
+    scenario2, choice2 = again
+    assert scenario2.topology.host_rate_mbit == 16.0 and choice2.host_rate_mbit == 16.0
+    kept = run_dir / "rejected" / "1-at-40-mbit"
+    assert (kept / "records" / "lossless" / "gpu1.tx.csv").read_text() == "x"
+    assert not (run_dir / "records").exists() and (run_dir / "results.json").exists()
+    assert "ran again at 16 Mbit/s" in json.loads((kept / "results.json").read_text())[
+        "superseded"]
+    assert said[-1].startswith("time scale: the fidelity monitor rejected the run at 40")
+    # the machine remembers: the next run of this scenario starts at 16
+    _, next_choice = runner.choose_time_scale(asked, said.append,
+                                              calibration=choice.calibration)
+    assert next_choice.host_rate_mbit == 16.0 and next_choice.learned_cap_mbit == 16.0
+    # passing: done
+    assert runner.run_again(asked, scenario2, choice2, _rejected_results(
+        16.0, {"lossless": _fidelity()}), str(run_dir), said.append) is None
+    # the last attempt allowed is final, but still teaches the machine
+    last = choice2
+    for _ in range(timescale.MAX_ATTEMPTS - 2):
+        last = timescale.retried(last, 8.0, last.attempts[0], asked.policies, 8)
+    cpu = _fidelity(cpu={"busy_p90": 0.95, "allowed_busy_p90": 0.9})
+    assert runner.run_again(asked, asked.with_host_rate(8.0), last, _rejected_results(
+        8.0, {"lossless": cpu}), str(run_dir), said.append) is None
+    assert calibrate.learned(asked, choice.calibration) == {"lossless": 4.0}
+
+
+def test_an_explicit_rate_is_never_run_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(calibrate, "LEARNED", str(tmp_path / "scenarios.json"))
+    fast = Scenario.from_dict({"topology": {"host_rate_mbit": 200}})
+    _, choice = runner.choose_time_scale(fast, lambda s: None, calibration=cal())
+    cpu = _fidelity(cpu={"busy_p90": 0.99, "allowed_busy_p90": 0.9})
+    assert runner.run_again(fast, fast, choice, _rejected_results(200.0, {"lossless": cpu}),
+                            str(tmp_path), lambda s: None) is None
+    assert not (tmp_path / "rejected").exists()
