@@ -194,23 +194,23 @@ def _fidelity(**failed):
 
 def test_a_rejected_run_asks_for_the_rate_its_own_figures_say_fits():
     idle = _fidelity(idle_path_latency={"overhead_us": 487.0, "allowed_overhead_us": 208.6})
-    # the machine's delay is absolute: 40 x 208.6 / (487 x 1.5) = 11.4 -> step 10
-    assert timescale.retry_rate(40.0, {"hyperscale": idle}) == 10.0
-    lag = _fidelity(agent_loop_lag={"p95_us": 316.0, "allowed_p95_us": 208.6})
-    assert timescale.retry_rate(40.0, {"lossless": lag}) == 16.0  # 17.6
+    # the machine's delay is absolute: 40 x 208.6 / 487 = 17.1 -> step 16
+    assert timescale.retry_rate(40.0, {"hyperscale": idle}) == 16.0
+    lag = _fidelity(agent_loop_lag={"p95_us": 631.0, "allowed_p95_us": 208.6})
+    assert timescale.retry_rate(40.0, {"lossless": lag}) == 10.0  # 13.2
     cpu = _fidelity(cpu={"busy_p90": 0.95, "allowed_busy_p90": 0.9})
     assert timescale.retry_rate(40.0, {"lossless": cpu}) == 20.0  # the load: half
-    assert timescale.retry_rate(40.0, {"a": idle, "b": cpu}) == 10.0  # the slowest asked
+    assert timescale.retry_rate(40.0, {"a": lag, "b": cpu}) == 10.0  # the slowest asked
     # delays measured on saturated CPUs are the load's: half the rate, not 40 x 208.6 / 1,900
     both = _fidelity(cpu={"busy_p90": 1.0}, agent_loop_lag={"p95_us": 1259.0,
                                                              "allowed_p95_us": 208.6})
     assert timescale.retry_rate(40.0, {"lossless": both}) == 20.0
     # a delay just over the tolerance still asks for a slower step, never the same rate
     near = _fidelity(agent_loop_lag={"p95_us": 210.0, "allowed_p95_us": 208.6})
-    assert timescale.retry_rate(40.0, {"x": near}) == 25.0
+    assert timescale.retry_rate(40.0, {"x": near}) == 32.0
     assert timescale.retry_rate(40.0, {"x": _fidelity()}) is None  # nothing rejected
     assert timescale.retry_rate(timescale.RATE_STEPS[0], {"x": cpu}) is None  # no slower step
-    assert timescale.retry_rate(1.0, {"x": idle}) == timescale.RATE_STEPS[0]
+    assert timescale.retry_rate(1.0, {"x": lag}) == timescale.RATE_STEPS[0]
 
 
 def test_what_rejected_runs_asked_for_caps_the_next_choice():
@@ -277,7 +277,7 @@ def test_a_run_at_auto_that_the_monitor_rejected_goes_again_slower(tmp_path, mon
     (run_dir / "records" / "lossless").mkdir(parents=True)
     (run_dir / "records" / "lossless" / "gpu1.tx.csv").write_text("x")
     (run_dir / "results.json").write_text("{}")
-    lag = _fidelity(agent_loop_lag={"p95_us": 316.0, "allowed_p95_us": 208.6})
+    lag = _fidelity(agent_loop_lag={"p95_us": 501.0, "allowed_p95_us": 208.6})
     results = _rejected_results(40.0, {"hyperscale": _fidelity(), "lossless": lag})
     again = runner.run_again(asked, scenario, choice, results, str(run_dir), said.append)
     scenario2, choice2 = again
