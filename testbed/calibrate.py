@@ -8,8 +8,9 @@ runs the reference ``ROUNDS`` times, keeping per policy the least busy and least
 round: a passing load makes one round worse, not the machine's answer.
 
 Beside it, ``LEARNED`` keeps what runs at ``auto`` taught: per scenario and policy, the rate
-a rejected run asked for (``timescale.retry_rate``). It belongs to the calibration it was
-learned under: a new calibration starts it afresh.
+its rejected runs asked for (``timescale.retry_rate``) and in how many runs it was rejected
+(``timescale.learn``). It belongs to the calibration it was learned under: a new calibration
+starts it afresh.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from typing import Callable, Dict, Optional
 from .errors import TestbedError
 from .fidelity import busy_between, cpu_counters
 from .results import write_json_atomic
+from . import timescale
 from .timescale import CALIBRATION_VERSION, REFERENCE_RATE_MBIT, Calibration
 
 CACHE_DIR = os.environ.get("TESTBED_CACHE_DIR", "/var/lib/ai-fabric-testbed")
@@ -158,28 +160,31 @@ def _learned_file(cal: Calibration, path: str) -> dict:
     return {"machine": cal.machine, "calibration": cal.measured, "caps": {}}
 
 
-def learned(scenario, cal: Calibration, path: str = "") -> Dict[str, float]:
-    """Policy -> the rate its runs of ``scenario`` must stay at or below on this machine."""
-    caps = _learned_file(cal, path or LEARNED)["caps"]
+def learned(scenario, cal: Calibration, path: str = "") -> Dict[str, dict]:
+    """Policy -> what this machine kept of its runs of ``scenario`` (``timescale.learn``)."""
+    kept = _learned_file(cal, path or LEARNED)["caps"]
     out = {}
     for policy in scenario.policies:
-        entry = caps.get(scenario_key(scenario, policy))
+        entry = kept.get(scenario_key(scenario, policy))
         if entry:
-            out[policy] = float(entry["cap_mbit"])
+            out[policy] = entry
     return out
 
 
-def remember(scenario, cal: Calibration, caps_mbit: Dict[str, float], path: str = "") -> None:
-    """Keep ``caps_mbit`` (policy -> rate a rejected run asked for) for ``scenario``, each
-    only where it is slower than what was kept."""
+def remember(scenario, cal: Calibration, asked: Dict[str, Optional[float]], first: bool,
+             capped: bool, path: str = "") -> None:
+    """Keep what one attempt of ``scenario`` at ``auto`` taught (``asked``: policy -> the rate
+    its rejection asked for, None where it passed; see ``timescale.learn``)."""
     path = path or LEARNED
     data = _learned_file(cal, path)
-    for policy, rate in caps_mbit.items():
+    for policy, rate in asked.items():
         key = scenario_key(scenario, policy)
-        old = data["caps"].get(key, {}).get("cap_mbit")
-        if old is None or rate < old:
-            data["caps"][key] = {"cap_mbit": rate, "scenario": scenario.name, "policy": policy,
-                                 "learned": time.strftime("%Y-%m-%d %H:%M", time.localtime())}
+        entry = timescale.learn(data["caps"].get(key, {}), rate, first, capped)
+        if entry["cap_mbit"] is None:
+            data["caps"].pop(key, None)
+            continue
+        data["caps"][key] = dict(entry, scenario=scenario.name, policy=policy,
+                                 updated=time.strftime("%Y-%m-%d %H:%M", time.localtime()))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_json_atomic(path, data)
 

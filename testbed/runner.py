@@ -267,26 +267,23 @@ def _say_unscaled(scenario: Scenario, progress: Progress) -> List[str]:
     return notes
 
 
-def run_again(asked: Scenario, scenario: Scenario, choice: Optional[timescale.Choice],
-              results: dict, run_dir: str, progress: Progress
-              ) -> Optional[Tuple[Scenario, timescale.Choice]]:
-    """After all policies ran at a rate chosen by ``auto``: if the fidelity monitor rejected
-    some of them, keep the rate each asks for on this machine (``calibrate.remember``) and,
-    while attempts and slower rates are left, move this attempt's files into ``rejected/``
-    and return the scenario and choice to run every policy again with (None: done)."""
+def run_again(asked_scenario: Scenario, scenario: Scenario,
+              choice: Optional[timescale.Choice], results: dict, run_dir: str,
+              progress: Progress) -> Optional[Tuple[Scenario, timescale.Choice]]:
+    """After all policies ran at a rate chosen by ``auto``: keep what the attempt taught on
+    this machine (``calibrate.remember``) and, if the fidelity monitor rejected some policies
+    and attempts and slower rates are left, move this attempt's files into ``rejected/`` and
+    return the scenario and choice to run every policy again with (None: done)."""
     if choice is None or choice.chosen_by != "auto":
         return None
     rate = scenario.topology.host_rate_mbit
     fidelity = {name: p.get("fidelity") or {} for name, p in results["policies"].items()}
-    asks = {}
-    for name, section in fidelity.items():
-        wanted = timescale.retry_rate(rate, {name: section})
-        if wanted is not None:
-            asks[name] = wanted
-    if not asks:
-        return None
-    calibrate.remember(asked, choice.calibration, asks)
-    if len(choice.attempts) + 1 >= timescale.MAX_ATTEMPTS:
+    asked = {name: timescale.retry_rate(rate, {name: section})
+             for name, section in fidelity.items()}
+    calibrate.remember(asked_scenario, choice.calibration, asked, first=not choice.attempts,
+                       capped=rate == choice.learned_cap_mbit)
+    asks = {name: r for name, r in asked.items() if r is not None}
+    if not asks or len(choice.attempts) + 1 >= timescale.MAX_ATTEMPTS:
         return None
     slower = min(asks.values())
     attempt = timescale.Attempt(
@@ -298,7 +295,7 @@ def run_again(asked: Scenario, scenario: Scenario, choice: Optional[timescale.Ch
     progress(timescale.retry_text(attempt, slower))
     choice = timescale.retried(choice, slower, attempt, scenario.policies,
                                scenario.topology.gpus)
-    return asked.with_host_rate(slower), choice
+    return asked_scenario.with_host_rate(slower), choice
 
 
 def keep_attempt(run_dir: str, rel: str, results: dict) -> None:

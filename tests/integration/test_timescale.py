@@ -61,3 +61,67 @@ def test_calibrate_then_auto_runs_at_the_rate_that_fits(tmp_path):
     assert run.stderr.index("warning: topology.host_rate_mbit") < run.stderr.index("[hyperscale")
     assert results_of(tmp_path / "fast")["time_scale_choice"]["warning"].startswith(
         "topology.host_rate_mbit 1000")
+
+
+def test_a_run_at_auto_that_the_monitor_rejects_goes_again_slower_and_is_remembered(tmp_path):
+    """A calibration that overrates this machine (as if its delays were a fifth of what they
+    are) makes auto choose a rate the fidelity monitor rejects: the run goes again slower and
+    keeps the rejected attempt; once rejected in two runs, the scenario starts slower."""
+    from testbed import calibrate
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    optimistic = {"machine": calibrate.machine_key(), "cpus": os.cpu_count(),
+                  "measured": "2026-12-03 09:00", "gpus": 8, "host_rate_mbit": 40.0,
+                  "busy": {"hyperscale": 0.1}, "noise_us": {"hyperscale": 21.0},
+                  "allowed_us": 208.6, "version": 3}
+    (cache / "calibration.json").write_text(json.dumps(optimistic))
+    small = tmp_path / "small.yaml"
+    small.write_text("policies: [hyperscale]\ntopology: {leaves: 2, gpus_per_leaf: 2}\n"
+                     "workload: {iterations: 2, size_bytes: 262144}\n")
+    run = cli(cache, "run", "--scenario", str(small), "--out", str(tmp_path / "first"))
+    assert run.returncode == 0, run.stderr
+    first = re.search(r"time scale: GPU NICs at ([\d.]+) Mbit/s", run.stderr)
+    assert first and float(first.group(1)) >= 160, run.stderr  # 40 x 208.6 / (21 x 1.5)
+    assert f"rejected the run at {first.group(1)} Mbit/s" in run.stderr, run.stderr
+    [run_dir] = (tmp_path / "first").iterdir()
+    results = results_of_dir(run_dir)
+    choice = results["time_scale_choice"]
+    final = choice["host_rate_mbit"]
+    assert final < float(first.group(1)) and results["scenario"]["topology"][
+        "host_rate_mbit"] == final
+    attempts = choice["attempts"]
+    assert attempts[0]["host_rate_mbit"] == float(first.group(1))
+    assert attempts[0]["problems"]["hyperscale"]  # what the monitor said, kept
+    for a in attempts:
+        rejected = results_of_dir(run_dir / a["kept_in"])
+        assert rejected["policies"]["hyperscale"]["fidelity"]["verdict"] == "outside tolerance"
+        assert "ran again at" in rejected["superseded"]
+        assert (run_dir / a["kept_in"] / "records" / "hyperscale").is_dir()
+    assert (run_dir / "records" / "hyperscale").is_dir() and (run_dir / "report.html").exists()
+
+    def kept():
+        with open(cache / "scenarios.json") as f:
+            [entry] = json.load(f)["caps"].values()
+        return entry
+
+    once = kept()
+    assert once["policy"] == "hyperscale" and once["rejected_runs"] == 1
+    assert once["cap_mbit"] <= final
+
+    # rejected once may be a passing load: the next run starts at the calibration's rate again
+    second = cli(cache, "run", "--scenario", str(small), "--out", str(tmp_path / "second"))
+    assert second.returncode == 0, second.stderr
+    assert f"time scale: GPU NICs at {first.group(1)} Mbit/s" in second.stderr
+    assert kept()["rejected_runs"] == 2
+    # rejected in two runs: the next one starts at the rate the rejections asked for
+    third = cli(cache, "run", "--scenario", str(small), "--iterations", "1", "--out",
+                str(tmp_path / "third"))
+    assert third.returncode == 0, third.stderr
+    assert (f"time scale: GPU NICs at {kept()['cap_mbit']:g} Mbit/s" in third.stderr
+            and "as earlier runs of this scenario here asked for" in third.stderr), third.stderr
+
+
+def results_of_dir(run_dir):
+    with open(os.path.join(run_dir, "results.json")) as f:
+        return json.load(f)

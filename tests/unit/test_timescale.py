@@ -213,11 +213,24 @@ def test_a_rejected_run_asks_for_the_rate_its_own_figures_say_fits():
     assert timescale.retry_rate(1.0, {"x": lag}) == timescale.RATE_STEPS[0]
 
 
-def test_what_rejected_runs_asked_for_caps_the_next_choice():
-    caps = {"lossless": 16.0, "hyperscale": 10.0}
-    assert timescale.learned_cap(caps, POLICIES) == 10.0
-    assert timescale.learned_cap(caps, ("lossless", "enterprise")) == 16.0
-    assert timescale.learned_cap(caps, ("enterprise",)) is None
+def test_a_rate_is_learned_once_a_scenario_was_rejected_in_two_runs():
+    learn = timescale.learn
+    once = learn({}, 16.0, first=True, capped=False)
+    assert once == {"cap_mbit": 16.0, "rejected_runs": 1}
+    assert timescale.learned_cap({"lossless": once}, POLICIES) is None  # maybe a passing load
+    retried = learn(once, 8.0, first=False, capped=False)  # its retry was rejected too
+    assert retried == {"cap_mbit": 8.0, "rejected_runs": 1}
+    twice = learn(retried, 10.0, first=True, capped=False)
+    assert twice == {"cap_mbit": 8.0, "rejected_runs": 2}
+    assert timescale.learned_cap({"lossless": twice}, POLICIES) == 8.0
+    assert timescale.learned_cap({"lossless": twice}, ("hyperscale",)) is None
+    # passing at the kept rate says nothing of faster ones; passing at the calibration's does
+    assert learn(twice, None, first=True, capped=True) == twice
+    assert learn(twice, None, first=False, capped=False) == twice
+    assert learn(twice, None, first=True, capped=False) == {"cap_mbit": 8.0, "rejected_runs": 1}
+    assert learn(once, None, first=True, capped=False) == {"cap_mbit": None, "rejected_runs": 0}
+    entries = {"lossless": twice, "hyperscale": {"cap_mbit": 4.0, "rejected_runs": 3}}
+    assert timescale.learned_cap(entries, POLICIES) == 4.0
     capped = choose(AUTO, POLICIES, 8, cal(), cap_mbit=10.0)
     assert capped.host_rate_mbit == 10.0 and capped.fits_mbit == 10.0
     assert "as earlier runs of this scenario here asked for" in timescale.describe(capped, 100.0)
@@ -245,20 +258,22 @@ def test_what_runs_taught_is_kept_per_scenario_and_policy_until_the_next_calibra
     c = cal(machine=calibrate.machine_key())
     s = Scenario.from_dict({"name": "mine", "topology": {"oversubscription": 2}})
     assert calibrate.learned(s, c, path) == {}
-    calibrate.remember(s, c, {"lossless": 16.0}, path)
-    calibrate.remember(s, c, {"lossless": 20.0, "hyperscale": 32.0}, path)  # only slower kept
-    assert calibrate.learned(s, c, path) == {"lossless": 16.0, "hyperscale": 32.0}
+    calibrate.remember(s, c, {"lossless": 16.0, "hyperscale": None}, True, False, path)
+    calibrate.remember(s, c, {"lossless": 20.0, "hyperscale": 32.0}, True, False, path)
+    kept = calibrate.learned(s, c, path)
+    assert {p: (e["cap_mbit"], e["rejected_runs"]) for p, e in kept.items()} == {
+        "lossless": (16.0, 2), "hyperscale": (32.0, 1)}
     # the same traffic under another name, fewer iterations or fewer policies: the same cost
     same = s.override({"name": "other", "workload": {"iterations": 2}}).with_policies(
         ["lossless"])
-    assert calibrate.learned(same, c, path) == {"lossless": 16.0}
-    other = s.override({"topology": {"oversubscription": 1}})
-    assert calibrate.learned(other, c, path) == {}
+    assert list(calibrate.learned(same, c, path)) == ["lossless"]
+    assert calibrate.learned(s.override({"topology": {"oversubscription": 1}}), c, path) == {}
     tuned = s.override({"policy_params": {"lossless": {"ecn_kmin_bytes": 20000}}})
-    assert calibrate.learned(tuned, c, path) == {"hyperscale": 32.0}
-    recalibrated = cal(machine=calibrate.machine_key())
-    recalibrated = Calibration.from_dict(dict(recalibrated.to_dict(),
-                                              measured="2026-12-03 10:00"))
+    assert list(calibrate.learned(tuned, c, path)) == ["hyperscale"]
+    # a pass at the calibration's rate takes a rejected run back; none left: forgotten
+    calibrate.remember(s, c, {"hyperscale": None}, True, False, path)
+    assert list(calibrate.learned(s, c, path)) == ["lossless"]
+    recalibrated = Calibration.from_dict(dict(c.to_dict(), measured="2026-12-03 10:00"))
     assert calibrate.learned(s, recalibrated, path) == {}
 
 
@@ -279,8 +294,8 @@ def test_a_run_at_auto_that_the_monitor_rejected_goes_again_slower(tmp_path, mon
     (run_dir / "results.json").write_text("{}")
     lag = _fidelity(agent_loop_lag={"p95_us": 501.0, "allowed_p95_us": 208.6})
     results = _rejected_results(40.0, {"hyperscale": _fidelity(), "lossless": lag})
-    again = runner.run_again(asked, scenario, choice, results, str(run_dir), said.append)
-    scenario2, choice2 = again
+    scenario2, choice2 = runner.run_again(asked, scenario, choice, results, str(run_dir),
+                                          said.append)
     assert scenario2.topology.host_rate_mbit == 16.0 and choice2.host_rate_mbit == 16.0
     kept = run_dir / "rejected" / "1-at-40-mbit"
     assert (kept / "records" / "lossless" / "gpu1.tx.csv").read_text() == "x"
@@ -288,13 +303,17 @@ def test_a_run_at_auto_that_the_monitor_rejected_goes_again_slower(tmp_path, mon
     assert "ran again at 16 Mbit/s" in json.loads((kept / "results.json").read_text())[
         "superseded"]
     assert said[-1].startswith("time scale: the fidelity monitor rejected the run at 40")
-    # the machine remembers: the next run of this scenario starts at 16
-    _, next_choice = runner.choose_time_scale(asked, said.append,
-                                              calibration=choice.calibration)
-    assert next_choice.host_rate_mbit == 16.0 and next_choice.learned_cap_mbit == 16.0
-    # passing: done
+    # passing at 16: done, and once is not yet a lesson
     assert runner.run_again(asked, scenario2, choice2, _rejected_results(
         16.0, {"lossless": _fidelity()}), str(run_dir), said.append) is None
+    _, next_choice = runner.choose_time_scale(asked, said.append,
+                                              calibration=choice.calibration)
+    assert next_choice.host_rate_mbit == 40.0 and next_choice.learned_cap_mbit is None
+    # rejected in a second run: the next run starts at what the rejections asked for
+    assert runner.run_again(asked, scenario, next_choice, results, str(tmp_path / "run2"),
+                            said.append) is not None
+    _, third = runner.choose_time_scale(asked, said.append, calibration=choice.calibration)
+    assert third.host_rate_mbit == 16.0 and third.learned_cap_mbit == 16.0
     # the last attempt allowed is final, but still teaches the machine
     last = choice2
     for _ in range(timescale.MAX_ATTEMPTS - 2):
@@ -302,7 +321,7 @@ def test_a_run_at_auto_that_the_monitor_rejected_goes_again_slower(tmp_path, mon
     cpu = _fidelity(cpu={"busy_p90": 0.95, "allowed_busy_p90": 0.9})
     assert runner.run_again(asked, asked.with_host_rate(8.0), last, _rejected_results(
         8.0, {"lossless": cpu}), str(run_dir), said.append) is None
-    assert calibrate.learned(asked, choice.calibration) == {"lossless": 4.0}
+    assert calibrate.learned(asked, choice.calibration)["lossless"]["cap_mbit"] == 4.0
 
 
 def test_an_explicit_rate_is_never_run_again(tmp_path, monkeypatch):
