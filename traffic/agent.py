@@ -67,7 +67,10 @@ ECN_CE = 0b11
 RETX_FLAG = 0x80000000  # in the probe header's step field: a retransmitted packet
 QP_BASE = 0x100  # QPs 0 and 1 are special in InfiniBand
 STUCK_S = 120.0  # a collective that makes no progress for this long fails the run
-RATE_SAMPLE_NS = 10_000_000
+# Each DCQCN QP's rate and bytes are sampled for the records every this many full frames'
+# times at the NIC's line rate (10 ms at 40 Mbit/s), the queue timeline's resolution: the
+# same modelled time at every time scale
+RATE_SAMPLE_FRAMES = 12
 AGENT_NICE = -20
 PROBE_CLOCK_SLACK_NS = 1_000_000_000  # all agents share one clock: a probe "sent" later is forged
 HOUSEKEEPING_NS = 1_000_000_000
@@ -231,6 +234,7 @@ class Gpu:
         self.limiters: Optional[ratelimit.Limiters] = None  # DCQCN's rate limiters in the NIC
         self.holding: set = set()  # QPs whose limiter holds frames
         self.full_frame = config["mtu"] + FRAME_OVERHEAD
+        self.rate_sample_ns = int(RATE_SAMPLE_FRAMES * self.full_frame * self.ns_per_byte)
         self.mark = None  # progress seen by the stuck check, and since when
         self.mark_ns = 0
 
@@ -611,7 +615,7 @@ class Gpu:
             if now >= qp.next_sample_ns:
                 if qp._unsampled():
                     qp.samples.append((now, rp.rate, qp.bytes_sent))
-                qp.next_sample_ns = now + RATE_SAMPLE_NS
+                qp.next_sample_ns = now + self.rate_sample_ns
         nak = qp.resp.tick(now)
         if nak is not None:
             self.control.append((qp, bytes(qp.ack.fill(nak.psn, nak.syndrome, nak.msn))))
