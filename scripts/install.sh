@@ -45,6 +45,7 @@ fi
 # --- distribution packages -------------------------------------------------------------------
 packages=(mininet openvswitch-switch tshark iperf3 ethtool tcpdump iproute2 iputils-ping python3-venv
           python-is-python3 python3-pip
+          libtcmalloc-minimal4  # ovs-vswitchd's allocator when this script starts it (below)
           gcc libc6-dev python3-dev zlib1g-dev  # the GPU agents' C extension (traffic/_nicio.c)
           rdma-core ibverbs-providers perftest)  # run --traffic rxe: soft-RoCE verbs + perftest
 if [ "$test_tools" -eq 1 ]; then
@@ -132,8 +133,13 @@ if [ "$start_ovs" -eq 1 ]; then
       :
     else
       # No systemd (containers, CI sandboxes): ovs-ctl skips modprobe where the kernel has no
-      # module support; ovs-vswitchd then serves the userspace (netdev) datapath only.
-      /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >/dev/null 2>&1 || true
+      # module support; ovs-vswitchd then serves the userspace (netdev) datapath only. That
+      # datapath allocates and frees 32 packet buffers per port on every pass of its main
+      # loop: with tcmalloc a pass is shorter, so a frame waits less for the next bridge
+      # (docs/emulation-cost.md, "Open vSwitch's allocator").
+      tcmalloc=$(ls /usr/lib/*/libtcmalloc_minimal.so.4 2>/dev/null | head -1)
+      LD_PRELOAD=${tcmalloc:-} /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random \
+        >/dev/null 2>&1 || true
     fi
     ovs_up || die "Open vSwitch did not start; see /var/log/openvswitch/*.log"
     say "Open vSwitch running"

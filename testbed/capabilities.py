@@ -43,6 +43,8 @@ class Capabilities:
     perftest: bool = False  # ib_write_lat/ib_write_bw and the rdma tool
     bpf_marking: Optional[bool] = False  # the tc BPF marking program runs (testbed.bpfmark)
     nic_in_c: bool = False  # the GPU agents' C extension (traffic/_nicio.c) is built
+    # the allocator ovs-vswitchd runs with ("tcmalloc", "jemalloc", "glibc"; None: unknown)
+    ovs_allocator: Optional[str] = None
 
     @property
     def rxe(self) -> bool:
@@ -148,7 +150,28 @@ def detect() -> Capabilities:
         perftest=all(shutil.which(t) for t in ("ib_write_lat", "ib_write_bw", "rdma")),
         bpf_marking=probe_bpf_marking(),
         nic_in_c=_importable("traffic._nicio"),
+        ovs_allocator=ovs_allocator(),
     )
+
+
+def ovs_allocator(pidfile: str = "/var/run/openvswitch/ovs-vswitchd.pid") -> Optional[str]:
+    """Which malloc ovs-vswitchd runs with, from the libraries it mapped (None: not known)."""
+    try:
+        with open(pidfile, encoding="ascii") as f:
+            pid = int(f.read().strip())
+        with open(f"/proc/{pid}/maps", encoding="ascii", errors="replace") as f:
+            maps = f.read()
+    except (OSError, ValueError):
+        return None
+    return allocator_in(maps)
+
+
+def allocator_in(maps: str) -> str:
+    """The malloc a process's memory map (``/proc/<pid>/maps``) shows it was linked with."""
+    for name in ("tcmalloc", "jemalloc"):
+        if f"/lib{name}" in maps:
+            return name
+    return "glibc"
 
 
 def probe_bpf_marking() -> Optional[bool]:

@@ -1,4 +1,6 @@
 """Checks across keys that ``runner.validate`` makes before anything starts."""
+import os
+
 import pytest
 
 from testbed.config import Scenario
@@ -123,3 +125,15 @@ def test_the_controller_marks_ecn_only_where_the_kernel_cannot():
     assert not configured_policy("lossless", plan, scenario,
                                  caps(False, red=True)).context.openflow_marking
     assert not configured_policy("enterprise", plan, scenario, caps(False)).context.openflow_marking
+
+
+def test_the_allocator_open_vswitch_runs_with_is_read_from_its_memory_map(tmp_path):
+    from testbed.capabilities import allocator_in, ovs_allocator
+    lib = "7f01-7f02 r-xp 00000000 fe:01 123 /usr/lib/x86_64-linux-gnu/{}\n"
+    assert allocator_in(lib.format("libtcmalloc_minimal.so.4.5.9")) == "tcmalloc"
+    assert allocator_in(lib.format("libjemalloc.so.2")) == "jemalloc"
+    assert allocator_in(lib.format("libc.so.6")) == "glibc"
+    assert ovs_allocator(str(tmp_path / "no.pid")) is None
+    pidfile = tmp_path / "self.pid"
+    pidfile.write_text(f"{os.getpid()}\n")
+    assert ovs_allocator(str(pidfile)) in ("glibc", "tcmalloc", "jemalloc")
