@@ -278,11 +278,11 @@ def run_again(asked_scenario: Scenario, scenario: Scenario,
         return None
     rate = scenario.topology.host_rate_mbit
     fidelity = {name: p.get("fidelity") or {} for name, p in results["policies"].items()}
-    asked = {name: timescale.retry_rate(rate, {name: section})
+    wants = {name: timescale.retry_rate(rate, {name: section})
              for name, section in fidelity.items()}
-    calibrate.remember(asked_scenario, choice.calibration, asked, first=not choice.attempts,
+    calibrate.remember(asked_scenario, choice.calibration, wants, first=not choice.attempts,
                        capped=rate == choice.learned_cap_mbit)
-    asks = {name: r for name, r in asked.items() if r is not None}
+    asks = {name: r for name, r in wants.items() if r is not None}
     if not asks or len(choice.attempts) + 1 >= timescale.MAX_ATTEMPTS:
         return None
     slower = min(asks.values())

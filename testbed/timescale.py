@@ -24,7 +24,7 @@ Each run records the choice beside what it measured, so the model's error stays 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from controllers.params import REFERENCE_RATE_MBIT
 
@@ -263,8 +263,7 @@ def retry_text(attempt: Attempt, rate_mbit: float) -> str:
                     for name, lines in attempt.problems.items())
     return (f"time scale: the fidelity monitor rejected the run at {attempt.host_rate_mbit:g} "
             f"Mbit/s ({why}); running it again at {rate_mbit:g} Mbit/s, where this machine's "
-            f"delays and load fit (the rejected run is kept in {attempt.kept_in}/, and this "
-            "machine remembers the rate for this scenario)")
+            f"delays and load fit (the rejected run is kept in {attempt.kept_in}/)")
 
 
 def describe(choice: Choice, modelled_gbit: float) -> str:
