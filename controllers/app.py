@@ -102,7 +102,9 @@ class FabricController(app_manager.OSKenApp):
         LOG.info("%s (dpid %016x): sent %d messages, waiting for barrier", name, dp.id,
                  len(messages))
 
-    @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
+    # os-ken enters MAIN_DISPATCHER once its own port-description reply is handled, which a
+    # switch may answer after our barrier: a reply or packet-in in CONFIG must not be lost.
+    @set_ev_cls(ofp_event.EventOFPBarrierReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def barrier_reply(self, ev):
         dpid = self.pending_barriers.pop(ev.msg.xid, None)
         if dpid is None:
@@ -118,7 +120,7 @@ class FabricController(app_manager.OSKenApp):
                   msg.type, msg.code, bytes(msg.data[:64]).hex())
         self._state(event="error", dpid=msg.datapath.id, type=msg.type, code=msg.code)
 
-    @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
+    @set_ev_cls(ofp_event.EventOFPPacketIn, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def packet_in(self, ev):
         msg = ev.msg
         self.counters["packet_in"] += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 
 from testbed.procutil import die_with_parent
 
@@ -27,6 +28,8 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     die_with_parent()
+    # eventlet's deprecation notice: 8 lines of every log, about os-ken's choice, not ours
+    warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from os_ken.lib import hub

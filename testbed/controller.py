@@ -103,7 +103,8 @@ class ControllerProcess:
                 except Exception as e:  # the diagnosis must not hide the error itself
                     said = f"(could not ask: {e})"
                 raise ControllerError(f"switches not programmed after {timeout:.0f} s: "
-                                      f"{', '.join(names)} (see {self.log_path})"
+                                      f"{', '.join(names)} (see {self.log_path}: "
+                                      f"{self.tail()})"
                                       + (f"; Open vSwitch: {said}" if said else ""))
             time.sleep(0.05)
 
