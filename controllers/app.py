@@ -14,6 +14,7 @@ file (policy name, fabric plan, parameters, context), a state file and an event 
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ from .params import resolve
 from .policy import FabricContext, policy_class
 
 LOG = logging.getLogger(__name__)
+WATCH_S = 10.0  # while a switch of the plan waits to be programmed, say why this often
 
 
 def load_policy(path: str):
@@ -57,12 +59,14 @@ class FabricController(app_manager.OSKenApp):
         self.state_path = conf.testbed_state
         self.datapaths = {}
         self.pending_barriers = {}  # xid -> dpid
+        self.programmed = set()
         self.counters = {"packet_in": 0, "ecn_events": 0, "load_events": 0, "flow_mods": 0,
                          "bad_events": 0}
         LOG.info("policy %s on %r, params %s", self.policy.name, self.policy.plan,
                  self.policy.params_dict())
         if conf.testbed_events:
             hub.spawn(self._serve_events, conf.testbed_events)
+        hub.spawn(self._watch)
 
     def _state(self, **event) -> None:
         event["time"] = time.time()
@@ -102,15 +106,14 @@ class FabricController(app_manager.OSKenApp):
         LOG.info("%s (dpid %016x): sent %d messages, waiting for barrier", name, dp.id,
                  len(messages))
 
-    # os-ken enters MAIN_DISPATCHER once its own port-description reply is handled, which a
-    # switch may answer after our barrier: a reply or packet-in in CONFIG must not be lost.
-    @set_ev_cls(ofp_event.EventOFPBarrierReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
     def barrier_reply(self, ev):
         dpid = self.pending_barriers.pop(ev.msg.xid, None)
         if dpid is None:
             return
         name = self.policy.plan.switch_by_dpid(dpid).name
         LOG.info("%s (dpid %016x): programmed", name, dpid)
+        self.programmed.add(dpid)
         self._state(event="programmed", dpid=dpid, switch=name)
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
@@ -120,7 +123,7 @@ class FabricController(app_manager.OSKenApp):
                   msg.type, msg.code, bytes(msg.data[:64]).hex())
         self._state(event="error", dpid=msg.datapath.id, type=msg.type, code=msg.code)
 
-    @set_ev_cls(ofp_event.EventOFPPacketIn, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def packet_in(self, ev):
         msg = ev.msg
         self.counters["packet_in"] += 1
@@ -138,6 +141,27 @@ class FabricController(app_manager.OSKenApp):
         metadata = msg.match.get("metadata", 0)
         self._send(msg.datapath.id, self.policy.packet_in(msg.datapath.id, in_port, metadata,
                                                           eth.src))
+
+    def _watch(self) -> None:
+        """While a switch of the plan is not programmed: each OpenFlow connection's handshake
+        state in os-ken and the events queued for this app and for os-ken's own handler - the
+        last lines the runner quotes when it gives up (a switch that connected but was never
+        programmed: did its features reach this app, or does the app's queue stand still?)."""
+        from os_ken.controller.controller import Datapath
+        while True:
+            hub.sleep(WATCH_S)
+            waiting = [s.name for s in self.policy.plan.switches
+                       if s.dpid not in self.programmed]
+            if not waiting:
+                return
+            conns = sorted(f"{dp.address[1] if dp.address else '?'}:{dp.state}:"
+                           f"{dp.id if dp.id is None else format(dp.id, 'x')}"
+                           for dp in gc.get_objects() if isinstance(dp, Datapath))
+            handler = app_manager.lookup_service_brick("ofp_event")
+            LOG.warning("waiting to program %s; events queued: this app %d, os-ken's handler "
+                        "%s; connections (port:state:dpid): %s", ", ".join(waiting),
+                        self.events.qsize(), handler.events.qsize() if handler else "?",
+                        " ".join(conns) or "none")
 
     # --- events from the switch-queue emulator ------------------------------------------------
     def _serve_events(self, path: str) -> None:
