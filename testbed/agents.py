@@ -22,11 +22,12 @@ from controllers.classes import default_class
 from .config import Scenario
 from .errors import AgentError
 from .ledger import Ledger
-from .procutil import stop_processes
+from .procutil import cpu_ticks, stop_processes
 from .shaping import limiter_qdisc, link_mtu
 from .topology import FabricPlan
 
 START_MARGIN_S = 0.2  # agents start together this long after the go
+STUCK_CAP = 10  # an agent still working towards "ready" or "done" gets at most 10x the wait
 MAX_RTO_FACTOR = 8  # the retransmission timeout backs off up to this multiple
 
 
@@ -265,12 +266,24 @@ class AgentGroup:
             self.fabric.workspace.get(server, f"{out_dir}/{host}.*", self.records_dir)
 
     def _expect_all(self, word: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        """Until every agent process said ``word``. ``timeout``: how long one may go without
+        using CPU time before it counts as stuck (a slow machine, such as the VM test's
+        emulated guest, may take longer to start it); never more than STUCK_CAP x that."""
+        start = time.monotonic()
         pending = set(self.procs)
+        busy = {name: (start, cpu_ticks(self.procs[name].pid)) for name in pending}
         while pending:
-            if time.monotonic() > deadline:
-                hosts = [h for name in sorted(pending) for h in self.hosts_of[name]]
-                raise AgentError(f"agents not {word} after {timeout:.0f} s: "
+            now = time.monotonic()
+            for name in pending:
+                ticks = cpu_ticks(self.procs[name].pid)
+                if ticks != busy[name][1]:
+                    busy[name] = (now, ticks)
+            stuck = sorted(n for n in pending if now - busy[n][0] > timeout)
+            if stuck or now - start > STUCK_CAP * timeout:
+                why = (f"no CPU time used for {timeout:.0f} s" if stuck
+                       else f"still busy after {now - start:.0f} s")
+                hosts = [h for name in (stuck or sorted(pending)) for h in self.hosts_of[name]]
+                raise AgentError(f"agents not {word} after {now - start:.0f} s ({why}): "
                                  f"{', '.join(hosts)}")
             for name, line in self._read_lines(pending, 0.2):
                 if line == word:

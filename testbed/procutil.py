@@ -124,6 +124,12 @@ def start_time(pid: int) -> str:
     return fields[19].decode() if len(fields) > 19 else ""
 
 
+def cpu_ticks(pid: int) -> int:
+    """The CPU time ``pid`` has used, user + system (clock ticks; 0 if it is gone)."""
+    fields = _stat_fields(pid)
+    return int(fields[11]) + int(fields[12]) if len(fields) > 12 else 0
+
+
 def parent_pid(pid: int) -> int:
     """The parent of ``pid`` (0 if it is gone)."""
     fields = _stat_fields(pid)
