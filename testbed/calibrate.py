@@ -1,13 +1,13 @@
 """Calibration (thin edge of ``testbed.timescale``): how busy this machine's CPUs get while the
 reference fabric - the default scenario, 8 GPUs at 40 Mbit/s - runs under each policy.
 
-Measured once per machine by short real runs, kept in ``CACHE`` (keyed by the machine: its
+Measured once per machine by short real runs, kept in ``cache_path()`` (keyed by the machine: its
 id, CPUs, memory and kernel), and redone by ``python -m testbed calibrate``. What else the
 machine does would be charged to the fabric, so it first waits for the CPUs to be quiet and
 runs the reference ``ROUNDS`` times, keeping per policy the least busy and least delayed
 round: a passing load makes one round worse, not the machine's answer.
 
-Beside it, ``LEARNED`` keeps what runs at ``auto`` taught: per scenario and policy, the rate
+Beside it, ``learned_path()`` keeps what runs at ``auto`` taught: per scenario and policy, the rate
 its rejected runs asked for (``timescale.retry_rate``) and in how many runs it was rejected
 (``timescale.learn``). It belongs to the calibration it was learned under: a new calibration
 starts it afresh.
@@ -29,9 +29,23 @@ from .results import write_json_atomic
 from . import timescale
 from .timescale import CALIBRATION_VERSION, REFERENCE_RATE_MBIT, Calibration
 
-CACHE_DIR = os.environ.get("TESTBED_CACHE_DIR", "/var/lib/ai-fabric-testbed")
-CACHE = os.path.join(CACHE_DIR, "calibration.json")
-LEARNED = os.path.join(CACHE_DIR, "scenarios.json")
+MACHINE_DIR = "/var/lib/ai-fabric-testbed"
+
+
+def cache_dir() -> str:
+    """Where this machine's calibration and learned rates are kept (``TESTBED_CACHE_DIR``
+    moves them; read at each use, so a test session can point it elsewhere)."""
+    return os.environ.get("TESTBED_CACHE_DIR", MACHINE_DIR)
+
+
+def cache_path() -> str:
+    return os.path.join(cache_dir(), "calibration.json")
+
+
+def learned_path() -> str:
+    return os.path.join(cache_dir(), "scenarios.json")
+
+
 REFERENCE_GPUS_PER_LEAF, REFERENCE_LEAVES = 2, 4
 REFERENCE_ITERATIONS = 5
 ROUNDS = 2
@@ -52,10 +66,10 @@ def machine_key() -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def load(path: str = CACHE) -> Optional[Calibration]:
+def load(path: str = "") -> Optional[Calibration]:
     """This machine's calibration, if one was measured here (None otherwise)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path or cache_path(), encoding="utf-8") as f:
             cal = Calibration.from_dict(json.load(f))
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -64,7 +78,7 @@ def load(path: str = CACHE) -> Optional[Calibration]:
     return cal
 
 
-def measure(progress: Callable[[str], None] = lambda s: None, path: str = CACHE) -> Calibration:
+def measure(progress: Callable[[str], None] = lambda s: None, path: str = "") -> Calibration:
     """Run the reference fabric under every policy and keep how busy the CPUs were."""
     from . import runner  # the runner chooses rates from this module's answer
     from .config import Scenario
@@ -94,6 +108,7 @@ def measure(progress: Callable[[str], None] = lambda s: None, path: str = CACHE)
                       measured=time.strftime("%Y-%m-%d %H:%M", time.localtime()),
                       gpus=scenario.topology.gpus, host_rate_mbit=REFERENCE_RATE_MBIT, busy=busy,
                       noise_us=noise, allowed_us=float(allowed), busy_before=round(before, 3))
+    path = path or cache_path()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_json_atomic(path, cal.to_dict())
     return cal
@@ -162,7 +177,7 @@ def _learned_file(cal: Calibration, path: str) -> dict:
 
 def learned(scenario, cal: Calibration, path: str = "") -> Dict[str, dict]:
     """Policy -> what this machine kept of its runs of ``scenario`` (``timescale.learn``)."""
-    kept = _learned_file(cal, path or LEARNED)["caps"]
+    kept = _learned_file(cal, path or learned_path())["caps"]
     out = {}
     for policy in scenario.policies:
         entry = kept.get(scenario_key(scenario, policy))
@@ -175,7 +190,7 @@ def remember(scenario, cal: Calibration, asked: Dict[str, Optional[float]], firs
              capped: bool, path: str = "") -> None:
     """Keep what one attempt of ``scenario`` at ``auto`` taught (``asked``: policy -> the rate
     its rejection asked for, None where it passed; see ``timescale.learn``)."""
-    path = path or LEARNED
+    path = path or learned_path()
     data = _learned_file(cal, path)
     for policy, rate in asked.items():
         key = scenario_key(scenario, policy)

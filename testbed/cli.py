@@ -43,7 +43,7 @@ def cmd_calibrate(args) -> int:
         print(f"{scenario.name}: {t.gpus} GPUs at auto run at {choice.host_rate_mbit:g} Mbit/s "
               f"(predicted CPUs {choice.predicted_busy:.0%} busy of "
               f"{timescale.TARGET_BUSY:.0%} allowed)")
-    print(f"kept in {calibrate.CACHE} for this machine")
+    print(f"kept in {calibrate.cache_path()} for this machine")
     return 0
 
 

@@ -6,8 +6,24 @@ they need root, a running Open vSwitch and Mininet, and skip with the reason oth
 import os
 import shutil
 import subprocess
+import tempfile
 
 import pytest
+
+from testbed.calibrate import cache_path
+
+# Runs at ``auto`` keep per scenario the rate their rejections asked for (calibrate.learned).
+# A test session must neither start from what earlier sessions taught nor teach the user's
+# machine: it runs on a copy of the machine's calibration in a directory of its own, for its
+# processes and the runs they start alike.
+SESSION_CACHE = tempfile.mkdtemp(prefix="testbed-tests-cache-")
+if os.path.exists(cache_path()):
+    shutil.copy(cache_path(), SESSION_CACHE)
+os.environ["TESTBED_CACHE_DIR"] = SESSION_CACHE
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
 def _integration_blocker():

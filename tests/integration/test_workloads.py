@@ -57,17 +57,26 @@ def test_each_collective_moves_the_bytes_the_literature_says(tmp_path, collectiv
 
 def test_an_injected_straggler_shows_up_in_straggler_idle(tmp_path):
     delay_us, iterations = 2.0, 8  # modelled: 5 ms at the reference 2,500x
-    scenario, results, _ = run(tmp_path, ["hyperscale"], workload={
-        "size_bytes": 16384, "chunks": 1, "iterations": iterations, "compute_us": 4,
-        "stragglers": {"ranks": [1], "delay_us": delay_us}}, **FOUR_GPUS)
+    workload = {"size_bytes": 16384, "chunks": 1, "iterations": iterations, "compute_us": 4}
+
+    def later_idle(results):
+        idle = results["policies"]["hyperscale"]["collectives"][0]["straggler_idle_us"][
+            "per_iteration"]
+        assert len(idle) == iterations
+        later = idle[1:]  # iteration 0 also holds the ranks' first-start skew
+        return sum(later) / len(later)
+
+    # Without a straggler the ranks already wait a little: they finish a ring at different
+    # times (2.4-3.0 ms per iteration here, against the 15 ms the straggler adds).
+    _s, plain, _ = run(tmp_path / "plain", ["hyperscale"], workload=workload, **FOUR_GPUS)
+    scenario, results, _ = run(tmp_path / "late", ["hyperscale"], workload=dict(
+        workload, stragglers={"ranks": [1], "delay_us": delay_us}), **FOUR_GPUS)
     c = results["policies"]["hyperscale"]["collectives"][0]
     n = 4
-    idle = c["straggler_idle_us"]["per_iteration"]
-    assert len(idle) == iterations
-    # Each of the other n - 1 ranks waits for the late one: (n - 1) x 5 ms per iteration.
+    # Each of the other n - 1 ranks waits for the late one: (n - 1) x 5 ms more per iteration.
     expected_us = (n - 1) * delay_us * scenario.time_scale
-    later = idle[1:]  # iteration 0 also holds the ranks' first-start skew
-    assert sum(later) / len(later) == pytest.approx(expected_us, rel=0.10)
+    assert later_idle(results) - later_idle(plain) == pytest.approx(expected_us, rel=0.10)
+    idle = c["straggler_idle_us"]["per_iteration"]
     assert c["straggler_idle_us"]["total"] == pytest.approx(sum(idle), abs=1)
     e = c["extrapolation"]
     assert e["gpus"] == 10_000
@@ -77,7 +86,8 @@ def test_an_injected_straggler_shows_up_in_straggler_idle(tmp_path):
 
 def test_a_sweep_prints_busbw_rising_with_size(tmp_path):
     cfg = tmp_path / "sweep.yaml"
-    cfg.write_text("topology: {leaves: 2}\nfidelity: {cpu_busy_max: 0.1}\n")
+    # the reference rate: at auto a rejected run would go again slower until it passed
+    cfg.write_text("topology: {leaves: 2, host_rate_mbit: 40}\nfidelity: {cpu_busy_max: 0.1}\n")
     proc = subprocess.run(
         [sys.executable, "-m", "testbed", "run", "--scenario", str(cfg), "--policy",
          "hyperscale", "--sizes", "4K:256K", "--iterations", "2", "--out", str(tmp_path)],

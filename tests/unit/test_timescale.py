@@ -283,7 +283,7 @@ def _rejected_results(rate, fidelity):
 
 
 def test_a_run_at_auto_that_the_monitor_rejected_goes_again_slower(tmp_path, monkeypatch):
-    monkeypatch.setattr(calibrate, "LEARNED", str(tmp_path / "scenarios.json"))
+    monkeypatch.setenv("TESTBED_CACHE_DIR", str(tmp_path))
     asked = Scenario.from_dict({"policies": ["hyperscale", "lossless"]})
     said = []
     scenario, choice = runner.choose_time_scale(asked, said.append,
@@ -325,7 +325,7 @@ def test_a_run_at_auto_that_the_monitor_rejected_goes_again_slower(tmp_path, mon
 
 
 def test_an_explicit_rate_is_never_run_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(calibrate, "LEARNED", str(tmp_path / "scenarios.json"))
+    monkeypatch.setenv("TESTBED_CACHE_DIR", str(tmp_path))
     fast = Scenario.from_dict({"topology": {"host_rate_mbit": 200}})
     _, choice = runner.choose_time_scale(fast, lambda s: None, calibration=cal())
     cpu = _fidelity(cpu={"busy_p90": 0.99, "allowed_busy_p90": 0.9})
