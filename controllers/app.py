@@ -155,13 +155,14 @@ class FabricController(app_manager.OSKenApp):
             if not waiting:
                 return
             conns = sorted(f"{dp.address[1] if dp.address else '?'}:{dp.state}:"
-                           f"{dp.id if dp.id is None else format(dp.id, 'x')}"
+                           f"{dp.id if dp.id is None else format(dp.id, 'x')}:"
+                           f"{dp.send_q.qsize() if dp.send_q is not None else '-'}"
                            for dp in gc.get_objects() if isinstance(dp, Datapath))
             handler = app_manager.lookup_service_brick("ofp_event")
             LOG.warning("waiting to program %s; events queued: this app %d, os-ken's handler "
-                        "%s; connections (port:state:dpid): %s", ", ".join(waiting),
-                        self.events.qsize(), handler.events.qsize() if handler else "?",
-                        " ".join(conns) or "none")
+                        "%s; connections (port:state:dpid:messages waiting to be sent): %s",
+                        ", ".join(waiting), self.events.qsize(),
+                        handler.events.qsize() if handler else "?", " ".join(conns) or "none")
 
     # --- events from the switch-queue emulator ------------------------------------------------
     def _serve_events(self, path: str) -> None:
