@@ -173,6 +173,7 @@ class PolicyResult:
     ecn_marking_via: Optional[str] = None  # sampled marking applied by "bpf" or "openflow"
     per_hop_latency: Optional[Dict[str, Any]] = None  # model, what was applied, floors seen
     rxe: Optional[Dict[str, Any]] = None  # --traffic rxe: mode and perftest figures
+    queued_at_end: Optional[int] = None  # frames still in the fabric's queues at the end
     modelled: Optional[Modelled] = None  # the time figures in the modelled fabric's time
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 

@@ -41,6 +41,7 @@ ROWS = [
     ("packets received", lambda p: p.get("packets_received")),
     ("drops (sent - received)", lambda p: p.get("drops")),
     ("  of which switch queue drops", lambda p: p.get("switch_queue_drops")),
+    ("  of which still queued at the end", lambda p: p.get("queued_at_end")),
     ("ECN-marked packets received", lambda p: p.get("ecn_marked_packets")),
     ("PFC pause events", lambda p: p.get("pfc_pause_events")),
     ("PFC paused time (ms)", lambda p: p.get("pfc_paused_ms")),

@@ -36,7 +36,7 @@ from .errors import ConfigError
 from .fabric import Fabric
 from .ledger import Ledger
 from .ovs_buffers import needed_bytes, ovs_socket_buffers, raised_socket_defaults
-from .queues import egress_stats, queue_drops, spine_load
+from .queues import drain, egress_stats, queue_drops, queued_frames, spine_load
 from .fidelity import CpuSampler, evaluate
 from .hops import hop_model, path_floor_us
 from .rxe import RxeTraffic, endpoints as rxe_endpoints, require as require_rxe
@@ -47,6 +47,7 @@ from .topology import FabricPlan
 from .wakeup import cpus_kept_awake
 
 LOG = logging.getLogger(__name__)
+DRAIN_LIMIT_S = 3.0  # after the collectives: at most this long for queued frames to arrive
 CLOCK_WARN_US = 20.0  # servers' clocks further apart make cross-server one-way latency suspect
 Progress = Callable[[str], None]
 
@@ -502,6 +503,7 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
     cpu = CpuSampler()
     background_report: dict = {}
     pcaps = rxe_report = None
+    in_flight = 0  # frames still queued in the fabric when the agents stopped
     with fabric_up(policy, scenario, caps, run_dir, ledger, say) as session:
         results.setdefault("link_emulation", session.fabric.applied())
         if not caps.nic_in_c:
@@ -571,6 +573,7 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                 if not background.empty:
                     with shielded():
                         background_report = background.stop()
+                in_flight = queued_frames(drain(session.fabric, DRAIN_LIMIT_S, say))
                 agents.collect()
                 if rxe:
                     rxe_report = rxe.run(say)
@@ -614,8 +617,9 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
         "switch_queue_drops": switch_drops,
         "nic_queue_drops": nic_drops,
         "drops_by_port": per_port,
+        "queued_at_end": in_flight,
         "unexplained_drops": max(0, figures["drops"] - switch_drops - nic_drops
-                                 - figures["rx_socket_drops"]),
+                                 - figures["rx_socket_drops"] - in_flight),
         "spine_load_packets": spine_load(plan, stats),
         "pfc_pause_events": queues.get("pfc_pause_events", 0) if pfc else None,
         "pfc_paused_ms": queues.get("pfc_paused_ms", 0.0) if pfc else None,
