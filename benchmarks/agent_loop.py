@@ -46,6 +46,7 @@ TRANSPORT = {"congestion_control": "none", "qps_per_peer": 1, "entropy": "per-qp
              "ack_every": 16, "rto_ns": 250_000_000, "max_rto_ns": 2_000_000_000,
              "retry_limit": 7, "reorder_ns": 0, "dcqcn_timer_ns": 20_000_000,
              "dcqcn_byte_counter": 256_000, "cnp_interval_ns": 20_000_000,
+             "dcqcn_clamp_target": False,
              "roce_tos": 0x6A, "ack_tos": 0x68, "cnp_tos": 0xC0}
 
 

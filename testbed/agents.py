@@ -62,6 +62,7 @@ def transport_config(scenario: Scenario, policy) -> dict:
             "reorder_ns": rto_ns // 2 if tr.entropy == "per-packet" else 0,
             "dcqcn_timer_ns": scenario.emulated_ns(tr.dcqcn_timer_us),
             "dcqcn_byte_counter": tr.dcqcn_byte_counter,
+            "dcqcn_clamp_target": tr.dcqcn_clamp_target,
             "cnp_interval_ns": scenario.emulated_ns(tr.cnp_interval_us),
             "roce_tos": (roce_dscp << 2) | 0b10, "ack_tos": roce_dscp << 2,
             "cnp_tos": cnp_dscp << 2, "qp_limiter": qp_limiter(scenario, policy)}

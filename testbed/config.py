@@ -156,6 +156,10 @@ class TransportConfig:
         "min": 1000, "max": 1 << 30, "unit": "B",
         "doc": "DCQCN rate-increase byte counter (paper: 10 MB, scaled like the ECN "
                "thresholds)"})
+    dcqcn_clamp_target: bool = field(default=False, metadata={
+        "doc": "every CNP also lowers the rate a QP recovers to (the paper's rule); false: only "
+               "after a timer increase since the previous cut, as ConnectX does by default "
+               "(clamp_tgt_rate 0)"})
     cnp_interval_us: float = field(default=8.0, metadata={
         "min": 0.001, "max": 60_000_000.0, "unit": "us (modelled)",
         "doc": "a receiver sends at most one CNP per QP per interval (ConnectX: ~50 us)"})

@@ -193,7 +193,8 @@ class Gpu:
         self.transport["mtu"] = config["mtu"]
         t = self.transport
         self.dcqcn = Parameters.emulated(config["link_rate_bps"], t["dcqcn_timer_ns"],
-                                         t["dcqcn_byte_counter"], t["cnp_interval_ns"])
+                                         t["dcqcn_byte_counter"], t["cnp_interval_ns"],
+                                         t["dcqcn_clamp_target"])
         self.peers = {p["rank"]: p for p in config["peers"]}
         self.rank_by_addr = {int.from_bytes(socket.inet_aton(p["ip"]), "big"): p["rank"]
                              for p in config["peers"]}

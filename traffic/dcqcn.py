@@ -1,7 +1,10 @@
 """DCQCN (Zhu et al., SIGCOMM 2015; REFERENCE.md) as pure state machines.
 
 * ``ReactionPoint`` (sender, per QP): on a CNP, ``target = rate``, ``rate *= 1 - alpha/2``,
-  ``alpha = (1 - g) alpha + g``; every ``alpha_timer`` without a CNP, ``alpha *= 1 - g``. Rate
+  ``alpha = (1 - g) alpha + g``; as ConnectX does by default (``clamp_tgt_rate`` 0), the target
+  follows the rate down only if a rate-increase timer event came since the previous cut, so
+  CNPs in a row (a queue held above Kmax, for instance by PFC) cut the rate but not the rate
+  it recovers to (``clamp_target`` True: the paper's rule, every CNP); every ``alpha_timer`` without a CNP, ``alpha *= 1 - g``. Rate
   increase events come from a timer (every ``rate_timer``) and a byte counter (every
   ``byte_counter`` bytes sent); with ``T`` and ``BC`` the events of each kind since the last
   decrease: fast recovery (``rate = (target + rate) / 2``) while ``max(T, BC) < F``, additive
@@ -32,12 +35,14 @@ class Parameters:
     rhai_bps: float = 0.0  # hyper increase; 0: 10 x R_AI
     min_rate_bps: float = 0.0  # 0: line rate / 1000
     cnp_interval_ns: int = 50_000  # NP: at most one CNP per QP per interval (REFERENCE: ~50 us)
+    clamp_target: bool = False  # every CNP sets target = rate (ConnectX clamp_tgt_rate: 0)
 
     @classmethod
     def emulated(cls, line_bps: float, timer_ns: int, byte_counter: int,
-                 cnp_interval_ns: int) -> "Parameters":
+                 cnp_interval_ns: int, clamp_target: bool = False) -> "Parameters":
         return cls(line_rate_bps=line_bps, alpha_timer_ns=timer_ns, rate_timer_ns=timer_ns,
-                   byte_counter=byte_counter, cnp_interval_ns=cnp_interval_ns)
+                   byte_counter=byte_counter, cnp_interval_ns=cnp_interval_ns,
+                   clamp_target=clamp_target)
 
     @property
     def rai(self) -> float:
@@ -81,8 +86,9 @@ class ReactionPoint:
 
     def on_cnp(self, now: int) -> None:
         self.cnps += 1
+        if self.p.clamp_target or not self.congested or self.timer_events:
+            self.target = self.rate
         self.congested = True
-        self.target = self.rate
         self.alpha = (1 - self.p.g) * self.alpha + self.p.g
         self._set(self.rate * (1 - self.alpha / 2), now)
         self.timer_events = self.byte_events = self.bytes_since = 0

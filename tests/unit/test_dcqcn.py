@@ -14,7 +14,7 @@ def params(**kw):
 
 
 def test_cnp_cuts_the_rate_by_half_alpha_and_raises_alpha():
-    rp = ReactionPoint(params())
+    rp = ReactionPoint(params(clamp_target=True))  # the paper's rule: every CNP sets the target
     rp.on_cnp(0)
     alpha = (1 - 1 / 256) * 1.0 + 1 / 256  # = 1
     assert rp.alpha == pytest.approx(alpha)
@@ -23,6 +23,31 @@ def test_cnp_cuts_the_rate_by_half_alpha_and_raises_alpha():
     rp.on_cnp(10)
     assert rp.target == pytest.approx(20e6)
     assert rp.rate == pytest.approx(20e6 * (1 - rp.alpha / 2))
+
+
+def test_cnps_in_a_row_cut_the_rate_but_not_the_target_until_a_timer_raised_it():
+    rp = ReactionPoint(params())  # ConnectX's default (clamp_tgt_rate 0)
+    rp.on_cnp(0)
+    rp.on_cnp(10)
+    rp.on_cnp(20)
+    assert rp.target == LINE and rp.rate == pytest.approx(LINE / 8)
+    rp.tick(20 + 1000)  # one timer event: fast recovery, halfway back to the target
+    assert rp.rate == pytest.approx((LINE + LINE / 8) / 2)
+    rp.on_cnp(1030)  # after a timer increase the target follows the rate down again
+    assert rp.target == pytest.approx((LINE + LINE / 8) / 2)
+
+
+def test_the_kept_target_brings_the_rate_back_sooner_after_a_run_of_cnps():
+    def recovered_by(clamp: bool) -> int:
+        rp = ReactionPoint(params(clamp_target=clamp, byte_counter=10**12))
+        for t in range(6):
+            rp.on_cnp(t)
+        t = 5
+        while rp.rate < 0.9 * LINE:
+            t += 1000
+            rp.tick(t)
+        return t
+    assert recovered_by(False) <= 5 * 1000 < recovered_by(True) / 10
 
 
 def test_recovery_trajectory_fast_then_additive_then_hyper():
