@@ -16,7 +16,7 @@ FIRST_MINOR = 0x10  # class i is HTB class 1:(0x10 + i); its FIFO has handle (0x
 
 @dataclass(frozen=True)
 class EcnRule:
-    """When to set CE on ECT packets leaving a queue (REFERENCE.md, ECN marking).
+    """When to set CE on ECT packets leaving a queue (docs/REFERENCE.md, ECN marking).
 
     ``step``: mark while the backlog exceeds ``kmin`` (DCTCP's K). ``red``: mark with
     probability ``pmax * (q - kmin) / (kmax - kmin)`` between the thresholds, always above
@@ -41,7 +41,7 @@ class EcnRule:
 @dataclass(frozen=True)
 class PfcRule:
     """Pause the queues feeding a switch while this class's backlog is above ``xoff``;
-    resume when it falls below ``xon`` (REFERENCE.md, PFC)."""
+    resume when it falls below ``xon`` (docs/REFERENCE.md, PFC)."""
 
     xoff: int
     xon: int

@@ -57,8 +57,8 @@ class LosslessPolicy(Policy):
         """Buffer beyond XOFF: every port that can feed one egress queue keeps sending for
         the emulated reaction time (plus two frames in flight) before its pause lands, and
         what it sent during the switch's per-hop delay (``testbed.hops``: frames wait in that
-        delay line before they join the paused buffer) lands after it - REFERENCE's "rate x
-        one-way delay". Counted whether or not this kernel applies the delay."""
+        delay line before they join the paused buffer) lands after it - the "rate x one-way
+        delay" of docs/REFERENCE.md. Counted whether or not this kernel applies the delay."""
         if self.params.pfc_headroom_bytes:
             return self.params.pfc_headroom_bytes
         ctx, plan = self.context, self.plan

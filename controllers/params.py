@@ -88,7 +88,7 @@ class LosslessParams:
     pfc_xon_bytes: int = _bytes(96_000, "RoCE class backlog below which they resume")
     pfc_headroom_bytes: int = _bytes(0, "RoCE buffer beyond XOFF (0: computed from the link "
                                         "rate, the reaction time and the feeding ports)")
-    ecn_kmin_bytes: int = _bytes(32_000, "RED-like marking starts (REFERENCE: Kmin)")
+    ecn_kmin_bytes: int = _bytes(32_000, "RED-like marking starts (docs/REFERENCE.md: Kmin)")
     ecn_kmax_bytes: int = _bytes(96_000, "every ECT packet is marked above (Kmax)")
     ecn_pmax: float = field(default=0.2, metadata={
         "min": 0.0, "max": 1.0, "doc": "marking probability at Kmax (Pmax)"})

@@ -4,8 +4,8 @@ A scenario is a tree of frozen dataclasses. ``Scenario.from_dict`` validates a p
 (from YAML or the CLI) in one pass: unknown keys and bad values raise one ``ConfigError`` that
 names the path (``topology.leaves: must be >= 1, got 0``); nothing is started before that.
 
-Scaled time (DESIGN.md): userspace Open vSwitch forwards tens of thousands of packets per second
-on a small machine, so links run at tens of Mbit/s. Buffers and thresholds are in bytes at that
+Scaled time (docs/DESIGN.md): userspace Open vSwitch forwards tens of thousands of packets per
+second on a small machine, so links run at tens of Mbit/s. Buffers and thresholds are in bytes at that
 rate; ``Scenario.time_scale`` states how much slower than the modelled fabric the emulation runs.
 """
 from __future__ import annotations

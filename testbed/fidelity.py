@@ -20,7 +20,7 @@ invariants hold, and report the deviations. Every run checks itself:
   pacing, retransmission timeouts), from a log histogram each agent keeps; the lag of the
   very first start is reported beside it (all ranks start at once and compete for the CPUs;
   it skews iteration 0 only);
-* **emulator drops**: packets lost outside every emulated buffer (DESIGN.md).
+* **emulator drops**: packets lost outside every emulated buffer (docs/DESIGN.md).
 
 ``evaluate`` returns the checks, their measured values and tolerances, and a verdict; the CLI
 prints a warning for a run outside tolerance and suggests lower rates.

@@ -6,7 +6,7 @@ switch with no pipeline. What real switches add is modelled here and applied wit
 the kernel has it (``testbed.shaping``):
 
 * a switch egress port delays every frame by the policy's pipeline latency (InfiniBand NDR:
-  under 150 ns; Ethernet: about 200-250 ns - REFERENCE.md), plus, when the policy forwards
+  under 150 ns; Ethernet: about 200-250 ns - docs/REFERENCE.md), plus, when the policy forwards
   store-and-forward, one serialization of a full frame at the port's rate (the frame must have
   arrived whole before it is forwarded);
 * every link, GPU NIC included, delays by its cable: 5 ns per metre.

@@ -8,7 +8,7 @@ before it may send this one - the data dependency. A rank is done when all its t
 acknowledged and all transfers to it delivered. The agent runs this graph as it is; nothing
 else orders the messages, so pipelining comes from the graph alone.
 
-Algorithms (REFERENCE.md, "Collectives"; S = size, n = ranks):
+Algorithms (docs/REFERENCE.md, "Collectives"; S = size, n = ranks):
 
 =====================  =========================================================  =========
 name                   what                                                       per rank
@@ -380,7 +380,7 @@ def build(name: str, n: int, size: int, chunks: int = 1, group: int = 1) -> Coll
 
 
 def bus_bandwidth_factor(kind: str, n: int) -> float:
-    """nccl-tests busbw = algbw x factor (nccl-tests doc/PERFORMANCE.md): 2(n-1)/n for
+    """nccl-tests busbw = algbw x factor (nccl-tests, its performance notes): 2(n-1)/n for
     all-reduce; (n-1)/n for all-gather, reduce-scatter and all-to-all; 1 for broadcast and
     reduce."""
     factors = {"allreduce": 2 * (n - 1) / n, "allgather": (n - 1) / n,

@@ -1,4 +1,4 @@
-"""DCQCN (Zhu et al., SIGCOMM 2015; REFERENCE.md) as pure state machines.
+"""DCQCN (Zhu et al., SIGCOMM 2015; docs/REFERENCE.md) as pure state machines.
 
 * ``ReactionPoint`` (sender, per QP): on a CNP, ``target = rate``, ``rate *= 1 - alpha/2``,
   ``alpha = (1 - g) alpha + g``; as ConnectX does by default (``clamp_tgt_rate`` 0), the target
@@ -34,7 +34,7 @@ class Parameters:
     rai_bps: float = 0.0  # additive increase; 0: line rate / 1000 (paper: 40 Mb/s at 40G)
     rhai_bps: float = 0.0  # hyper increase; 0: 10 x R_AI
     min_rate_bps: float = 0.0  # 0: line rate / 1000
-    cnp_interval_ns: int = 50_000  # NP: at most one CNP per QP per interval (REFERENCE: ~50 us)
+    cnp_interval_ns: int = 50_000  # NP: at most one CNP per QP per interval (about 50 us)
     clamp_target: bool = False  # every CNP sets target = rate (ConnectX clamp_tgt_rate: 0)
 
     @classmethod

@@ -1,4 +1,4 @@
-"""Metrics from per-packet and per-iteration records (pure; definitions as in DESIGN.md).
+"""Metrics from per-packet and per-iteration records (pure; definitions as in docs/DESIGN.md).
 
 * one-way packet latency: kernel RX time minus kernel TX time;
 * jitter: IPDV (RFC 3393) - the difference between the one-way delays of consecutive packets

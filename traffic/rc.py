@@ -2,7 +2,7 @@
 
 No sockets here: the agent feeds packets and clock readings in and sends what comes out. The
 rules follow the InfiniBand RC transport (IBTA vol. 1, ch. 9.7) as RoCE NICs implement them
-(REFERENCE.md):
+(docs/REFERENCE.md):
 
 * Requester: RDMA WRITE messages are cut into MTU packets with consecutive 24-bit PSNs
   (FIRST/MIDDLE/LAST or ONLY; AckReq on the last). ACKs are cumulative. A NAK "PSN sequence

@@ -1,6 +1,6 @@
 """RoCEv2 RC RDMA WRITE packets: a RETH layer for Scapy, and templates patched in place.
 
-Wire format (REFERENCE.md, IBTA RoCEv2 annex A17):
+Wire format (docs/REFERENCE.md, IBTA RoCEv2 annex A17):
 Ethernet / IPv4 / UDP (dst 4791) / BTH (12 B) / [RETH 16 B] / payload / ICRC (4 B).
 
 Scapy builds each template once (with its ICRC); the hot path then patches PSN, AckReq, the
@@ -27,7 +27,7 @@ from scapy.packet import Packet, Raw, bind_layers
 
 ROCE_UDP_PORT = 4791  # IANA, RoCEv2 (IBTA annex A17)
 
-# RC opcodes (IBTA vol. 1, table 35; REFERENCE.md)
+# RC opcodes (IBTA vol. 1, table 35; docs/REFERENCE.md)
 RC_RDMA_WRITE_FIRST = 0x06
 RC_RDMA_WRITE_MIDDLE = 0x07
 RC_RDMA_WRITE_LAST = 0x08
@@ -149,7 +149,7 @@ class WriteTemplate:
 
 def ack_packet(src: Endpoint, dst: Endpoint, sport: int, dqpn: int, psn: int, syndrome: int,
                msn: int, tos: int = ROCE_TOS & 0xFC) -> Packet:
-    """RC ACKNOWLEDGE (opcode 0x11) with an AETH: an ACK or a NAK (REFERENCE.md)."""
+    """RC ACKNOWLEDGE (opcode 0x11) with an AETH: an ACK or a NAK (docs/REFERENCE.md)."""
     return (Ether(src=src.mac, dst=dst.mac)
             / IP(src=src.ip, dst=dst.ip, tos=tos, ttl=64, id=0, flags="DF")
             / UDP(sport=sport, dport=ROCE_UDP_PORT, chksum=0)

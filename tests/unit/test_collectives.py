@@ -177,7 +177,7 @@ def test_ring_allreduce_is_an_alias_of_ring():
 
 @pytest.mark.parametrize("n", [2, 8, 16, 64])
 def test_busbw_factors_match_nccl_tests(n):
-    # nccl-tests doc/PERFORMANCE.md: allreduce 2(n-1)/n; allgather, reducescatter and
+    # nccl-tests, its performance notes: allreduce 2(n-1)/n; allgather, reducescatter and
     # alltoall (n-1)/n; broadcast and reduce 1.
     assert C.bus_bandwidth_factor("allreduce", n) == 2 * (n - 1) / n
     for kind in ("allgather", "reducescatter", "alltoall"):

@@ -49,7 +49,7 @@ def test_tail_ratio_is_p99_over_p50():
 
 
 def test_the_seeds_straggler_arithmetic():
-    # REFERENCE.md: a 40-45 us all-reduce on 10,000 GPUs with one 60 us straggler costs
+    # docs/REFERENCE.md: a 40-45 us all-reduce on 10,000 GPUs with one 60 us straggler costs
     # 9,999 x ~20 us = about 0.2 GPU-seconds each time.
     import random
     rng = random.Random(7)
