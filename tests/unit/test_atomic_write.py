@@ -9,15 +9,20 @@ import subprocess
 import sys
 import time
 
-# The writer says when a write's data is in its temporary file and holds there a moment
-# (before the fsync), so that a kill can be aimed inside a write instead of hoping for one.
+# The writer says when a write's data is in its temporary file (before the fsync) and, in the
+# write given as its second argument, holds there until it is killed: a kill aimed inside a
+# write lands there however late the test gets the CPU. Without it, it holds a moment.
 WRITER = r"""
 import os, sys, time
 from testbed.results import write_json_atomic
 fsync = os.fsync
+hold = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+writes = 0
 def announced_fsync(fd):
+    global writes
+    writes += 1
     print("in-write", flush=True)
-    time.sleep(0.05)
+    time.sleep(3600 if writes == hold else 0.05)
     fsync(fd)
 os.fsync = announced_fsync
 path = sys.argv[1]
@@ -46,9 +51,9 @@ def _kill_and_check(proc, path, versions) -> bool:
     return bool(temps)
 
 
-def _writer(path):
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, path], stdout=subprocess.PIPE,
-                            text=True, cwd=ROOT)
+def _writer(path, hold: int = 0):
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, path, str(hold)],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -56,8 +61,8 @@ def _writer(path):
 def test_a_writer_killed_inside_a_write_leaves_the_previous_complete_file(tmp_path):
     for trial in range(6):
         path = str(tmp_path / f"results-{trial}.json")
-        proc = _writer(path)
         inside = trial % 3 + 1  # killed inside its first, second or third write
+        proc = _writer(path, hold=inside)
         for _ in range(inside):
             assert proc.stdout.readline().strip() == "in-write"
         versions = []
@@ -72,6 +77,9 @@ def test_a_writer_killed_at_random_times_leaves_a_complete_file(tmp_path):
     versions = []
     for _trial in range(20):
         proc = _writer(path)
-        time.sleep(rng.uniform(0.01, 0.15))
+        # once it announced its second write, its first is complete, however slow the machine
+        for _ in range(2):
+            assert proc.stdout.readline().strip() == "in-write"
+        time.sleep(rng.uniform(0.0, 0.15))
         _kill_and_check(proc, path, versions)
-    assert versions, "no write ever completed"
+    assert len(versions) == 20 and min(versions) >= 0
