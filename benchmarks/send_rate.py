@@ -55,7 +55,8 @@ def make_agent(mtu: int, entropy: str = "per-qp"):
     transport = {"congestion_control": "none", "qps_per_peer": 1, "entropy": entropy,
                  "ack_every": 16, "rto_ns": 10**12, "max_rto_ns": 10**12, "retry_limit": 7,
                  "reorder_ns": 0, "dcqcn_timer_ns": 10**7, "dcqcn_byte_counter": 1 << 20,
-                 "dcqcn_clamp_target": False, "cnp_interval_ns": 10**7, "roce_tos": 0x6A, "ack_tos": 0x68, "cnp_tos": 0xC0}
+                 "dcqcn_clamp_target": False, "cnp_interval_ns": 10**7, "roce_tos": 0x6A,
+                 "ack_tos": 0x68, "cnp_tos": 0xC0}
     cfg = {"rank": 0, "host": "bench", "intf": "bench0", "ip": ME["ip"], "mac": ME["mac"],
            "ranks": 2, "workloads": [{"collective": "ring", "size": 2 * mtu, "iterations": 1}],
            "mtu": mtu, "transport": transport, "link_rate_bps": 10e9,  # an unshaped veth

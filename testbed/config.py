@@ -5,8 +5,9 @@ A scenario is a tree of frozen dataclasses. ``Scenario.from_dict`` validates a p
 names the path (``topology.leaves: must be >= 1, got 0``); nothing is started before that.
 
 Scaled time (docs/DESIGN.md): userspace Open vSwitch forwards tens of thousands of packets per
-second on a small machine, so links run at tens of Mbit/s. Buffers and thresholds are in bytes at that
-rate; ``Scenario.time_scale`` states how much slower than the modelled fabric the emulation runs.
+second on a small machine, so links run at tens of Mbit/s. Buffers and thresholds are in bytes
+at that rate; ``Scenario.time_scale`` states how much slower than the modelled fabric the
+emulation runs.
 """
 from __future__ import annotations
 

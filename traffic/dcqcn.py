@@ -4,11 +4,12 @@
   ``alpha = (1 - g) alpha + g``; as ConnectX does by default (``clamp_tgt_rate`` 0), the target
   follows the rate down only if a rate-increase timer event came since the previous cut, so
   CNPs in a row (a queue held above Kmax, for instance by PFC) cut the rate but not the rate
-  it recovers to (``clamp_target`` True: the paper's rule, every CNP); every ``alpha_timer`` without a CNP, ``alpha *= 1 - g``. Rate
-  increase events come from a timer (every ``rate_timer``) and a byte counter (every
-  ``byte_counter`` bytes sent); with ``T`` and ``BC`` the events of each kind since the last
-  decrease: fast recovery (``rate = (target + rate) / 2``) while ``max(T, BC) < F``, additive
-  increase (``target += R_AI``) once one of them reaches ``F``, hyper increase
+  it recovers to (``clamp_target`` True: the paper's rule, every CNP). Every ``alpha_timer``
+  without a CNP, ``alpha *= 1 - g``. Rate increase events come from a timer (every
+  ``rate_timer``) and a byte counter (every ``byte_counter`` bytes sent); with ``T`` and
+  ``BC`` the events of each kind since the last decrease: fast recovery
+  (``rate = (target + rate) / 2``) while ``max(T, BC) < F``, additive increase
+  (``target += R_AI``) once one of them reaches ``F``, hyper increase
   (``target += i * R_HAI``, ``i = min(T, BC) - F + 1``) once both have.
 * ``NotificationPoint`` (receiver, per QP): one CNP per ``interval`` at most when CE-marked
   packets arrive.
@@ -35,7 +36,7 @@ class Parameters:
     rhai_bps: float = 0.0  # hyper increase; 0: 10 x R_AI
     min_rate_bps: float = 0.0  # 0: line rate / 1000
     cnp_interval_ns: int = 50_000  # NP: at most one CNP per QP per interval (about 50 us)
-    clamp_target: bool = False  # every CNP sets target = rate (ConnectX clamp_tgt_rate: 0)
+    clamp_target: bool = False  # True: every CNP sets target = rate (False: ConnectX's default)
 
     @classmethod
     def emulated(cls, line_bps: float, timer_ns: int, byte_counter: int,
