@@ -11,6 +11,9 @@ file (policy name, fabric plan, parameters, context), a state file and an event 
   directory) and sends JSON lines: ``{"ecn": [[dpid, port, marking], ...],
   "load": {dpid: {port: backlog}}}`` (either part optional); they go to
   ``policy.ecn_changed`` and ``policy.queue_load``.
+
+os-ken 4 runs on native threads (its default hub): one per connection, one for this app's
+event loop, one per task spawned here. The policy is called only from the event loop.
 """
 from __future__ import annotations
 
@@ -19,11 +22,14 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
+import traceback
+from typing import Dict, List, Optional, Tuple
 
 from os_ken import cfg
 from os_ken.base import app_manager
-from os_ken.controller import ofp_event
+from os_ken.controller import event, ofp_event
 from os_ken.controller.handler import CONFIG_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
 from os_ken.lib import hub
 from os_ken.lib.packet import ethernet, packet
@@ -47,6 +53,37 @@ def load_policy(path: str):
     context = FabricContext(**spec["context"])
     params = resolve(spec["policy"], spec["params"], context.modelled_gbit, context.mtu)
     return policy_class(spec["policy"])(plan, params, context)
+
+
+class QueueEvent(event.EventBase):
+    """One line from the switch-queue emulator: ECN changes [(dpid, port, marking)] and the
+    latest backlogs {dpid: {port: bytes}} (None: not in this line)."""
+
+    def __init__(self, ecn: List[Tuple[int, int, bool]],
+                 load: Optional[Dict[int, Dict[int, int]]]):
+        super().__init__()
+        self.ecn, self.load = ecn, load
+
+    @classmethod
+    def parse(cls, line: str) -> "QueueEvent":
+        raw = json.loads(line)
+        ecn = [(int(d), int(p), bool(m)) for d, p, m in raw.get("ecn", ())]
+        load = None
+        if "load" in raw:
+            load = {int(d): {int(p): int(b) for p, b in ports.items()}
+                    for d, ports in raw["load"].items()}
+        return cls(ecn, load)
+
+
+def where(thread, depth: int = 6) -> str:
+    """The innermost frames of one of os-ken's threads (native, os-ken's default hub, or a
+    green thread), on one line."""
+    frame = (sys._current_frames().get(thread.ident) if hasattr(thread, "ident")
+             else getattr(thread, "gr_frame", None))
+    if frame is None:
+        return "(not running)"
+    return " < ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
+                      for f in reversed(traceback.extract_stack(frame)[-depth:]))
 
 
 class FabricController(app_manager.OSKenApp):
@@ -106,7 +143,10 @@ class FabricController(app_manager.OSKenApp):
         LOG.info("%s (dpid %016x): sent %d messages, waiting for barrier", name, dp.id,
                  len(messages))
 
-    @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
+    # os-ken's own handler asks for the port description in the connection's thread while
+    # this app sends the policy's messages and barrier from its own: a switch may answer the
+    # barrier first, and os-ken dispatches that reply still in CONFIG_DISPATCHER.
+    @set_ev_cls(ofp_event.EventOFPBarrierReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def barrier_reply(self, ev):
         dpid = self.pending_barriers.pop(ev.msg.xid, None)
         if dpid is None:
@@ -123,7 +163,7 @@ class FabricController(app_manager.OSKenApp):
                   msg.type, msg.code, bytes(msg.data[:64]).hex())
         self._state(event="error", dpid=msg.datapath.id, type=msg.type, code=msg.code)
 
-    @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
+    @set_ev_cls(ofp_event.EventOFPPacketIn, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def packet_in(self, ev):
         msg = ev.msg
         self.counters["packet_in"] += 1
@@ -160,17 +200,22 @@ class FabricController(app_manager.OSKenApp):
                            for dp in gc.get_objects() if isinstance(dp, Datapath))
             handler = app_manager.lookup_service_brick("ofp_event")
             LOG.warning("waiting to program %s; events queued: this app %d, os-ken's handler "
-                        "%s; connections (port:state:dpid:messages waiting to be sent): %s",
+                        "%s; connections (port:state:dpid:messages waiting to be sent): %s; "
+                        "CPU %.1f s; this app's event loop at %s",
                         ", ".join(waiting), self.events.qsize(),
-                        handler.events.qsize() if handler else "?", " ".join(conns) or "none")
+                        handler.events.qsize() if handler else "?", " ".join(conns) or "none",
+                        time.process_time(), where(self.threads[0]) if self.threads else "?")
 
     # --- events from the switch-queue emulator ------------------------------------------------
+    # os-ken runs each app, connection and spawned task in a native thread: the socket's
+    # readers hand events to this app's own queue, so the policy is only called from its loop.
     def _serve_events(self, path: str) -> None:
         if os.path.exists(path):
             os.unlink(path)
-        import eventlet  # os-ken's hub runs on eventlet; a green UNIX socket server
-        server = eventlet.listen(path, family=socket.AF_UNIX)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
         os.chmod(path, 0o600)
+        server.listen(4)
         LOG.info("listening for queue events on %s", path)
         while True:
             conn, _ = server.accept()
@@ -180,20 +225,21 @@ class FabricController(app_manager.OSKenApp):
         with conn, conn.makefile("r", encoding="utf-8") as lines:
             for line in lines:
                 try:
-                    self._event(json.loads(line))
-                except (ValueError, KeyError, TypeError) as e:
+                    parsed = QueueEvent.parse(line)
+                except (ValueError, KeyError, TypeError, AttributeError) as e:
                     self.counters["bad_events"] += 1
                     LOG.warning("bad queue event %r: %s", line[:80], e)
+                    continue
+                self.send_event(self.name, parsed)
 
-    def _event(self, event: dict) -> None:
-        for dpid, port, marking in event.get("ecn", ()):
+    @set_ev_cls(QueueEvent)
+    def queue_event(self, ev: QueueEvent) -> None:
+        for dpid, port, marking in ev.ecn:
             self.counters["ecn_events"] += 1
-            self._send(dpid, self.policy.ecn_changed(dpid, port, bool(marking)))
-        if "load" in event:
+            self._send(dpid, self.policy.ecn_changed(dpid, port, marking))
+        if ev.load is not None:
             self.counters["load_events"] += 1
-            load = {int(d): {int(p): int(b) for p, b in ports.items()}
-                    for d, ports in event["load"].items()}
-            for dpid, messages in self.policy.queue_load(load).items():
+            for dpid, messages in self.policy.queue_load(ev.load).items():
                 self._send(dpid, messages)
 
     def close(self):
