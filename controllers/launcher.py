@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import warnings
 
 from testbed.procutil import die_with_parent
 
@@ -28,12 +27,10 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     die_with_parent()
-    # eventlet's deprecation notice: 8 lines of every log, about os-ken's choice, not ours
-    warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from os_ken.lib import hub
-    hub.patch(thread=False)
+    hub.patch(thread=False)  # a no-op on os-ken's default native hub; needed on eventlet's
     from os_ken import cfg
     from os_ken.base.app_manager import AppManager
     import os_ken.controller.controller  # noqa: F401  (registers the ofp-* options)
