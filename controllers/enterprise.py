@@ -22,6 +22,7 @@ from testbed.errors import ConfigError
 from .classes import TrafficClass
 from .flows import (CONTROLLER, PRIO_HOST, PRIO_MISS, PRIO_ROUTE, Bucket, ClearFlows, Group,
                     GroupMod, Message, Output, flow)
+from .params import EnterpriseParams
 from .policy import Policy, register
 
 ACL, SRC, DST = 0, 1, 2
@@ -33,6 +34,8 @@ PRIO_BLOCKED = 300
 @register
 class EnterprisePolicy(Policy):
     name = "enterprise"
+    parameters = EnterpriseParams
+    colour = "#1f77b4"
     cookie = 0x454E  # "EN"
     wants_packet_in = True
 

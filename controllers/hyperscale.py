@@ -14,12 +14,15 @@ from typing import List, Tuple
 from . import l3
 from .classes import EcnRule, TrafficClass
 from .flows import PRIO_MISS, ClearFlows, Message, flow
+from .params import HyperscaleParams
 from .policy import Policy, register
 
 
 @register
 class HyperscalePolicy(Policy):
     name = "hyperscale"
+    parameters = HyperscaleParams
+    colour = "#ff7f0e"
     cookie = 0x4853  # "HS"
 
     def traffic_classes(self) -> Tuple[TrafficClass, ...]:

@@ -28,6 +28,7 @@ from . import l3
 from .classes import EcnRule, PfcRule, TrafficClass
 from .flows import (ETH_TYPE_IPV4, IPPROTO_UDP, PRIO_MISS, PRIO_ROCE, PRIO_ROUTE, ROCE_PORT,
                     ClearFlows, Learn, Message, Multipath, Resubmit, SetField, flow, prefix)
+from .params import LosslessParams
 from .policy import Policy, register
 
 FLOWLET_FIELDS = ("ipv4_src", "ipv4_dst", "udp_src", "udp_dst")
@@ -36,6 +37,8 @@ FLOWLET_FIELDS = ("ipv4_src", "ipv4_dst", "udp_src", "udp_dst")
 @register
 class LosslessPolicy(Policy):
     name = "lossless"
+    parameters = LosslessParams
+    colour = "#2ca02c"
     cookie = 0x4C4C  # "LL"
     default_congestion_control = "dcqcn"
 

@@ -106,16 +106,14 @@ class LosslessParams:
     switch_latency_ns: float = _pipeline_ns(130.0, "InfiniBand NDR: under 150 ns")
 
 
-PARAMS = {"hyperscale": HyperscaleParams, "enterprise": EnterpriseParams,
-          "lossless": LosslessParams}
-
-
 def params_class(policy: str):
+    """The parameter class the policy ``policy`` declares (``Policy.parameters``)."""
+    from .policy import policy_class, policy_names  # the registry imports this module
     try:
-        return PARAMS[policy]
+        return policy_class(policy).parameters
     except KeyError:
         raise ConfigError(f"policy_params: unknown policy {policy!r} "
-                          f"(known: {', '.join(sorted(PARAMS))})")
+                          f"(known: {', '.join(policy_names())})")
 
 
 def resolve(policy: str, overrides: Mapping[str, Any], modelled_gbit: float, mtu: int):

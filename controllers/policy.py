@@ -20,11 +20,10 @@ from .params import resolve, to_dict
 
 # After the emulator acts, frames that left the feeding queues before it still arrive: those
 # in flight (netlink, the veth) and those Open vSwitch's userspace datapath held while it was
-# late - it then forwards them at once. Measured on a 2-core machine during a synchronised
-# 7:1 incast (default lossless policy, 40 Mbit/s): a spine port fed by three uplinks grew by up to 187 KB
-# within one 1 ms sample, about 12 ms of their traffic (3 ms here before: the lossless class
-# dropped frames in 7 of 33 such incasts). Real switches size PFC headroom the same way: rate
-# x the time until a pause takes effect.
+# late - it then forwards them at once. In a synchronised 7:1 lossless incast at 40 Mbit/s on
+# the 2-core machine a spine port grew by up to 187 KB within one 1 ms sample, about 12 ms of
+# its feeders' traffic. Real switches size PFC headroom the same way: rate x the time until
+# a pause takes effect.
 LANDING_S = 0.015
 
 
@@ -67,6 +66,8 @@ class Policy(ABC):
     """Switching policy for one leaf-spine fabric."""
 
     name: ClassVar[str]
+    parameters: ClassVar[type]  # its parameters' dataclass (controllers.params)
+    colour: ClassVar[str]  # in plots and the report
     cookie: ClassVar[int]  # marks this policy's flows (visible in ovs-ofctl dump-flows)
     wants_queue_load: bool = False  # send queue_load events (adaptive routing)
     wants_packet_in: bool = False  # switches send some packets to the controller

@@ -16,6 +16,9 @@ import os
 import signal
 import sys
 
+from traffic.collectives import ALGORITHMS
+
+from .config import ALL_POLICIES, DEFAULT
 from .errors import ConfigError, TestbedError
 from .term import paint
 
@@ -29,7 +32,6 @@ def _progress(quiet: bool):
 def cmd_calibrate(args) -> int:
     from . import calibrate, timescale
     from .catalog import find
-    from .config import DEFAULT
 
     from .report import table
 
@@ -50,7 +52,7 @@ def cmd_calibrate(args) -> int:
 def cmd_run(args) -> int:
     from . import runner
     from .catalog import find
-    from .config import ALL_POLICIES, DEFAULT, parse_sizes
+    from .config import parse_sizes
     from .report import summary_table
 
     scenario = find(args.scenario) if args.scenario else DEFAULT
@@ -197,7 +199,6 @@ def policies_reference() -> str:
 
     from controllers.policy import make_policy, policy_names
 
-    from .config import DEFAULT
     from .topology import FabricPlan
 
     # the classes' PFC headroom covers the emulator's reaction at the emulated rate: shown at
@@ -283,12 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--scenario", metavar="NAME|FILE",
                    help="a built-in scenario (python -m testbed scenarios) or a YAML file "
                         "(keys: scenarios --reference); default: the default scenario")
-    r.add_argument("--policy", help="comma-separated policies, or all (default: all: "
-                                    "enterprise, hyperscale, lossless)")
+    r.add_argument("--policy", help=f"comma-separated policies, or all (default: all: "
+                                    f"{', '.join(ALL_POLICIES)})")
     r.add_argument("--iterations", type=int,
-                   help="training iterations to replay (at each size; default: 10)")
-    r.add_argument("--collective", help="ring, halving_doubling, double_binary_tree, "
-                                        "hierarchical or all_to_all (default: ring)")
+                   help=f"training iterations to replay (at each size; default: "
+                        f"{DEFAULT.workload.iterations})")
+    r.add_argument("--collective", help=f"{', '.join(ALGORITHMS)} (default: "
+                                        f"{DEFAULT.workload.collective})")
     r.add_argument("--sizes", metavar="FROM:TO|LIST",
                    help="message-size sweep like nccl-tests: 64K:4M doubles from 64 KiB to "
                         "4 MiB; 64K,1M runs exactly those")

@@ -15,6 +15,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Tuple, Union
 
+from controllers.policy import policy_names
+from traffic import collectives
+
 from .errors import ConfigError
 from .schema import build, plain
 from .timescale import AUTO, REFERENCE_RATE_MBIT, require_rate
@@ -76,8 +79,7 @@ class TopologyConfig:
         return host * self.gpus_per_leaf / (self.spines * self.oversubscription)
 
 
-COLLECTIVE_NAMES = ("ring", "halving_doubling", "double_binary_tree", "hierarchical",
-                    "all_to_all", "ring_allreduce")
+COLLECTIVE_NAMES = tuple(collectives.ALGORITHMS) + tuple(collectives.ALIASES)
 
 
 @dataclass(frozen=True)
@@ -263,7 +265,7 @@ class EmulationConfig:
                "where the kernel has it, else sampled"})
 
 
-ALL_POLICIES = ("enterprise", "hyperscale", "lossless")
+ALL_POLICIES = tuple(policy_names())  # the policy registry, in name order
 
 
 @dataclass(frozen=True)

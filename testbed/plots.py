@@ -14,7 +14,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-POLICY_COLOURS = {"enterprise": "#1f77b4", "hyperscale": "#ff7f0e", "lossless": "#2ca02c"}
+from controllers.policy import policy_class, policy_names
+
+POLICY_COLOURS = {name: policy_class(name).colour for name in policy_names()}
 OTHER_COLOURS = ["#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 SIZE = (8.0, 4.2)
 DPI = 100

@@ -71,9 +71,10 @@ def _value(v) -> str:
 
 
 def policy_keys() -> Iterator[Key]:
-    from controllers.params import PARAMS
+    from controllers.policy import policy_class, policy_names
 
-    for name, cls in PARAMS.items():
+    for name in policy_names():
+        cls = policy_class(name).parameters
         doc = " ".join((cls.__doc__ or "").split())
         for k in keys(cls, f"policy_params.{name}."):
             yield dataclasses.replace(k, section=doc if k.section is None and
