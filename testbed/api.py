@@ -8,7 +8,7 @@
 
 ``run_scenario`` takes a built-in name, a YAML file, a mapping or a ``Scenario``, plus partial
 overrides; ``load_result`` reads a saved run directory. Results are frozen dataclasses mirroring
-``results.json`` (see the README); every figure keeps its name and unit suffix from there, and
+``results.json`` (docs/results.md); every figure keeps its name and unit suffix from there, and
 ``raw`` holds the whole dictionary for anything not surfaced here. A counter whose mechanism
 was absent (no ECN, no PFC, no DCQCN) is ``None``. Times are emulated, as in ``results.json``;
 ``modelled`` holds the same time figures in the modelled fabric's time (divided by the time

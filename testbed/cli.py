@@ -296,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "4 MiB; 64K,1M runs exactly those")
     r.add_argument("--servers", metavar="HERE,B,...",
                    help="split the fabric over these machines, this one first (e.g. "
-                        "localhost,10.0.0.2; ssh as root with a key; see README, Cluster)")
+                        "localhost,10.0.0.2; ssh as root with a key; docs/guide.md, "
+                        "Several machines)")
     r.add_argument("--traffic", choices=("agents", "rxe"),
                    help="agents: the collective from the emulated GPUs (default); rxe: also "
                         "real RoCE verbs traffic - rdma_rxe endpoints run perftest "

@@ -1,6 +1,6 @@
 """Scenario tests as a user writes them: a question about fabrics, answered on real packets.
 
-Each asks something the seed of this project asks (README, "Scenario tests"); run them with
+Each asks something the seed of this project asks (docs/guide.md, "Scenario tests"); run them with
 ``sudo .venv/bin/python -m pytest tests/scenarios -s`` (``-s`` shows the progress).
 """
 import pytest
