@@ -28,18 +28,19 @@ from .errors import ConfigError
 
 
 def _from(cls, data: Optional[Mapping[str, Any]]):
-    """``cls`` from the keys of ``data`` it declares (absent ones: None); None for None."""
+    """``cls`` from the keys of ``data`` it declares (absent ones: their default, None for a
+    figure); None for None."""
     if data is None:
         return None
     values = {}
     for f in dataclasses.fields(cls):
         if f.name == "raw":
             values["raw"] = dict(data)
-            continue
-        v = data.get(f.name)
-        if isinstance(v, list):
-            v = tuple(v)
-        values[f.name] = v
+        elif f.name in data:
+            v = data[f.name]
+            values[f.name] = tuple(v) if isinstance(v, list) else v
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            values[f.name] = None
     return cls(**values)
 
 
@@ -108,27 +109,52 @@ class Fidelity:
         return self.verdict == "ok"
 
 
+def figure(doc: str, default: Any = None, unit: str = ""):
+    """A field of results.json, with its meaning (docs/results.md is generated from these)."""
+    return field(default=default, metadata={"doc": doc, "unit": unit})
+
+
 @dataclass(frozen=True)
 class CollectiveResult:
-    collective: str
-    size_bytes: int
-    iterations: int
-    ranks: int
-    cct_us: Optional[Cct]
-    latency_us: Optional[Percentiles]
-    jitter_us: Optional[Jitter]
-    tail_ratio_p99_p50: Optional[float]
-    algbw_gbps_emulated: Optional[float]
-    busbw_gbps_emulated: Optional[float]
-    algbw_gbps_modelled: Optional[float]
-    busbw_gbps_modelled: Optional[float]
-    straggler_idle_us: Optional[StragglerIdle]
-    extrapolation: Optional[Dict[str, Any]]
-    bytes_sent_per_rank: Optional[Dict[str, Any]]
-    packets_received: Optional[int]
-    retransmissions_received: Optional[int]
-    ecn_marked_packets: Optional[int]
-    modelled: Optional[Modelled] = None
+    """One collective at one size (``collectives[]``; a sweep has one per size). With a single
+    size these figures are also at the policy's level."""
+    collective: Optional[str] = figure("the collective's name")
+    size_bytes: Optional[int] = figure("buffer size per GPU", unit="B")
+    iterations: Optional[int] = figure("iterations replayed")
+    ranks: Optional[int] = figure("GPUs taking part")
+    cct_us: Optional[Cct] = figure(
+        "collective completion time {p50, p99, max, mean, per_iteration}: last rank done minus "
+        "first rank start", unit="us, emulated")
+    latency_us: Optional[Percentiles] = figure(
+        "one-way latency of every data packet {p50, p99, p999, max, mean, count}: the "
+        "receiver's kernel receive time minus the sender's kernel transmit time",
+        unit="us, emulated")
+    jitter_us: Optional[Jitter] = figure(
+        "IPDV (RFC 3393): difference of consecutive packets' one-way delays per flow, in send "
+        "order {ipdv_abs_p50, ipdv_abs_p99, ipdv_abs_max, ipdv_count}; and p99_minus_p50, the "
+        "latency spread", unit="us, emulated")
+    tail_ratio_p99_p50: Optional[float] = figure("latency p99 / p50")
+    algbw_gbps_emulated: Optional[float] = figure(
+        "nccl-tests algorithm bandwidth from the median CCT", unit="Gbit/s")
+    busbw_gbps_emulated: Optional[float] = figure(
+        "nccl-tests bus bandwidth: algbw x busbw_factor", unit="Gbit/s")
+    algbw_gbps_modelled: Optional[float] = figure("algbw x time scale", unit="Gbit/s")
+    busbw_gbps_modelled: Optional[float] = figure("busbw x time scale", unit="Gbit/s")
+    busbw_factor: Optional[float] = figure("nccl-tests' bus bandwidth factor of the collective")
+    straggler_idle_us: Optional[StragglerIdle] = figure(
+        "sum over ranks of (the slowest rank's finish - the rank's own finish) {per_iteration, "
+        "total, mean}, a rank's finish being the end of its own work", unit="us, emulated")
+    extrapolation: Optional[Dict[str, Any]] = figure(
+        "the same mean lag on extrapolate_gpus GPUs: (N - 1) x lag GPU-seconds per step, "
+        "emulated and modelled")
+    bytes_sent_per_rank: Optional[Dict[str, Any]] = figure(
+        "{expected by the schedule, measured from delivered packets}", unit="B")
+    packets_received: Optional[int] = figure("data packets of this collective received")
+    retransmissions_received: Optional[int] = figure("of which retransmissions")
+    ecn_marked_packets: Optional[int] = figure("of which CE-marked (null without ECN)")
+    modelled: Optional[Modelled] = figure(
+        "the time figures (latency_us, jitter_us, cct_us, straggler_idle_us) in the modelled "
+        "fabric's time: emulated / time_scale")
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -143,38 +169,116 @@ class CollectiveResult:
 
 @dataclass(frozen=True)
 class PolicyResult:
-    name: str
-    gpus: Optional[int]
-    packets_sent: Optional[int]
-    packets_received: Optional[int]
-    drops: Optional[int]
-    switch_queue_drops: Optional[int]
-    unexplained_drops: Optional[int]
-    retransmitted_packets: Optional[int]
-    naks: Optional[int]
-    rto_timeouts: Optional[int]
-    ecn_marked_packets: Optional[int]
-    cnps_sent: Optional[int]
-    pfc_pause_events: Optional[int]
-    pfc_paused_ms: Optional[float]
-    latency_us: Optional[Percentiles]
-    jitter_us: Optional[Jitter]
-    tail_ratio_p99_p50: Optional[float]
-    cct_us: Optional[Cct]
-    busbw_gbps_modelled: Optional[float]
-    straggler_idle_us: Optional[StragglerIdle]
-    extrapolation: Optional[Dict[str, Any]]
-    spine_load_packets: Optional[Dict[str, int]]
-    collectives: Tuple[CollectiveResult, ...]
-    fidelity: Optional[Fidelity]
-    background: Optional[Dict[str, Any]]
-    pcap: Optional[Dict[str, Dict[str, Any]]] = None
-    ecn_marking: Optional[str] = None  # "red" (kernel), "sampled" (emulator), None (no ECN)
-    ecn_marking_via: Optional[str] = None  # sampled marking applied by "bpf" or "openflow"
-    per_hop_latency: Optional[Dict[str, Any]] = None  # model, what was applied, floors seen
-    rxe: Optional[Dict[str, Any]] = None  # --traffic rxe: mode and perftest figures
-    queued_at_end: Optional[int] = None  # frames still in the fabric's queues at the end
-    modelled: Optional[Modelled] = None  # the time figures in the modelled fabric's time
+    """One policy's run (``policies.<name>``)."""
+    name: str = field(metadata={"doc": "the policy (the key under policies)"})
+    gpus: Optional[int] = figure("GPUs in the fabric")
+    duration_s: Optional[float] = figure("wall time of the policy's run, build to teardown",
+                                         unit="s")
+    packets_sent: Optional[int] = figure(
+        "data packets put on the wire, retransmissions included")
+    packets_received: Optional[int] = figure("data packets that arrived")
+    drops: Optional[int] = figure("packets_sent - packets_received")
+    switch_queue_drops: Optional[int] = figure("drops counted by the switch ports' class FIFOs")
+    nic_queue_drops: Optional[int] = figure("drops counted by the GPU NICs' class FIFOs")
+    drops_by_port: Optional[Dict[str, Any]] = figure("those drops per port and class")
+    queued_at_end: Optional[int] = figure(
+        "frames still queued in switch ports or GPU NICs when the collectives had ended and the "
+        "fabric had had up to 3 s to drain: in flight, not lost")
+    unexplained_drops: Optional[int] = figure(
+        "drops no emulated buffer, socket or queued_at_end accounts for (emulator artefacts; "
+        "should be 0)")
+    rx_socket_drops: Optional[int] = figure("frames the agents' receive sockets dropped")
+    retransmitted_packets: Optional[int] = figure("go-back-N: packets sent again")
+    naks: Optional[int] = figure("NAKs (PSN sequence errors) sent by receivers")
+    rto_timeouts: Optional[int] = figure("retransmission timeouts")
+    out_of_order_dropped: Optional[int] = figure(
+        "packets a responder dropped while waiting for a missing PSN")
+    ecn_marked_packets: Optional[int] = figure(
+        "CE-marked data packets received (null: no ECN marking in this policy)")
+    cnps_sent: Optional[int] = figure("CNPs sent by receivers (null: no DCQCN)")
+    cnps_received: Optional[int] = figure("CNPs received by senders (null: no DCQCN)")
+    dcqcn_min_rate_mbit: Optional[float] = figure(
+        "the lowest rate a DCQCN rate limiter was set to", unit="Mbit/s, emulated")
+    pfc_pause_events: Optional[int] = figure("PFC pauses sent (null: no PFC)")
+    pfc_paused_ms: Optional[float] = figure(
+        "time queues spent paused, summed (null: no PFC)", unit="ms, emulated")
+    latency_us: Optional[Percentiles] = figure(
+        "one-way latency of every data packet {p50, p99, p999, max, mean, count}",
+        unit="us, emulated")
+    latency_app_clock: Optional[int] = figure(
+        "packets whose kernel transmit time was missing: their send time stood in")
+    jitter_us: Optional[Jitter] = figure(
+        "IPDV {ipdv_abs_p50, ipdv_abs_p99, ipdv_abs_max, ipdv_count, p99_minus_p50}",
+        unit="us, emulated")
+    tail_ratio_p99_p50: Optional[float] = figure("latency p99 / p50")
+    cct_us: Optional[Cct] = figure(
+        "collective completion time {p50, p99, max, mean, per_iteration}", unit="us, emulated")
+    algbw_gbps_emulated: Optional[float] = figure("nccl-tests algorithm bandwidth",
+                                                  unit="Gbit/s")
+    busbw_gbps_emulated: Optional[float] = figure("nccl-tests bus bandwidth", unit="Gbit/s")
+    busbw_gbps_modelled: Optional[float] = figure("busbw x time scale", unit="Gbit/s")
+    straggler_idle_us: Optional[StragglerIdle] = figure(
+        "idle time the slowest rank caused {per_iteration, total, mean}", unit="us, emulated")
+    extrapolation: Optional[Dict[str, Any]] = figure(
+        "the straggler's cost on extrapolate_gpus GPUs, GPU-seconds per step")
+    collectives: Tuple[CollectiveResult, ...] = figure(
+        "one entry per collective and size (below)", default=())
+    modelled: Optional[Modelled] = figure(
+        "the time figures in the modelled fabric's time (emulated / time_scale), pfc_paused_ms "
+        "included: what the tables show and what compares across time scales")
+    agents_reporting: Optional[int] = figure("agent processes whose records were read")
+    agent_loop_lag_us: Optional[Dict[str, Any]] = figure(
+        "how late the agents acted on their timers, pooled over agents; by_timer splits it by "
+        "kind", unit="us")
+    nic_backpressure_waits: Optional[int] = figure(
+        "times an agent found its NIC's queue full and waited")
+    rx_invalid: Optional[int] = figure(
+        "frames the agents dropped as no valid RoCE packet of this run (truncated, unknown "
+        "opcode, wrong source, forged probe header)")
+    rx_bad_icrc: Optional[int] = figure("frames dropped for a wrong ICRC")
+    rx_foreign_qp: Optional[int] = figure("frames for a QP the receiver does not have")
+    rx_unexpected_messages: Optional[int] = figure("messages no transfer expects")
+    rx_no_timestamp: Optional[int] = figure("frames received without a kernel timestamp")
+    per_gpu: Optional[Dict[str, Any]] = figure(
+        "per GPU: rank, packets sent and received, latency p50/p99 of what it received, timer "
+        "lag, foreign packets")
+    latency_us_by_path: Optional[Dict[str, Any]] = figure(
+        "split fabrics only: latency percentiles between GPUs on one server and across servers "
+        "(the latter include the servers' clock offset)", unit="us, emulated")
+    spine_load_packets: Optional[Dict[str, int]] = figure("packets each spine forwarded")
+    switch_queues: Optional[Dict[str, Any]] = figure(
+        "the switch-queue emulator's report: per-queue pauses, marking time per port, largest "
+        "backlog per port and class, sampling cost")
+    reaction_time_us: Optional[float] = figure("the emulator's sample interval",
+                                               unit="us, emulated")
+    ecn_marking: Optional[str] = figure(
+        "how switches set CE: red (kernel qdisc), sampled (the emulator), null (no ECN)")
+    ecn_marking_via: Optional[str] = figure(
+        "sampled marking applied by bpf (the tc program) or openflow (marking groups)")
+    red_marked_by_port: Optional[Dict[str, int]] = figure("with RED: the CE marks each port set")
+    per_hop_latency: Optional[Dict[str, Any]] = figure(
+        "the per-hop model (forwarding, pipeline_ns, cable_m, time_scale), the delay per port "
+        "kind modelled and applied, applied (false: no netem here), the path delay, and "
+        "measured_min_us {same_leaf, cross_leaf}: the lowest one-way latency seen")
+    emulation_cost: Optional[Dict[str, Any]] = figure(
+        "CPU per delivered frame by component (agents, Open vSwitch, emulator, controller, "
+        "runner, kernel) and the CPUs' busy share while the traffic ran (testbed.cost)")
+    fidelity: Optional[Fidelity] = figure(
+        "the fidelity monitor's checks with measured values and tolerances, verdict (ok or "
+        "outside tolerance), problems and advice (docs/fidelity.md)")
+    background: Optional[Dict[str, Any]] = figure(
+        "per noisy flow: sent, received, latency or rate and jitter; incast: bursts, packets "
+        "sent and received by the target")
+    pcap: Optional[Dict[str, Dict[str, Any]]] = figure(
+        "measurement.pcap: per GPU, its capture file and the packets it holds")
+    rxe: Optional[Dict[str, Any]] = figure(
+        "--traffic rxe only: mode, endpoints, devices, and per perftest test the command, exit "
+        "code, figures, the endpoint NICs' packet counters and error if it failed")
+    params: Optional[Dict[str, Any]] = figure("the policy's parameters as run")
+    traffic_classes: Tuple[str, ...] = figure("the policy's traffic classes", default=())
+    congestion_control: Optional[str] = figure("dcqcn or none, as run")
+    warnings: Tuple[str, ...] = figure(
+        "anything that makes the figures less trustworthy", default=())
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
@@ -105,6 +106,25 @@ def markdown() -> str:
     return "\n".join(out) + "\n"
 
 
+RESULTS_GENERATED = ("generated from testbed/api.py by `python -m testbed.reference results`; "
+                     "do not edit below")
+
+
+def results_markdown() -> str:
+    """The per-policy and per-collective keys of results.json with their unit and meaning,
+    from the API's dataclasses (the end of docs/results.md)."""
+    from .api import CollectiveResult, PolicyResult
+
+    out = [f"<!-- {RESULTS_GENERATED} -->"]
+    for title, cls in (("`policies.<name>`", PolicyResult),
+                       ("`policies.<name>.collectives[]`", CollectiveResult)):
+        out += ["", f"## {title}", "", " ".join((cls.__doc__ or "").split()), "",
+                "| key | unit | meaning |", "|---|---|---|"]
+        out += [f"| `{f.name}` | {f.metadata.get('unit', '')} | {f.metadata['doc']} |"
+                for f in dataclasses.fields(cls) if f.name != "raw"]
+    return "\n".join(out) + "\n"
+
+
 def yaml_template() -> str:
     """A scenario file with every key at its default, each documented in a comment."""
     out = [f"# {GENERATED.replace('--reference', '--template')}",
@@ -128,3 +148,17 @@ def yaml_template() -> str:
         out.append(f"{indent}{parts[-1]}: {_value(k.default)}")
     out += ["# policy_params: per policy, see docs/scenario-reference.md", "policy_params: {}"]
     return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["results"]:
+        sys.exit("usage: python -m testbed.reference results  (rewrites docs/results.md's end)")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                        "results.md")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    head = text.split(f"<!-- {RESULTS_GENERATED} -->")[0]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(head + results_markdown())

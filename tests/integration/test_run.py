@@ -1,4 +1,5 @@
 """A real run on a real fabric: every GPU's packets arrive, shaping holds, nothing is left."""
+import dataclasses
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import pytest
 
 from testbed import runner
 from testbed.agents import loops_wanted
+from testbed.api import CollectiveResult, PolicyResult
 from testbed.results import RESULTS_SCHEMA
 from traffic import roce
 from .live import DEFAULT
@@ -44,6 +46,15 @@ def test_ring_all_reduce_on_a_real_fabric(small_run):
     for p in on_disk["policies"].values():
         lag = p["fidelity"]["checks"]["agent_loop_lag"]
         assert lag["scheduling"] in expected, lag
+
+    # every figure a run writes is declared (and documented) by the API, and the reverse
+    declared = {f.name for f in dataclasses.fields(PolicyResult)} - {"name", "raw"}
+    optional = {"latency_us_by_path"}  # split fabrics only
+    per_collective = {f.name for f in dataclasses.fields(CollectiveResult)} - {"raw"}
+    for p in on_disk["policies"].values():
+        assert set(p) == declared - optional, (set(p) ^ (declared - optional))
+        for c in p["collectives"]:
+            assert set(c) == per_collective, set(c) ^ per_collective
 
     hs = on_disk["policies"]["hyperscale"]
     n, w = 4, SMALL.workload

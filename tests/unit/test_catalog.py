@@ -60,6 +60,14 @@ def test_the_reference_files_are_what_the_schema_generates():
         assert f.read() == reference.yaml_template()
 
 
+def test_the_results_reference_is_what_the_api_declares():
+    # regenerate with: python -m testbed.reference results
+    with open(os.path.join(ROOT, "docs", "results.md"), encoding="utf-8") as f:
+        text = f.read()
+    marker = f"<!-- {reference.RESULTS_GENERATED} -->"
+    assert marker in text and text[text.index(marker):] == reference.results_markdown()
+
+
 def test_the_template_is_the_default_scenario_and_the_reference_has_every_key():
     assert load_file(os.path.join(ROOT, "examples", "all-keys.yaml")) == DEFAULT
     md = reference.markdown()
