@@ -22,7 +22,7 @@ from controllers.classes import default_class
 from .config import Scenario
 from .errors import AgentError
 from .ledger import Ledger
-from .procutil import cpu_ticks, stop_processes
+from .procutil import cpu_ticks, log_tail, stop_processes
 from .shaping import limiter_qdisc, link_mtu
 from .topology import FabricPlan
 
@@ -311,12 +311,7 @@ class AgentGroup:
             code = proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             code = None
-        log = os.path.join(self.log_dir, f"{name}.log")
-        try:
-            with open(log, encoding="utf-8", errors="replace") as f:
-                last = (f.read().strip().splitlines() or ["(empty log)"])[-1]
-        except OSError:
-            last = "(no log)"
+        last = log_tail(os.path.join(self.log_dir, f"{name}.log"))
         raise AgentError(f"traffic agent of {', '.join(self.hosts_of[name])} died "
                          f"(exit code {code}): {last}")
 

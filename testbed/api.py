@@ -161,7 +161,8 @@ class CollectiveResult:
     def parse(cls, d: Mapping[str, Any]) -> "CollectiveResult":
         c = _from(cls, d)
         return dataclasses.replace(
-            c, cct_us=_from(Cct, d.get("cct_us")), latency_us=_from(Percentiles, d.get("latency_us")),
+            c, cct_us=_from(Cct, d.get("cct_us")),
+            latency_us=_from(Percentiles, d.get("latency_us")),
             jitter_us=_from(Jitter, d.get("jitter_us")),
             straggler_idle_us=_from(StragglerIdle, d.get("straggler_idle_us")),
             modelled=Modelled.parse(d.get("modelled")))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .errors import AgentError, CapabilityError, ConfigError
-from .procutil import stop_processes
+from .procutil import read_line, stop_processes
 from .topology import FabricPlan, Host
 
 IPERF_PORT = 5201
@@ -296,9 +296,6 @@ def _r(x):
 
 
 def _expect_ready(proc, timeout: float = 20.0) -> None:
-    import select
-
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    line = proc.stdout.readline().strip() if ready else b""
-    if line != b"ready":
+    line = read_line(proc.stdout, timeout)
+    if line != "ready":
         raise AgentError(f"a background traffic receiver did not start (said {line!r})")

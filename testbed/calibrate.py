@@ -25,7 +25,7 @@ from typing import Callable, Dict, Optional
 
 from .errors import TestbedError
 from .fidelity import busy_between, cpu_counters
-from .results import write_json_atomic
+from .atomic import write_json_atomic
 from . import timescale
 from .timescale import CALIBRATION_VERSION, REFERENCE_RATE_MBIT, Calibration
 

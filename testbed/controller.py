@@ -16,7 +16,7 @@ from typing import Callable, Iterable, List, Set
 
 from .errors import ControllerError
 from .ledger import Ledger
-from .procutil import free_tcp_port, stop_process
+from .procutil import free_tcp_port, log_tail, stop_process
 
 
 class ControllerProcess:
@@ -109,11 +109,7 @@ class ControllerProcess:
             time.sleep(0.05)
 
     def tail(self, lines: int = 3) -> str:
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as f:
-                return " | ".join(line.strip() for line in f.readlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def stop(self) -> None:
         stop_process(self.proc)

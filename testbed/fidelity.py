@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .cost import machine_cpu_s
 from .hops import path_delay_us
 from .shaping import burst_bytes
 
@@ -219,12 +220,10 @@ def evaluate(records_dir: str, plan, figures: dict, path_minima_us: Dict[tuple, 
     return verdict(checks, t.host_rate_mbit)
 
 
-def cpu_counters() -> Tuple[int, int]:
-    """The machine's CPU time so far (/proc/stat ticks): (all, idle + iowait)."""
-    with open("/proc/stat", encoding="ascii") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return sum(fields[:8]), idle
+def cpu_counters() -> Tuple[float, float]:
+    """The machine's CPU time so far (s): (all, idle + iowait)."""
+    cpu = machine_cpu_s()
+    return sum(cpu.values()), cpu["idle"] + cpu["iowait"]
 
 
 def busy_between(last: Tuple[int, int], now: Tuple[int, int]) -> Optional[float]:

@@ -17,7 +17,7 @@ import yaml
 
 from . import report, rundata
 from .cost import cost_text
-from .results import write_atomic
+from .atomic import write_atomic
 
 LOG = logging.getLogger(__name__)
 REPORT = "report.html"

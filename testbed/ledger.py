@@ -22,6 +22,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
+from .atomic import atomic_file
 from .errors import RunBusyError
 from .ovs_buffers import restore_sysctl
 from .procutil import identity, same_process
@@ -114,10 +115,8 @@ class Ledger:
         self._write()
 
     def _write(self) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_file(self.path, "w", sync=False, encoding="utf-8") as f:
             json.dump(self.data, f)
-        os.replace(tmp, self.path)
 
     # --- teardown ---------------------------------------------------------------------------
     def teardown(self) -> List[str]:

@@ -101,6 +101,26 @@ def react_first(nice: int, slice_ns: int = MIN_SLICE_NS) -> str:
     return f"{applied}, slice {attr.sched_runtime // 1000} us"
 
 
+def read_line(stream, timeout: float) -> str:
+    """The next line a child writes to ``stream`` (its stdout pipe), stripped; "" if none
+    comes within ``timeout`` seconds - how a child says it is ready."""
+    import select
+
+    ready, _, _ = select.select([stream], [], [], timeout)
+    line = stream.readline() if ready else b""
+    return (line.decode(errors="replace") if isinstance(line, bytes) else line).strip()
+
+
+def log_tail(path: str, lines: int = 1) -> str:
+    """The last ``lines`` lines of a child's log, joined by " | ", for an error message."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            last = [line.strip() for line in f.read().strip().splitlines()[-lines:]]
+    except OSError:
+        return "(no log)"
+    return " | ".join(last) or "(empty log)"
+
+
 def free_tcp_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -18,7 +18,6 @@ of it.
 """
 from __future__ import annotations
 
-import contextlib
 import csv
 import glob
 import json
@@ -319,23 +318,3 @@ def _pool(counts: List[Optional[List[int]]]) -> Optional[metrics.LagHistogram]:
 
 def _round(x, digits: int = 6):
     return None if x is None else round(float(x), digits)
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` to a temporary file and rename it into place: a crash leaves the previous
-    complete file or none, never a truncated one."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def write_json_atomic(path: str, data: dict) -> None:
-    write_atomic(path, (json.dumps(data, indent=2) + "\n").encode("utf-8"))

@@ -41,7 +41,8 @@ from .fidelity import CpuSampler, evaluate
 from .hops import hop_model, path_floor_us
 from .rxe import RxeTraffic, endpoints as rxe_endpoints, require as require_rxe
 from .shaping import link_mtu, marking_method, marking_via
-from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled, write_json_atomic
+from .atomic import write_json_atomic
+from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled
 from .switchq import EmulatorProcess, merge_reports
 from .topology import FabricPlan
 from .wakeup import cpus_kept_awake

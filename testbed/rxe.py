@@ -35,12 +35,12 @@ import ipaddress
 import json
 import os
 import re
-import socket
 import subprocess
 import time
 from typing import Dict, List, Optional, Tuple
 
 from .errors import CapabilityError, ConfigError
+from .procutil import free_tcp_port
 from .topology import FabricPlan, Host
 
 MODE = "root-namespace"
@@ -329,7 +329,7 @@ class RxeTraffic:
         return result
 
     def _attempt(self, test: str, iterations: int, gids: Dict[str, int]) -> dict:
-        port = _free_port()
+        port = free_tcp_port()
         cycles = test in CYCLES_TESTS and self.mhz is not None
         common = dict(size=self.cfg.size_bytes, iterations=iterations, port=port,
                       tclass=self.tclass, cycles=cycles)
@@ -420,12 +420,6 @@ def _set_sysctl(ledger, path: str, value: int) -> None:
     ledger.add_sysctl(path, old, value)
     with open(path, "w") as f:
         f.write(str(value))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _listening(port: int) -> bool:

@@ -31,7 +31,6 @@ import gc
 import json
 import os
 import random
-import select
 import signal
 import socket
 import subprocess
@@ -49,8 +48,8 @@ from .bpfmark import Marker
 from .bpfqueue import QueueCounters
 from .netlink import (QdiscSampler, QueueStats, send_and_check, socket_in_netns, tbf_message,
                       tc_handle)
-from .procutil import die_with_parent, react_first, stop_process
-from .results import write_json_atomic
+from .procutil import die_with_parent, log_tail, react_first, read_line, stop_process
+from .atomic import atomic_file, write_json_atomic
 from .shaping import gate_handle, gate_params, gate_parent
 from .topology import FabricPlan
 
@@ -491,13 +490,11 @@ class Emulator:
         import csv
         if self.window_start:
             self._close_window()
-        tmp = path + ".tmp"
-        with open(tmp, "w", newline="") as f:
+        with atomic_file(path, "w", sync=False, newline="") as f:
             w = csv.writer(f)
             w.writerow(["time_ns"] + self.port_order + ["paused"])
             for t, values, paused in self.timeline:
                 w.writerow([t] + values + [paused])
-        os.replace(tmp, path)
 
     def _ecn(self, backlog: List[int], now: int) -> None:
         rule = self.marks.ecn
@@ -800,11 +797,9 @@ class EmulatorProcess:
             log.close()
         self.ledger.add_pid(self.proc.pid)
         if remote:
-            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-            first = self.proc.stdout.readline().decode().strip() if ready else ""
+            first = read_line(self.proc.stdout, timeout)
             self.remote_pid = int(first) if first.isdigit() else None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline().decode().split() if ready else []
+        line = read_line(self.proc.stdout, timeout).split()
         if len(line) != 3 or line[0] != "ready":
             self.stop()
             raise FabricError(f"the switch-queue emulator did not start: {self.tail()}")
@@ -817,11 +812,7 @@ class EmulatorProcess:
                                   f"{self.proc.returncode}): {self.tail()}")
 
     def tail(self) -> str:
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as f:
-                return (f.read().strip().splitlines() or ["(empty log)"])[-1]
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path)
 
     def stop(self) -> Optional[dict]:
         """Stop it; returns its report (None if it wrote none)."""

@@ -52,6 +52,7 @@ import time
 from collections import defaultdict, deque
 from typing import Dict, List, Optional, Tuple
 
+from testbed.atomic import atomic_file
 from testbed.procutil import die_with_parent, in_netns, precise_timers, react_first
 
 from . import roce
@@ -785,10 +786,8 @@ class Gpu:
                    "first_start_lag_us": round(self.first_start_lag_ns / 1000.0, 3),
                    "scheduling": self.loop.scheduling,
                    "frames_to": self.frames_to()}
-        tmp = base + ".summary.json.tmp"
-        with open(tmp, "w") as f:
+        with atomic_file(base + ".summary.json", sync=False) as f:
             json.dump(summary, f)
-        os.replace(tmp, base + ".summary.json")
 
 
 class Loop:

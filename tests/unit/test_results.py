@@ -5,7 +5,8 @@ import os
 import pytest
 
 from testbed.report import fidelity_warnings, summary_table, sweep_table
-from testbed.results import Mechanisms, RunContext, collect, write_json_atomic
+from testbed.atomic import write_json_atomic
+from testbed.results import Mechanisms, RunContext, collect
 from traffic.agent import ITERATION_FIELDS, PACKET_FIELDS
 
 RING = {"collective": "ring", "size": 300, "iterations": 1, "chunks": 1, "group": 1}
