@@ -18,6 +18,7 @@ cleanup() {
   done
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM  # so that cleanup runs on Ctrl-C and kill too
 
 SECONDS=0
 if [ -x "$root/usr/bin/apt-get" ] && [ -n "${REUSE_ROOT:-}" ]; then

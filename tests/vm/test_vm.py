@@ -5,6 +5,7 @@ the kernel offers - the kernel datapath, netem, RED, rdma_rxe - and never fall b
 import json
 import os
 import shutil
+import signal
 import subprocess
 import xml.etree.ElementTree as ET
 
@@ -18,16 +19,34 @@ pytestmark = [pytest.mark.integration, pytest.mark.vm, pytest.mark.skipif(
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def run_script(argv, timeout: float) -> subprocess.CompletedProcess:
+    """``subprocess.run`` for the scripts that mount, chroot and boot: in a session of their
+    own, and on an error or Ctrl-C the whole group gets SIGTERM (build-image.sh's trap
+    unmounts its chroot; qemu stops), then SIGKILL after 30 s."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 @pytest.fixture(scope="module")
 def guest(tmp_path_factory):
     """Build the image, boot it once; the files the guest wrote."""
     work = tmp_path_factory.mktemp("vm")
-    build = subprocess.run(["bash", os.path.join(HERE, "build-image.sh"), str(work / "image")],
-                           capture_output=True, text=True, timeout=1500)
+    build = run_script(["bash", os.path.join(HERE, "build-image.sh"), str(work / "image")],
+                       timeout=1500)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    run = subprocess.run(["bash", os.path.join(HERE, "run-vm.sh"), str(work / "image"),
-                          str(work / "out"), "1200"], capture_output=True, text=True,
-                         timeout=1300)
+    run = run_script(["bash", os.path.join(HERE, "run-vm.sh"), str(work / "image"),
+                      str(work / "out"), "1200"], timeout=1300)
     shutil.rmtree(work / "image", ignore_errors=True)  # 2.6 GB: only the results stay
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return work / "out" / "files"
