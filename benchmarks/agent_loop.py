@@ -36,18 +36,10 @@ sys.path.insert(0, HERE)
 from privatens import reexec_in_private_netns  # noqa: E402
 
 
-
 def hosts(n: int):
     return [{"rank": i, "host": f"gpu{i + 1}", "intf": f"nic{i}", "ip": f"10.0.{i + 1}.1",
              "mac": f"02:00:0a:00:{i + 1:02x}:01", "far": f"far{i}",
              "far_mac": f"02:00:0a:ff:{i + 1:02x}:01"} for i in range(n)]
-
-TRANSPORT = {"congestion_control": "none", "qps_per_peer": 1, "entropy": "per-qp",
-             "ack_every": 16, "rto_ns": 250_000_000, "max_rto_ns": 2_000_000_000,
-             "retry_limit": 7, "reorder_ns": 0, "dcqcn_timer_ns": 20_000_000,
-             "dcqcn_byte_counter": 256_000, "cnp_interval_ns": 20_000_000,
-             "dcqcn_clamp_target": False,
-             "roce_tos": 0x6A, "ack_tos": 0x68, "cnp_tos": 0xC0}
 
 
 def cpu_s() -> float:
@@ -92,16 +84,20 @@ def loop_run(gpus, size: int, iterations: int, rate_bps: float) -> dict:
 
     r, w = os.pipe()
     os.write(w, b"stop\n")
-    def peers(h):  # whoever a frame is for, it leaves by this GPU's NIC to its far end
-        return [{"rank": p["rank"], "host": p["host"], "ip": p["ip"], "mac": h["far_mac"]}
-                for p in gpus if p is not h]
+    from testbed.agents import reference_transport
+    from traffic.contract import Compute, GpuConfig, Peer, WorkloadSpec
 
-    configs = [dict({k: h[k] for k in ("rank", "host", "intf", "ip", "mac")}, ranks=len(gpus),
-                    mtu=4096, transport=TRANSPORT, link_rate_bps=rate_bps, seed=1,
-                    workloads=[{"collective": "ring", "size": size, "iterations": iterations,
-                                "chunks": 4, "group": 1}],
-                    compute={"ns": 0, "jitter_ns": 0}, straggler=None,
-                    netns_pid=os.getpid(), peers=peers(h))
+    def peers(h):  # whoever a frame is for, it leaves by this GPU's NIC to its far end
+        return tuple(Peer(p["rank"], p["host"], p["ip"], h["far_mac"])
+                     for p in gpus if p is not h)
+
+    transport = reference_transport()
+    configs = [GpuConfig(rank=h["rank"], host=h["host"], intf=h["intf"], ip=h["ip"],
+                         mac=h["mac"], ranks=len(gpus), mtu=4096, transport=transport,
+                         link_rate_bps=rate_bps, seed=1,
+                         workloads=(WorkloadSpec("ring", size, iterations, 4, 1),),
+                         compute=Compute(), straggler=None, out_dir="/nonexistent",
+                         netns_pid=os.getpid(), peers=peers(h))
                for h in gpus]
     loop = Loop(configs, out=Sink(), commands=r)
     try:

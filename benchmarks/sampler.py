@@ -68,27 +68,27 @@ def emulator_step(policy_name: str, samples: int) -> dict:
     """The emulator's whole sample, configured as a run configures it, on the idle fabric."""
     import resource
 
-    from controllers.classes import class_to_dict
     from controllers.policy import make_policy
     from testbed.config import DEFAULT
     DEFAULT = DEFAULT.for_checks()  # at the reference rate the benchmark's figures are for
     from testbed.runner import link_mtu
     from testbed.switchq import Emulator
+    from testbed.switchq_contract import EmulatorConfig
     from testbed.topology import FabricPlan
 
     t = DEFAULT.topology
     plan = FabricPlan.for_topology(t)
     policy = make_policy(policy_name, plan, DEFAULT)
     watch = policy.watched_ports() if policy.wants_queue_load else None
-    cfg = {"plan": plan.to_dict(), "classes": [class_to_dict(c) for c in
-                                                policy.traffic_classes()],
-           "host_pids": {h.name: os.getpid() for h in plan.hosts},
-           "interval_us": DEFAULT.sample_interval_us, "events": None,
-           "host_rate_mbit": t.host_rate_mbit, "fabric_rate_mbit": t.fabric_rate_mbit,
-           "nic_queue_bytes": t.nic_queue_bytes, "delayed": [], "ecn_marking": "sampled",
-           "marking_via": "bpf", "queue_counting": "bpf", "mtu": link_mtu(DEFAULT.workload.mtu),
-           "switch_rate_headroom": DEFAULT.emulation.switch_rate_headroom,
-           "watch": {str(d): p for d, p in watch.items()} if watch else None}
+    cfg = EmulatorConfig(plan=plan, classes=tuple(policy.traffic_classes()),
+                         host_pids={h.name: os.getpid() for h in plan.hosts},
+                         interval_us=DEFAULT.sample_interval_us, out="/nonexistent",
+                         host_rate_mbit=t.host_rate_mbit, fabric_rate_mbit=t.fabric_rate_mbit,
+                         nic_queue_bytes=t.nic_queue_bytes, ecn_marking="sampled",
+                         marking_via="bpf", queue_counting="bpf",
+                         mtu=link_mtu(DEFAULT.workload.mtu),
+                         switch_rate_headroom=DEFAULT.emulation.switch_rate_headroom,
+                         watch={d: tuple(p) for d, p in watch.items()} if watch else None)
     emu = Emulator(cfg)
     emu.open()
     try:

@@ -35,11 +35,8 @@ from os_ken.lib import hub
 from os_ken.lib.packet import ethernet, packet
 from os_ken.ofproto import ofproto_v1_3
 
-from testbed.topology import FabricPlan
-
+from .contract import ControllerConfig
 from .ofp import to_ofp
-from .params import resolve
-from .policy import FabricContext, policy_class
 
 LOG = logging.getLogger(__name__)
 WATCH_S = 10.0  # while a switch of the plan waits to be programmed, say why this often
@@ -48,11 +45,7 @@ WATCH_S = 10.0  # while a switch of the plan waits to be programmed, say why thi
 def load_policy(path: str):
     """The policy described by a policy file written by the runner."""
     with open(path, encoding="utf-8") as f:
-        spec = json.load(f)
-    plan = FabricPlan.from_dict(spec["plan"])
-    context = FabricContext(**spec["context"])
-    params = resolve(spec["policy"], spec["params"], context.modelled_gbit, context.mtu)
-    return policy_class(spec["policy"])(plan, params, context)
+        return ControllerConfig.from_dict(json.load(f)).build()
 
 
 class QueueEvent(event.EventBase):

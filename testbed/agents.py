@@ -9,6 +9,7 @@ or stalls, with the last line of its log.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -18,8 +19,10 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from controllers.classes import default_class
+from traffic.contract import (AgentConfig, Compute, GpuConfig, Peer, QpLimiter, Straggler,
+                              Transport, WorkloadSpec)
 
-from .config import Scenario
+from .config import DEFAULT, Scenario
 from .errors import AgentError
 from .ledger import Ledger
 from .procutil import cpu_ticks, log_tail, stop_processes
@@ -37,7 +40,7 @@ def congestion_control(scenario: Scenario, policy) -> str:
     return policy.default_congestion_control if cc == "auto" else cc
 
 
-def qp_limiter(scenario: Scenario, policy) -> Optional[dict]:
+def qp_limiter(scenario: Scenario, policy) -> Optional[QpLimiter]:
     """Where DCQCN's per-QP rate limiters live on every GPU NIC (None without DCQCN): the
     HTB qdisc of the class RoCE data travels in (its handle is that class's minor) and the
     settings of the QP classes the agents add to it (``traffic.ratelimit``)."""
@@ -46,51 +49,58 @@ def qp_limiter(scenario: Scenario, policy) -> Optional[dict]:
     classes = policy.traffic_classes()
     roce = policy.dscp()[0]
     cls = next((c for c in classes if roce in c.dscp), default_class(classes))
-    return {"major": cls.minor,
-            **limiter_qdisc(scenario.topology.host_rate_mbit, link_mtu(scenario.workload.mtu))}
+    return QpLimiter(major=cls.minor, **limiter_qdisc(scenario.topology.host_rate_mbit,
+                                                      link_mtu(scenario.workload.mtu)))
 
 
-def transport_config(scenario: Scenario, policy) -> dict:
+def transport_config(scenario: Scenario, policy) -> Transport:
     """The NIC settings every agent of a run gets (RC, congestion control, entropy)."""
     tr = scenario.transport
-    cc = congestion_control(scenario, policy)
     rto_ns = scenario.emulated_ns(tr.rto_us)
     roce_dscp, cnp_dscp = policy.dscp()
-    return {"congestion_control": cc, "qps_per_peer": tr.qps_per_peer, "entropy": tr.entropy,
-            "ack_every": tr.ack_every, "rto_ns": rto_ns, "max_rto_ns": MAX_RTO_FACTOR * rto_ns,
-            "retry_limit": tr.retry_limit,
-            "reorder_ns": rto_ns // 2 if tr.entropy == "per-packet" else 0,
-            "dcqcn_timer_ns": scenario.emulated_ns(tr.dcqcn_timer_us),
-            "dcqcn_byte_counter": tr.dcqcn_byte_counter,
-            "dcqcn_clamp_target": tr.dcqcn_clamp_target,
-            "cnp_interval_ns": scenario.emulated_ns(tr.cnp_interval_us),
-            "roce_tos": (roce_dscp << 2) | 0b10, "ack_tos": roce_dscp << 2,
-            "cnp_tos": cnp_dscp << 2, "qp_limiter": qp_limiter(scenario, policy)}
+    return Transport(
+        congestion_control=congestion_control(scenario, policy),
+        qps_per_peer=tr.qps_per_peer, entropy=tr.entropy, ack_every=tr.ack_every,
+        rto_ns=rto_ns, max_rto_ns=MAX_RTO_FACTOR * rto_ns, retry_limit=tr.retry_limit,
+        reorder_ns=rto_ns // 2 if tr.entropy == "per-packet" else 0,
+        dcqcn_timer_ns=scenario.emulated_ns(tr.dcqcn_timer_us),
+        dcqcn_byte_counter=tr.dcqcn_byte_counter, dcqcn_clamp_target=tr.dcqcn_clamp_target,
+        cnp_interval_ns=scenario.emulated_ns(tr.cnp_interval_us),
+        roce_tos=(roce_dscp << 2) | 0b10, ack_tos=roce_dscp << 2, cnp_tos=cnp_dscp << 2,
+        qp_limiter=qp_limiter(scenario, policy))
 
 
-def workload_specs(scenario: Scenario, plan) -> List[dict]:
+def reference_transport(policy_name: str = "hyperscale") -> Transport:
+    """What the default scenario's agents get under ``policy_name`` at the reference rate
+    (for benchmarks that drive an agent without a run)."""
+    from controllers.policy import make_policy
+
+    s = DEFAULT.for_checks()
+    return transport_config(s, make_policy(policy_name, FabricPlan.for_topology(s.topology), s))
+
+
+def workload_specs(scenario: Scenario, plan) -> Tuple[WorkloadSpec, ...]:
     """The collectives each agent replays: one entry per size (a sweep has several)."""
     w = scenario.workload
-    return [{"collective": w.collective, "size": size, "iterations": w.iterations,
-             "chunks": w.chunks, "group": plan.gpus_per_leaf} for size in w.run_sizes]
+    return tuple(WorkloadSpec(w.collective, size, w.iterations, w.chunks, plan.gpus_per_leaf)
+                 for size in w.run_sizes)
 
 
-def agent_configs(plan: FabricPlan, scenario: Scenario, out_dir: str, policy) -> List[dict]:
+def agent_configs(plan: FabricPlan, scenario: Scenario, out_dir: str,
+                  policy) -> List[GpuConfig]:
     w = scenario.workload
     transport = transport_config(scenario, policy)
     workloads = workload_specs(scenario, plan)
-    peers = [{"rank": h.rank, "host": h.name, "ip": h.ip, "mac": h.mac} for h in plan.gpus]
+    peers = [Peer(h.rank, h.name, h.ip, h.mac) for h in plan.gpus]
     st = w.stragglers
-    straggler = {"delay_ns": scenario.emulated_ns(st.delay_us), "distribution": st.distribution,
-                 "probability": st.probability}
-    return [{"rank": h.rank, "host": h.name, "intf": h.intf, "ip": h.ip, "mac": h.mac,
-             "ranks": len(plan.gpus), "workloads": workloads, "mtu": w.mtu,
-             "compute": {"ns": scenario.emulated_ns(w.compute_us),
-                         "jitter_ns": scenario.emulated_ns(w.compute_jitter_us)},
-             "straggler": straggler if h.rank in st.ranks else None, "seed": w.seed,
-             "transport": transport,
-             "link_rate_bps": scenario.topology.host_rate_mbit * 1e6, "out_dir": out_dir,
-             "peers": [p for p in peers if p["rank"] != h.rank]}
+    straggler = Straggler(scenario.emulated_ns(st.delay_us), st.distribution, st.probability)
+    compute = Compute(scenario.emulated_ns(w.compute_us), scenario.emulated_ns(w.compute_jitter_us))
+    return [GpuConfig(rank=h.rank, host=h.name, intf=h.intf, ip=h.ip, mac=h.mac,
+                      ranks=len(plan.gpus), workloads=workloads, mtu=w.mtu, compute=compute,
+                      straggler=straggler if h.rank in st.ranks else None, seed=w.seed,
+                      transport=transport,
+                      link_rate_bps=scenario.topology.host_rate_mbit * 1e6, out_dir=out_dir,
+                      peers=tuple(p for p in peers if p.rank != h.rank))
             for h in plan.gpus]
 
 
@@ -165,8 +175,8 @@ class AgentGroup:
 
     def start(self) -> None:
         os.makedirs(self.records_dir, exist_ok=True)
-        configs = {c["host"]: c for c in agent_configs(self.plan, self.scenario,
-                                                       self.records_dir, self.policy)}
+        configs = {c.host: c for c in agent_configs(self.plan, self.scenario,
+                                                    self.records_dir, self.policy)}
         groups = process_groups(list(configs), self.fabric.where or {},
                                 loops_wanted(self.scenario))
         for k, (server, hosts) in enumerate(groups, 1):
@@ -175,10 +185,12 @@ class AgentGroup:
             if server != "localhost":  # the agent runs there: its files live there
                 out_dir = self.fabric.workspace.dir(server) + "/records"
                 self.remote.update({h: (server, out_dir) for h in hosts})
-            gpus = [dict(configs[h], netns_pid=self.fabric.netns_pid(h)) for h in hosts]
+            config = AgentConfig(tuple(dataclasses.replace(configs[h],
+                                                           netns_pid=self.fabric.netns_pid(h))
+                                       for h in hosts), out_dir)
             path = os.path.join(self.ledger.private_dir, f"{name}.json")
             with open(path, "w", encoding="utf-8") as f:
-                json.dump({"gpus": gpus, "out_dir": out_dir}, f)
+                json.dump(config.to_dict(), f)
             argv = [sys.executable, "-m", "traffic.agent", path]
             log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")
             try:

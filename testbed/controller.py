@@ -6,13 +6,14 @@ switch-queue events on a UNIX socket in the run's private directory.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
 from typing import Callable, Iterable, List, Set
+
+from controllers.contract import ControllerConfig
 
 from .errors import ControllerError
 from .ledger import Ledger
@@ -33,11 +34,8 @@ class ControllerProcess:
         self.port = None
 
     def start(self) -> None:
-        spec = {"policy": self.policy.name, "plan": self.plan.to_dict(),
-                "params": self.policy.params_dict(),
-                "context": dataclasses.asdict(self.policy.context)}
         with open(self.policy_path, "w", encoding="utf-8") as f:
-            json.dump(spec, f)
+            json.dump(ControllerConfig.of(self.policy).to_dict(), f)
         open(self.state_path, "w").close()
         self.port = free_tcp_port()
         log = open(self.log_path, "ab")

@@ -4,7 +4,7 @@ Layout of a run directory (``results/<run-id>/``)::
 
     results.json                 the figures below, per policy (schema RESULTS_SCHEMA)
     controller-<policy>.log      the os-ken controller's log
-    agent-<policy>-<host>.log    each traffic agent's log
+    agent-<policy>-<k>.log       each agent process's log (it serves several GPUs)
     records/<policy>/<host>.packets.csv     one row per data packet that arrived
     records/<policy>/<host>.tx.csv          kernel transmit time of every frame it sent
     records/<policy>/<host>.iterations.csv  one row per iteration: compute, collective start
@@ -23,11 +23,12 @@ import glob
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from traffic import collectives, metrics
+from traffic.contract import WorkloadSpec
 
 RESULTS_SCHEMA = "ai-fabric-testbed/results/2"
 
@@ -62,7 +63,7 @@ class RunContext:
     """What ``collect`` needs to know about the run besides the records."""
 
     ranks: int
-    workloads: List[dict]  # as the agents got them (testbed.agents.workload_specs)
+    workloads: Sequence[WorkloadSpec]  # as the agents got them (testbed.agents.workload_specs)
     time_scale: float = 1.0
     extrapolate_gpus: int = 10_000
     mechanisms: Mechanisms = field(default_factory=Mechanisms)
@@ -234,14 +235,13 @@ def _load_packets(records_dir: str, summaries: List[dict]):
     return Packets(**joined), per_gpu, app_clock
 
 
-def _workload_figures(index: int, spec: dict, ctx: RunContext, packets: Packets,
+def _workload_figures(index: int, spec: WorkloadSpec, ctx: RunContext, packets: Packets,
                       iterations: List[dict]) -> dict:
     """The figures of one collective at one size: CCT, bandwidths, latency, stragglers."""
     rows = [r for r in iterations if int(r["workload"]) == index]
     its = sorted({int(r["iteration"]) for r in rows})
-    size = spec["size"]
-    coll = collectives.build(spec["collective"], ctx.ranks, size, spec.get("chunks", 1),
-                             spec.get("group", 1))
+    size = spec.size
+    coll = collectives.build(spec.collective, ctx.ranks, size, spec.chunks, spec.group)
     cct = metrics.cct_summary(metrics.iteration_cct_us(rows))
     factor = collectives.bus_bandwidth_factor(coll.kind, ctx.ranks)
     algbw = metrics.algbw_gbps(size, cct["p50"]) if cct else None

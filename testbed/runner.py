@@ -43,7 +43,7 @@ from .rxe import RxeTraffic, endpoints as rxe_endpoints, require as require_rxe
 from .shaping import link_mtu, marking_method, marking_via
 from .atomic import write_json_atomic
 from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled
-from .switchq import EmulatorProcess, merge_reports
+from .switchq_handle import EmulatorProcess, merge_reports
 from .topology import FabricPlan
 from .wakeup import cpus_kept_awake
 
@@ -119,7 +119,7 @@ def _validate_workload(scenario: Scenario, plan: FabricPlan) -> None:
         raise ConfigError("workload.sizes: each size may appear once")
     for spec in workload_specs(scenario, plan):
         try:
-            build_collective(spec["collective"], n, spec["size"], spec["chunks"], spec["group"])
+            build_collective(spec.collective, n, spec.size, spec.chunks, spec.group)
         except ScheduleError as e:
             raise ConfigError(f"workload.collective: {e}")
     names = {h.name for h in plan.hosts}
@@ -391,7 +391,7 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
                         events_path=ctl.events_path, cluster_link=scenario.cluster.link,
                         hops=hop_model(scenario, policy.params),
                         marking=ecn_marking(scenario, policy, caps),
-                        qp_limiters=(qp_limiter(scenario, policy) or {}).get("major"))
+                        qp_limiters=getattr(qp_limiter(scenario, policy), "major", None))
         if where:
             say("placement: " + "; ".join(
                 f"{server}: {len(nodes)} nodes" for server, nodes in

@@ -33,25 +33,23 @@ import os
 import random
 import signal
 import socket
-import subprocess
 import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
-from controllers.classes import TrafficClass, class_dscps, class_from_dict, class_to_dict
+from controllers.classes import TrafficClass, class_dscps
 from controllers.pfc import PfcState, Queue
 
-from .errors import FabricError
-
+from .atomic import atomic_file, write_json_atomic
 from .bpf import Clsact
 from .bpfmark import Marker
 from .bpfqueue import QueueCounters
+from .errors import FabricError
 from .netlink import (QdiscSampler, QueueStats, send_and_check, socket_in_netns, tbf_message,
                       tc_handle)
-from .procutil import die_with_parent, log_tail, react_first, read_line, stop_process
-from .atomic import atomic_file, write_json_atomic
+from .procutil import die_with_parent, react_first
 from .shaping import gate_handle, gate_params, gate_parent
-from .topology import FabricPlan
+from .switchq_contract import EmulatorConfig
 
 
 QUEUE_GONE = QueueStats(0, 0, 0, 0)
@@ -61,6 +59,7 @@ TIMELINE_FRAMES = 12
 FULL_SAMPLE_FRAMES = 24  # every class's backlog, between the acting classes' samples
 LOAD_EVERY_NS = 5_000_000  # adaptive routing needs the trend, not every sample
 QUIET_SPACING = 2  # intervals between samples while every queue is far from a threshold
+PAUSE, RESUME = 1, 2  # what happens to a queue: the index of its message in ``pause_msgs``
 # Broadcast, from a MAC no GPU has, local experimental EtherType: dropped by every policy.
 KICK_FRAME = (b"\xff" * 6 + bytes.fromhex("020000000000") + b"\x88\xb5"
               + b"testbed: resume".ljust(46, b"\0"))
@@ -105,21 +104,21 @@ class Outbox:
 class PfcRelay:
     """PFC between the queue emulators of a split fabric: a switch on one server pauses the
     queues that feed it, and some of those are on another server. Each emulator listens on a
-    unix socket; messages (``{"q": [node, intf], "a": 1|2}``, one JSON line each: pause or
-    resume) go to the emulator of the server that holds the queue - reached through the
-    socket forwards of the servers' ssh tunnel; remote emulators reach only the main one,
-    which passes on what is not its own. Nothing here blocks the sampling loop."""
+    unix socket; messages (``{"q": [node, intf], "a": PAUSE|RESUME}``, one JSON line each)
+    go to the emulator of the server that holds the queue - reached through the socket
+    forwards of the servers' ssh tunnel; remote emulators reach only the main one, which
+    passes on what is not its own. Nothing here blocks the sampling loop."""
 
-    def __init__(self, cfg: dict):
-        self.me = cfg["server"]
-        self.owner: Dict[str, str] = cfg["owner"]  # node -> server
-        self.peers: Dict[str, str] = cfg["pfc_peers"]  # server (or "*") -> socket path
+    def __init__(self, cfg: EmulatorConfig):
+        self.me = cfg.server
+        self.owner: Dict[str, str] = cfg.owner  # node -> server
+        self.peers: Dict[str, str] = cfg.pfc_peers  # server (or "*") -> socket path
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            os.unlink(cfg["pfc_listen"])
+            os.unlink(cfg.pfc_listen)
         except FileNotFoundError:
             pass
-        self.listener.bind(cfg["pfc_listen"])
+        self.listener.bind(cfg.pfc_listen)
         self.listener.listen(16)
         self.listener.setblocking(False)
         self.inbound: List[Tuple[socket.socket, bytearray]] = []
@@ -206,30 +205,29 @@ class PfcRelay:
 
 
 class Emulator:
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: EmulatorConfig):
         self.cfg = cfg
-        self.plan = FabricPlan.from_dict(cfg["plan"])
-        self.classes: Tuple[TrafficClass, ...] = tuple(class_from_dict(c)
-                                                       for c in cfg["classes"])
-        self.interval_ns = int(cfg["interval_us"] * 1000)
-        self.frame = cfg["mtu"] + 14
-        self.rng = random.Random(cfg.get("seed", 1))
+        self.plan = cfg.plan
+        self.classes: Tuple[TrafficClass, ...] = cfg.classes
+        self.interval_ns = int(cfg.interval_us * 1000)
+        self.frame = cfg.mtu + 14
+        self.rng = random.Random(cfg.seed)
         # Every switch egress port: interface -> (switch, dpid, OpenFlow port).
         self.ports: Dict[str, Tuple[str, int, int]] = {}
         for link in self.plan.links:
             for node, port, intf in ((link.node1, link.port1, link.intf1),
                                      (link.node2, link.port2, link.intf2)):
-                if not self.plan.is_host(node) and (not cfg.get("nodes")
-                                                    or node in cfg["nodes"]):
+                if not self.plan.is_host(node) and (not cfg.nodes
+                                                    or node in cfg.nodes):
                     dpid = next(s.dpid for s in self.plan.switches if s.name == node)
                     self.ports[intf] = (node, dpid, port)  # on this server (split fabrics)
         self.ecn_class = next((c for c in self.classes if c.ecn), None)
         self.pfc_class = next((c for c in self.classes if c.pfc), None)
         self.load_class = self.pfc_class or self.ecn_class or self.classes[0]
         # the class this emulator marks; none where the kernel's RED marks (testbed.shaping)
-        self.marks = self.ecn_class if cfg.get("ecn_marking", "sampled") == "sampled" else None
+        self.marks = self.ecn_class if cfg.ecn_marking == "sampled" else None
         self.watch: Optional[Dict[int, List[int]]] = (
-            {int(d): ports for d, ports in cfg["watch"].items()} if cfg.get("watch") else None)
+            {d: list(ports) for d, ports in cfg.watch.items()} if cfg.watch else None)
         # The classes a sample acts on (marking, PFC, adaptive routing's load): sampled every
         # interval; every class, for the timeline and the largest backlogs, every window.
         # Where nothing acts, only the window's samples are taken.
@@ -237,7 +235,7 @@ class Emulator:
         if self.watch:
             acting[self.load_class.minor] = self.load_class
         self.acting = tuple(acting.values())
-        frame_ns = self.frame * 8e9 / (cfg["host_rate_mbit"] * 1e6)
+        frame_ns = self.frame * 8e9 / (cfg.host_rate_mbit * 1e6)
         self.window_ns = int(TIMELINE_FRAMES * frame_ns)
         self.tick_ns = self.interval_ns if self.acting else self.window_ns
         # every class (largest backlogs, the counters' check): each window where nothing
@@ -257,7 +255,7 @@ class Emulator:
         self.bias: List[int] = [0] * len(self.ports)  # counted - true, after a queue dropped
         self.last_drops: Dict[str, int] = {}
         self.counter_errors: List[int] = []  # counted - true, per port and full sample
-        self.via = cfg.get("marking_via") or "openflow"
+        self.via = cfg.marking_via or "openflow"
         self.marking: Dict[str, bool] = {}
         self.marking_since: Dict[str, int] = {}
         self.marking_ns: Dict[str, int] = {}
@@ -294,7 +292,7 @@ class Emulator:
         self.nl.bind((0, 0))
         self.sockets.append(self.nl)
         self.clsact = Clsact(self.nl)  # the switch ports', for both programs
-        if self.cfg.get("queue_counting") == "bpf" and len(self.acting) == 1:
+        if self.cfg.queue_counting == "bpf" and len(self.acting) == 1:
             self._open_counters()
         if self.marks and self.via == "bpf":
             self.marker = Marker(self.port_order, class_dscps(self.marks, self.classes),
@@ -305,9 +303,9 @@ class Emulator:
                 self.marker.close()
                 raise FabricError(f"the ECN marking program could not be attached: {e}")
         openflow_marks = self.marks and self.via == "openflow"
-        if self.cfg.get("events") and (openflow_marks or self.watch):
-            self.events = Outbox(self.cfg["events"])
-        if self.pfc_class and self.cfg.get("pfc_listen"):
+        if self.cfg.events and (openflow_marks or self.watch):
+            self.events = Outbox(self.cfg.events)
+        if self.pfc_class and self.cfg.pfc_listen:
             self.relay = PfcRelay(self.cfg)
         if self.pfc_class:
             self._prepare_pauses()
@@ -320,7 +318,7 @@ class Emulator:
             for mine, far_node, far in ((link.intf1, link.node2, link.intf2),
                                         (link.intf2, link.node1, link.intf1)):
                 if mine in self.ports:
-                    peers[mine] = ((self.cfg["host_pids"][far_node]
+                    peers[mine] = ((self.cfg.host_pids[far_node]
                                     if self.plan.is_host(far_node) else None), far)
         counters = QueueCounters(self.port_order, class_dscps(self.acting[0], self.classes),
                                  peers, self.clsact)
@@ -349,20 +347,20 @@ class Emulator:
         else:
             fed = {f for intf, (node, _d, _p) in self.ports.items()
                    for f in self.pfc.feeders_of(Queue(node, intf))}
-        c, mtu = self.pfc_class, self.cfg["mtu"]
+        c, mtu = self.pfc_class, self.cfg.mtu
         handle = gate_handle(c) << 16
-        delayed = set(self.cfg.get("delayed", ()))
+        delayed = set(self.cfg.delayed)
         for q in sorted(fed, key=lambda q: (q.node, q.intf)):
             parent = tc_handle(gate_parent(c, q.intf in delayed))
             if self.plan.is_host(q.node):
                 if q.node not in host_socks:
-                    pid = self.cfg["host_pids"][q.node]
+                    pid = self.cfg.host_pids[q.node]
                     host_socks[q.node] = socket_in_netns(pid)
                     host_kicks[q.node] = socket_in_netns(pid, socket.AF_PACKET)[0]
                     self.sockets += [host_socks[q.node][0], host_kicks[q.node]]
                 sock, index = host_socks[q.node]
                 self.kick_socks[q] = host_kicks[q.node]
-                rate, buffer = self.cfg["host_rate_mbit"], self.cfg["nic_queue_bytes"]
+                rate, buffer = self.cfg.host_rate_mbit, self.cfg.nic_queue_bytes
             else:
                 sock, index = root, root_index
                 self.kick_socks[q] = root_kick
@@ -370,9 +368,9 @@ class Emulator:
             msgs = [tbf_message(index[q.intf], handle, parent, g.rate_bytes, g.burst, g.limit)
                     for g in (gate_params(rate, mtu, buffer, paused=True),
                               gate_params(rate, mtu, buffer, paused=False))]
-            self.pause_msgs[q] = (sock, msgs[0], msgs[1])
+            self.pause_msgs[q] = (sock, msgs[0], msgs[1])  # [PAUSE], [RESUME]
 
-    def _low_water(self, cfg: dict) -> int:
+    def _low_water(self, cfg: EmulatorConfig) -> int:
         """The backlog below which an acting queue cannot cross its lowest threshold within
         ``QUIET_SPACING`` + 1 intervals: at most every other port of the switch at line rate
         (plus the switch headroom) fills it while it drains at its own rate."""
@@ -384,9 +382,9 @@ class Emulator:
         ports: Dict[str, int] = {}
         for node, _d, _p in self.ports.values():
             ports[node] = ports.get(node, 0) + 1
-        fast = max(cfg["host_rate_mbit"], cfg["fabric_rate_mbit"]) * (
-            1 + cfg.get("switch_rate_headroom", 0.0))
-        slow = min(cfg["host_rate_mbit"], cfg["fabric_rate_mbit"])
+        fast = max(cfg.host_rate_mbit, cfg.fabric_rate_mbit) * (
+            1 + cfg.switch_rate_headroom)
+        slow = min(cfg.host_rate_mbit, cfg.fabric_rate_mbit)
         fill_bps = max(0.0, (max(ports.values()) - 1) * fast - slow) * 1e6
         grow = fill_bps / 8 * self.interval_ns * (QUIET_SPACING + 1) / 1e9
         return int(min(thresholds) - grow)
@@ -394,8 +392,8 @@ class Emulator:
     def _rate(self, intf: str) -> float:
         for link in self.plan.links:
             if intf in (link.intf1, link.intf2):
-                return (self.cfg["host_rate_mbit"] if link.kind == "host"
-                        else self.cfg["fabric_rate_mbit"])
+                return (self.cfg.host_rate_mbit if link.kind == "host"
+                        else self.cfg.fabric_rate_mbit)
         raise KeyError(intf)
 
     # --- one sample ---------------------------------------------------------------------------
@@ -522,8 +520,8 @@ class Emulator:
 
     def _pfc(self, backlog: List[int], now: int) -> None:
         pause, resume = self.pfc.update(dict(zip(self.queues, backlog)), now)
-        self._apply(pause, 1)
-        self._apply(resume, 2)
+        self._apply(pause, PAUSE)
+        self._apply(resume, RESUME)
         self.counters["pauses_sent"] += len(pause)
         self.counters["resumes_sent"] += len(resume)
 
@@ -539,7 +537,7 @@ class Emulator:
                 by_socket.setdefault(entry[0], []).append(entry[which])
         for sock, messages in by_socket.items():
             send_and_check(sock, messages)
-        if which == 2:  # resumed: make the kernel look at the queue now
+        if which == RESUME:  # make the kernel look at the queue now
             for q in queues:
                 if q in self.kick_socks:
                     self.kick_socks[q].sendto(KICK_FRAME, (q.intf, 0))
@@ -590,7 +588,7 @@ class Emulator:
     def finish(self) -> dict:
         now = time.time_ns()
         if self.pfc:
-            self._apply(list(self.pfc.paused_since), 2)  # leave nothing paused
+            self._apply(list(self.pfc.paused_since), RESUME)  # leave nothing paused
             self.pfc.finish(now)
         for intf in list(self.marking_since):
             self.marking_ns[intf] = self.marking_ns.get(intf, 0) + now - self.marking_since[intf]
@@ -672,7 +670,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent()
     with open(argv[0], encoding="utf-8") as f:
-        cfg = json.load(f)
+        cfg = EmulatorConfig.from_dict(json.load(f))
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
@@ -687,9 +685,9 @@ def main(argv=None) -> int:
         gc.freeze()
         gc.disable()
         emu.run(lambda: bool(stopping))
-        write_json_atomic(cfg["out"], emu.finish())
-        if cfg.get("timeline"):
-            emu.write_timeline(cfg["timeline"])
+        write_json_atomic(cfg.out, emu.finish())
+        if cfg.timeline:
+            emu.write_timeline(cfg.timeline)
     finally:
         emu.close()
     return 0
@@ -697,149 +695,3 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def merge_reports(reports: List[dict]) -> dict:
-    """One report from the emulators of a split fabric (one per server, each with its own
-    ports): counters and pause figures add up, per-port figures join, sampling cost is the
-    worst server's (pure)."""
-    reports = [r for r in reports if r]
-    if len(reports) <= 1:
-        return reports[0] if reports else {}
-    out = {"interval_us": reports[0]["interval_us"], "counters": {}, "max_backlog": {},
-           "ecn": {}, "pfc": {}, "pfc_pause_events": 0, "pfc_paused_ms": 0.0,
-           "sample_ms": {k: max(r["sample_ms"].get(k, 0.0) for r in reports)
-                         for k in ("mean", "p99", "max", "max_gap")},
-           "scheduling": ", ".join(sorted({r.get("scheduling", "normal") for r in reports})),
-           "servers": len(reports)}
-    for r in reports:
-        for k, v in r["counters"].items():
-            out["counters"][k] = out["counters"].get(k, 0) + v
-        for key in ("max_backlog", "ecn", "pfc"):
-            out[key].update(r.get(key) or {})
-        out["pfc_pause_events"] += r.get("pfc_pause_events", 0)
-        out["pfc_paused_ms"] = round(out["pfc_paused_ms"] + r.get("pfc_paused_ms", 0.0), 3)
-    return out
-
-
-class EmulatorProcess:
-    """The runner's handle on one ``python -m testbed.switchq`` process: here, or on a remote
-    server of a split fabric (started over ssh, its files in that server's workspace)."""
-
-    def __init__(self, policy, scenario, session, run_dir: str, private_dir: str, ledger,
-                 link_mtu: int, server: str = "localhost"):
-        t = scenario.topology
-        name = policy.name
-        fabric = session.fabric
-        self.server, self.fabric = server, fabric
-        at = "" if server == "localhost" else f"@{server}"
-        self.report_path = os.path.join(run_dir, f"switchq-{name}{at}.json")
-        self.timeline_path = os.path.join(run_dir, f"switchq-{name}{at}.timeline.csv")
-        self.log_path = os.path.join(run_dir, f"switchq-{name}{at}.log")
-        watch = policy.watched_ports() if policy.wants_queue_load else None
-        self.cfg = {
-            "plan": policy.plan.to_dict(),
-            "classes": [class_to_dict(c) for c in policy.traffic_classes()],
-            "host_pids": {h.name: session.fabric.netns_pid(h.name) for h in policy.plan.hosts},
-            "interval_us": scenario.sample_interval_us,
-            "events": session.controller.events_path,
-            "out": self.report_path,
-            "timeline": self.timeline_path,
-            "host_rate_mbit": t.host_rate_mbit, "fabric_rate_mbit": t.fabric_rate_mbit,
-            "nic_queue_bytes": t.nic_queue_bytes,
-            "switch_rate_headroom": scenario.emulation.switch_rate_headroom,
-            "delayed": session.fabric.delayed_interfaces(),
-            "ecn_marking": session.fabric.marking,
-            # the acting class's backlog from kernel counters, where the kernel runs them,
-            # every queue's far end is on this server and no delay line holds frames
-            # between the counted ends
-            "queue_counting": ("bpf" if fabric.caps.bpf_marking and not fabric.where
-                               and not fabric.delayed_interfaces() else "netlink"),
-            "marking_via": session.fabric.marking_via,
-            "mtu": link_mtu,
-            "watch": {str(d): p for d, p in watch.items()} if watch else None,
-        }
-        if fabric.where:  # a split fabric: this server's switches and hosts only
-            mine = [n for n, s in fabric.where.items() if s == server]
-            self.cfg["nodes"] = mine
-            self.cfg["host_pids"] = {h: p for h, p in self.cfg["host_pids"].items()
-                                     if h in mine}
-            listen, peers = fabric.pfc_sockets(server)
-            self.cfg.update(server=server, owner=fabric.where, pfc_listen=listen,
-                            pfc_peers=peers)
-        self.cfg_path = os.path.join(private_dir, f"switchq-{name}{at}.json")
-        self.ledger = ledger
-        self.proc = None
-        self.remote_pid = None
-        self.interval_us = 0  # what it samples, once started: how often, for which classes
-        self.acting: List[str] = []
-
-    def start(self, timeout: float = 20.0) -> None:
-        remote = self.server != "localhost"
-        if remote:  # its files live in the server's workspace; events reach the controller
-            ws = self.fabric.workspace  # through the socket the reverse tunnel forwards
-            base = ws.dir(self.server)
-            self.cfg.update(events=self.fabric.remote_events(self.server),
-                            out=f"{base}/switchq.json", timeline=f"{base}/switchq.csv")
-        with open(self.cfg_path, "w", encoding="utf-8") as f:
-            json.dump(self.cfg, f)
-        argv = [sys.executable, "-m", "testbed.switchq", self.cfg_path]
-        if remote:
-            from .cluster import ssh_command
-            path = self.fabric.workspace.put(self.server, self.cfg_path)
-            argv = ssh_command(self.fabric.ssh_user, self.server) + [
-                f"echo $$; exec {sys.executable} -m testbed.switchq {path}"]
-        log = open(self.log_path, "ab")
-        try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=log, start_new_session=True)
-        finally:
-            log.close()
-        self.ledger.add_pid(self.proc.pid)
-        if remote:
-            first = read_line(self.proc.stdout, timeout)
-            self.remote_pid = int(first) if first.isdigit() else None
-        line = read_line(self.proc.stdout, timeout).split()
-        if len(line) != 3 or line[0] != "ready":
-            self.stop()
-            raise FabricError(f"the switch-queue emulator did not start: {self.tail()}")
-        self.interval_us = int(line[1])
-        self.acting = [] if line[2] == "-" else line[2].split(",")
-
-    def check_alive(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise FabricError(f"the switch-queue emulator died (exit code "
-                                  f"{self.proc.returncode}): {self.tail()}")
-
-    def tail(self) -> str:
-        return log_tail(self.log_path)
-
-    def stop(self) -> Optional[dict]:
-        """Stop it; returns its report (None if it wrote none)."""
-        if self.proc is None:
-            return None
-        if self.remote_pid and self.proc.poll() is None:  # SIGTERM there: it writes its files
-            from .cluster import ssh_command
-            subprocess.run(ssh_command(self.fabric.ssh_user, self.server)
-                           + [f"kill -TERM {self.remote_pid}"], capture_output=True, timeout=30)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
-        stop_process(self.proc, timeout=10)
-        if self.proc.stdout:
-            self.proc.stdout.close()
-        if self.remote_pid:
-            try:
-                base = self.fabric.workspace.dir(self.server)
-                self.fabric.workspace.get(self.server, f"{base}/switchq.json",
-                                          self.report_path)
-                self.fabric.workspace.get(self.server, f"{base}/switchq.csv",
-                                          self.timeline_path)
-            except FabricError:
-                return None
-        try:
-            with open(self.report_path, encoding="utf-8") as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return None

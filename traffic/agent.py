@@ -50,12 +50,13 @@ import sys
 import termios
 import time
 from collections import defaultdict, deque
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from testbed.atomic import atomic_file
 from testbed.procutil import die_with_parent, in_netns, precise_timers, react_first
 
 from . import roce
+from .contract import AgentConfig, GpuConfig, Peer
 from .dcqcn import NotificationPoint, Parameters, ReactionPoint
 from .metrics import LagHistogram
 from .progress import Progress
@@ -123,22 +124,22 @@ class QueuePair:
                  "armed", "control_frames", "control_bytes", "limit", "limit_bps", "held",
                  "limit_log", "sent_log")
 
-    def __init__(self, gpu: "Gpu", peer: dict, index: int, now_ns: int):
+    def __init__(self, gpu: "Gpu", peer: Peer, index: int, now_ns: int):
         t = gpu.transport
-        q = t["qps_per_peer"]
+        q = t.qps_per_peer
         self.gpu = gpu
-        self.qpn = qp_number(gpu.rank, peer["rank"], index, q)
-        self.dqpn = qp_number(peer["rank"], gpu.rank, index, q)
-        self.peer = peer["rank"]
-        me = roce.Endpoint(gpu.cfg["mac"], gpu.cfg["ip"])
-        them = roce.Endpoint(peer["mac"], peer["ip"])
+        self.qpn = qp_number(gpu.rank, peer.rank, index, q)
+        self.dqpn = qp_number(peer.rank, gpu.rank, index, q)
+        self.peer = peer.rank
+        me = roce.Endpoint(gpu.cfg.mac, gpu.cfg.ip)
+        them = roce.Endpoint(peer.mac, peer.ip)
         sport = roce.udp_source_port(self.qpn)
-        self.conn = roce.Connection(me, them, sport, self.dqpn, tos=t["roce_tos"])
-        self.ack = roce.AckTemplate(roce.ack_frame(me, them, sport, self.dqpn, t["ack_tos"]))
-        self.cnp = roce.cnp_frame(me, them, sport, self.dqpn, t["cnp_tos"])
-        self.req = Requester(t["mtu"], t["rto_ns"], t["max_rto_ns"], t["retry_limit"])
-        self.resp = Responder(t["ack_every"], t["reorder_ns"])
-        dcqcn = t["congestion_control"] == "dcqcn"
+        self.conn = roce.Connection(me, them, sport, self.dqpn, tos=t.roce_tos)
+        self.ack = roce.AckTemplate(roce.ack_frame(me, them, sport, self.dqpn, t.ack_tos))
+        self.cnp = roce.cnp_frame(me, them, sport, self.dqpn, t.cnp_tos)
+        self.req = Requester(gpu.cfg.mtu, t.rto_ns, t.max_rto_ns, t.retry_limit)
+        self.resp = Responder(t.ack_every, t.reorder_ns)
+        dcqcn = t.congestion_control == "dcqcn"
         self.rp = ReactionPoint(gpu.dcqcn, now_ns=now_ns) if dcqcn else None
         self.np = NotificationPoint(gpu.dcqcn.cnp_interval_ns) if dcqcn else None
         self.next_tx_ns = 0
@@ -184,29 +185,27 @@ class QueuePair:
 class Gpu:
     """One emulated GPU host: its RNIC (sockets, QPs) and its training iterations."""
 
-    def __init__(self, config: dict, loop: "Loop"):
+    def __init__(self, config: GpuConfig, loop: "Loop"):
         self.cfg = config
         self.loop = loop
-        self.rank = config["rank"]
-        self.host = config["host"]
-        self.n = config["ranks"]
-        self.transport = dict(config["transport"])
-        self.transport["mtu"] = config["mtu"]
-        t = self.transport
-        self.dcqcn = Parameters.emulated(config["link_rate_bps"], t["dcqcn_timer_ns"],
-                                         t["dcqcn_byte_counter"], t["cnp_interval_ns"],
-                                         t["dcqcn_clamp_target"])
-        self.peers = {p["rank"]: p for p in config["peers"]}
-        self.rank_by_addr = {int.from_bytes(socket.inet_aton(p["ip"]), "big"): p["rank"]
-                             for p in config["peers"]}
-        self.addr = socket.inet_aton(config["ip"])
+        self.rank = config.rank
+        self.host = config.host
+        self.n = config.ranks
+        self.transport = t = config.transport
+        self.dcqcn = Parameters.emulated(config.link_rate_bps, t.dcqcn_timer_ns,
+                                         t.dcqcn_byte_counter, t.cnp_interval_ns,
+                                         t.dcqcn_clamp_target)
+        self.peers = {p.rank: p for p in config.peers}
+        self.rank_by_addr = {int.from_bytes(socket.inet_aton(p.ip), "big"): p.rank
+                             for p in config.peers}
+        self.addr = socket.inet_aton(config.ip)
         self.icrc_prefixes: Dict[tuple, int] = {}  # ICRC pseudo-header CRC per packet shape
-        self.progress = Progress(config["workloads"], self.rank, self.n, t["qps_per_peer"])
+        self.progress = Progress(config.workloads, self.rank, self.n, t.qps_per_peer)
         self.workloads = self.progress.workloads
         self.iterations = self.progress.iterations
-        self.spray = t["entropy"] == "per-packet"
+        self.spray = t.entropy == "per-packet"
         self.rng = random.Random(self.rank)
-        self.work_rng = random.Random(config.get("seed", 1) * 1_000_003 + self.rank)
+        self.work_rng = random.Random(config.seed * 1_000_003 + self.rank)
         self.qps: Dict[Tuple[int, int], QueuePair] = {}
         self.by_qpn: Dict[int, QueuePair] = {}
         self.active: List[QueuePair] = []  # QPs with data to send, in round-robin order
@@ -230,12 +229,12 @@ class Gpu:
         self.stamped = 0  # frames whose transmit timestamp came back: they left the NIC
         self.stamp_mark = 0  # ``stamped`` at the last housekeeping
         self.next_departure_ns = 0  # no frame leaves the NIC before this
-        self.ns_per_byte = 8e9 / config["link_rate_bps"]
+        self.ns_per_byte = 8e9 / config.link_rate_bps
         self.tx_pending: Dict[int, tuple] = {}  # key -> (sent_ns, bytes, kind)
         self.tx_log: List[tuple] = []  # (sent_ns, kernel transmit ns, bytes, kind)
         self.limiters: Optional[ratelimit.Limiters] = None  # DCQCN's rate limiters in the NIC
         self.holding: set = set()  # QPs whose limiter holds frames
-        self.full_frame = config["mtu"] + FRAME_OVERHEAD
+        self.full_frame = config.mtu + FRAME_OVERHEAD
         self.rate_sample_ns = int(RATE_SAMPLE_FRAMES * self.full_frame * self.ns_per_byte)
         self.mark = None  # progress seen by the stuck check, and since when
         self.mark_ns = 0
@@ -244,17 +243,17 @@ class Gpu:
     def open(self) -> None:
         """Both sockets inside the host's namespace; every QP connected up front, as a job
         would, with every frame shape it will send built now (ranks start in step)."""
-        limiter = self.transport.get("qp_limiter")
-        with in_netns(self.cfg["netns_pid"]):
-            self.tx = open_tx(self.cfg["intf"])
-            self.rx = open_rx(self.cfg["ip"], roce.ROCE_UDP_PORT)
+        limiter = self.transport.qp_limiter
+        with in_netns(self.cfg.netns_pid):
+            self.tx = open_tx(self.cfg.intf)
+            self.rx = open_rx(self.cfg.ip, roce.ROCE_UDP_PORT)
             if limiter:
                 nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)  # NETLINK_ROUTE
                 nl.bind((0, 0))
                 self.limiters = ratelimit.Limiters(
-                    nl, socket.if_nametoindex(self.cfg["intf"]), limiter["major"],
-                    limiter["open_bytes"], limiter["burst"], limiter["quantum"])
-        self.receiver = nicio.Receiver(self.rx, self.cfg["ip"])
+                    nl, socket.if_nametoindex(self.cfg.intf), limiter.major,
+                    limiter.open_bytes, limiter.burst, limiter.quantum)
+        self.receiver = nicio.Receiver(self.rx, self.cfg.ip)
         # the receive path's common case, delivered where the packets are parsed
         self.fast = (self.by_qpn, self.rank_by_addr, self.packets, self.rank, self.iterations,
                      PROBE_CLOCK_SLACK_NS)
@@ -262,9 +261,9 @@ class Gpu:
         self.stamps = nicio.Stamps(self.tx)
         now = time.time_ns()
         for peer in self.peers.values():
-            for i in range(self.transport["qps_per_peer"]):
-                self.qp(peer["rank"], i, now)
-        mtu = self.transport["mtu"]
+            for i in range(self.transport.qps_per_peer):
+                self.qp(peer.rank, i, now)
+        mtu = self.cfg.mtu
         for w in self.workloads:
             for t in w.sends:
                 for i, part in enumerate(self.progress.parts(t.nbytes)):
@@ -283,8 +282,8 @@ class Gpu:
         for n, key in enumerate(senders):
             qp = self.qp(*key)
             qp.limit = n
-            entries.append((n, self.peers[qp.peer]["ip"], qp.dqpn))
-        self.limiters.create(entries, self.transport["roce_tos"])
+            entries.append((n, self.peers[qp.peer].ip, qp.dqpn))
+        self.limiters.create(entries, self.transport.roce_tos)
 
     def close(self) -> None:
         for s in (self.tx, self.rx, self.limiters):
@@ -682,19 +681,18 @@ class Gpu:
 
     def _compute_time(self) -> Tuple[int, int]:
         """(compute phase, straggler delay) of the next iteration, in ns."""
-        c = self.cfg.get("compute") or {}
         rng = self.work_rng
-        compute = c.get("ns", 0)
-        jitter = c.get("jitter_ns", 0)
+        compute = self.cfg.compute.ns
+        jitter = self.cfg.compute.jitter_ns
         if jitter:
             compute = max(0, int(compute + rng.uniform(-jitter, jitter)))
-        st = self.cfg.get("straggler")
+        st = self.cfg.straggler
         delay = 0
-        if st and rng.random() < st["probability"]:
-            mean = st["delay_ns"]
-            if st["distribution"] == "uniform":
+        if st and rng.random() < st.probability:
+            mean = st.delay_ns
+            if st.distribution == "uniform":
                 delay = int(rng.uniform(0, 2 * mean))
-            elif st["distribution"] == "exponential":
+            elif st.distribution == "exponential":
                 delay = int(rng.expovariate(1 / mean)) if mean > 0 else 0
             else:
                 delay = int(mean)
@@ -793,7 +791,7 @@ class Gpu:
 class Loop:
     """One epoll set and one timer for every GPU of this process."""
 
-    def __init__(self, configs: List[dict], out=sys.stdout, commands: int = 0,
+    def __init__(self, configs: Sequence[GpuConfig], out=sys.stdout, commands: int = 0,
                  scheduling: str = "normal"):
         self.out, self.commands = out, commands
         self.scheduling = scheduling  # how the process got the CPU (on_time), for the records
@@ -803,7 +801,7 @@ class Loop:
         self.heap = TimerHeap()
         self.gpus = [Gpu(c, self) for c in configs]
         # a full frame's time at the fastest GPU NIC
-        self.frame_ns = min(int((c["mtu"] + FRAME_OVERHEAD) * 8e9 / c["link_rate_bps"])
+        self.frame_ns = min(int((c.mtu + FRAME_OVERHEAD) * 8e9 / c.link_rate_bps)
                             for c in configs)
         self.moderation_ns = int(MODERATION_SHARE * self.frame_ns)
         self.by_fd: Dict[int, Gpu] = {}  # receive socket -> its GPU
@@ -1000,12 +998,12 @@ def main(argv=None) -> int:
         print("usage: python -m traffic.agent CONFIG.json", file=sys.stderr)
         return 2
     with open(argv[0]) as f:
-        config = json.load(f)
-    loop = Loop(config["gpus"], commands=sys.stdin.fileno(), scheduling=scheduling)
+        config = AgentConfig.from_dict(json.load(f))
+    loop = Loop(config.gpus, commands=sys.stdin.fileno(), scheduling=scheduling)
     # the kernel may merge a wake-up with other timers this much later: an eighth of what
     # the fidelity monitor allows timers to be late (a quarter of a frame time)
     precise_timers(max(1000, loop.frame_ns // 32))
-    hosts = ", ".join(g["host"] for g in config["gpus"])
+    hosts = ", ".join(g.host for g in config.gpus)
     try:
         loop.open()
         # Cyclic garbage collection pauses the loop for milliseconds once the records grow;
@@ -1019,7 +1017,7 @@ def main(argv=None) -> int:
             print(f"agent of {hosts}: expected 'go <start_ns>', got {line!r}", file=sys.stderr)
             return 1
         loop.run(int(line[1]))
-        loop.write_records(config["out_dir"])
+        loop.write_records(config.out_dir)
         print("done", flush=True)
         return 0
     except RetryExceeded as e:

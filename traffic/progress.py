@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from functools import lru_cache
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from .collectives import Collective, Transfer, build, chunk_sizes
+from .contract import WorkloadSpec
 
 
 @lru_cache(maxsize=None)
@@ -35,13 +36,13 @@ def schedule(name: str, n: int, size: int, chunks: int, group: int
 class Workload:
     """One collective at one size, replayed for some iterations: this rank's part of it."""
 
-    def __init__(self, spec: dict, index: int, rank: int, n: int, first_iteration: int):
+    def __init__(self, spec: WorkloadSpec, index: int, rank: int, n: int, first_iteration: int):
         self.index = index
-        self.collective, sends, receives = schedule(
-            spec["collective"], n, spec["size"], spec.get("chunks", 1), spec.get("group", 1))
+        self.collective, sends, receives = schedule(spec.collective, n, spec.size, spec.chunks,
+                                                    spec.group)
         self.name = self.collective.name
-        self.size = spec["size"]
-        self.iterations = range(first_iteration, first_iteration + spec["iterations"])
+        self.size = spec.size
+        self.iterations = range(first_iteration, first_iteration + spec.iterations)
         self.sends: List[Transfer] = sends.get(rank, [])
         self.receives: Dict[Tuple[int, int], Transfer] = {
             t.ref: t for t in receives.get(rank, ())}
@@ -57,7 +58,7 @@ def split(nbytes: int, qps: int) -> List[int]:
 class Progress:
     """This rank's transfers across all iterations of all its workloads."""
 
-    def __init__(self, workloads: List[dict], rank: int, n: int, qps_per_peer: int):
+    def __init__(self, workloads: Sequence[WorkloadSpec], rank: int, n: int, qps_per_peer: int):
         self.rank = rank
         self.qps = qps_per_peer
         self._parts: Dict[int, List[int]] = {}  # transfer size -> message sizes, read only
@@ -65,7 +66,7 @@ class Progress:
         first = 0
         for i, spec in enumerate(workloads):
             self.workloads.append(Workload(spec, i, rank, n, first))
-            first += spec["iterations"]
+            first += spec.iterations
         self.iterations = first
         self.workload_of = [w for w in self.workloads for _ in w.iterations]
         self.current = -1

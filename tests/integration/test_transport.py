@@ -127,7 +127,7 @@ for cmd in ("ip link add bench0 type veth peer name bench1", "ip link set bench0
             "ip link set bench1 up", "ip addr add 10.0.1.1/16 dev bench0"):
     subprocess.run(cmd.split(), check=True)
 agent = make_agent(1024)
-agent.transport["congestion_control"] = "dcqcn"
+agent.transport = replace(agent.transport, congestion_control="dcqcn")
 qp = agent.qp(1, 0)
 # the NIC is an unshaped veth; DCQCN runs as on a 40 Mb/s link
 qp.rp = ReactionPoint(replace(agent.dcqcn, line_rate_bps=40e6), now_ns=time.time_ns())

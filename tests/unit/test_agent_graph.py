@@ -1,17 +1,18 @@
 """The agent runs a collective as a dependency graph (no sockets: logic only)."""
 import statistics
+from dataclasses import replace
 
 import pytest
 
 from traffic import metrics
 from traffic.agent import TIMER_KINDS, Gpu
+from traffic.contract import Compute, GpuConfig, Peer, Straggler, Transport, WorkloadSpec
 from traffic.progress import Progress
 
-TRANSPORT = {"congestion_control": "none", "qps_per_peer": 1, "entropy": "per-qp",
-             "ack_every": 16, "rto_ns": 10**8, "max_rto_ns": 8 * 10**8, "retry_limit": 7,
-             "reorder_ns": 0, "dcqcn_timer_ns": 10**7, "dcqcn_byte_counter": 256000,
-             "dcqcn_clamp_target": False,
-             "cnp_interval_ns": 10**7, "roce_tos": 106, "ack_tos": 104, "cnp_tos": 192}
+TRANSPORT = Transport(congestion_control="none", qps_per_peer=1, entropy="per-qp", ack_every=16,
+                      rto_ns=10**8, max_rto_ns=8 * 10**8, retry_limit=7, reorder_ns=0,
+                      dcqcn_timer_ns=10**7, dcqcn_byte_counter=256000, dcqcn_clamp_target=False,
+                      cnp_interval_ns=10**7, roce_tos=106, ack_tos=104, cnp_tos=192)
 
 
 class _Loop:
@@ -29,22 +30,21 @@ class _Loop:
 
 def _agent(rank=1, n=4, collective="ring", size=4096, chunks=1, straggler=None, compute=None,
            qps=1):
-    peers = [{"rank": r, "host": f"gpu{r + 1}", "ip": f"10.0.1.{r + 1}",
-              "mac": "02:00:0a:00:01:%02x" % (r + 1)} for r in range(n)]
+    peers = [Peer(r, f"gpu{r + 1}", f"10.0.1.{r + 1}", "02:00:0a:00:01:%02x" % (r + 1))
+             for r in range(n)]
     me = peers[rank]
-    cfg = {"rank": rank, "host": me["host"], "intf": "x", "ip": me["ip"], "mac": me["mac"],
-           "ranks": n, "mtu": 1024, "link_rate_bps": 40e6, "out_dir": "/nonexistent",
-           "transport": dict(TRANSPORT, qps_per_peer=qps), "seed": 1,
-           "workloads": [{"collective": collective, "size": size, "iterations": 2,
-                          "chunks": chunks, "group": 1}],
-           "compute": compute or {"ns": 0, "jitter_ns": 0}, "straggler": straggler,
-           "peers": [p for p in peers if p["rank"] != rank]}
+    cfg = GpuConfig(rank=rank, host=me.host, intf="x", ip=me.ip, mac=me.mac, ranks=n,
+                    mtu=1024, link_rate_bps=40e6, out_dir="/nonexistent",
+                    transport=replace(TRANSPORT, qps_per_peer=qps), seed=1,
+                    workloads=(WorkloadSpec(collective, size, 2, chunks, 1),),
+                    compute=Compute(**(compute or {})),
+                    straggler=Straggler(**straggler) if straggler else None,
+                    peers=tuple(p for p in peers if p.rank != rank))
     return Gpu(cfg, _Loop())
 
 
 def _progress(rank=1, n=4, collective="ring", size=4096):
-    return Progress([{"collective": collective, "size": size, "iterations": 2, "chunks": 1,
-                      "group": 1}], rank, n, 1)
+    return Progress([WorkloadSpec(collective, size, 2, 1, 1)], rank, n, 1)
 
 
 class _Posting:

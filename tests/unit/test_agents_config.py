@@ -1,11 +1,28 @@
+import dataclasses
+import json
+
 from controllers.policy import make_policy
-from testbed.agents import (agent_configs, expected_duration_s, finish_timeout_s,
-                            transport_config)
+from testbed.agents import agent_configs as typed_agent_configs
+from testbed.agents import expected_duration_s, finish_timeout_s
+from testbed.agents import transport_config as typed_transport_config
 from testbed.config import Scenario
 from testbed.topology import FabricPlan
 from traffic.agent import qp_number
 
 PLAN = FabricPlan(2, 4, 2)
+
+
+def wire(contract):
+    """A contract as the agent process receives it (JSON)."""
+    return json.loads(json.dumps(dataclasses.asdict(contract)))
+
+
+def agent_configs(*args):
+    return [wire(c) for c in typed_agent_configs(*args)]
+
+
+def transport_config(*args):
+    return wire(typed_transport_config(*args))
 
 
 def test_one_config_per_gpu_with_all_peers():

@@ -9,11 +9,13 @@ import socket
 import struct
 import time
 import zlib
+from dataclasses import replace
 
 import pytest
 
 from traffic import nicio, roce
 from traffic.agent import Gpu, qp_number
+from traffic.contract import Compute, GpuConfig, Peer, WorkloadSpec
 from traffic.rxsocket import open_rx
 
 from .test_agent_graph import _Loop, TRANSPORT
@@ -110,13 +112,11 @@ def test_fill_send_writes_the_frame_the_template_fills():
 
 def _gpu():
     """A GPU (rank 0 of 2) whose receive socket is loopback UDP; its peer is rank 1."""
-    peers = [{"rank": 1, "host": "gpu2", "ip": PEER, "mac": "02:00:00:00:00:02"}]
-    cfg = {"rank": 0, "host": "gpu1", "intf": "x", "ip": ME, "mac": "02:00:00:00:00:01",
-           "ranks": 2, "mtu": 1024, "link_rate_bps": 40e6,
-           "transport": dict(TRANSPORT, ack_every=8), "seed": 1,
-           "workloads": [{"collective": "ring", "size": 1 << 16, "iterations": 3, "chunks": 2,
-                          "group": 1}],
-           "compute": {"ns": 0, "jitter_ns": 0}, "straggler": None, "peers": peers}
+    cfg = GpuConfig(rank=0, host="gpu1", intf="x", ip=ME, mac="02:00:00:00:00:01", ranks=2,
+                    mtu=1024, link_rate_bps=40e6, out_dir="/nonexistent",
+                    transport=replace(TRANSPORT, ack_every=8), seed=1,
+                    workloads=(WorkloadSpec("ring", 1 << 16, 3, 2, 1),), compute=Compute(),
+                    straggler=None, peers=(Peer(1, "gpu2", PEER, "02:00:00:00:00:02"),))
     gpu = Gpu(cfg, _Loop())
     gpu.qp(1, 0)
     return gpu

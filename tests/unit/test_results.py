@@ -1,15 +1,17 @@
 import csv
+import dataclasses
 import json
 import os
 
 import pytest
 
-from testbed.report import fidelity_warnings, summary_table, sweep_table
 from testbed.atomic import write_json_atomic
+from testbed.report import fidelity_warnings, summary_table, sweep_table
 from testbed.results import Mechanisms, RunContext, collect
 from traffic.agent import ITERATION_FIELDS, PACKET_FIELDS
+from traffic.contract import WorkloadSpec
 
-RING = {"collective": "ring", "size": 300, "iterations": 1, "chunks": 1, "group": 1}
+RING = WorkloadSpec("ring", size=300, iterations=1, chunks=1, group=1)
 
 
 def _csv(path, header, rows):
@@ -79,7 +81,7 @@ def test_absent_mechanisms_are_null_and_present_ones_zero(tmp_path):
 
 def test_a_sweep_gives_one_entry_per_size(tmp_path):
     d = str(tmp_path)
-    big = dict(RING, size=600)
+    big = dataclasses.replace(RING, size=600)
     _agent(d, "gpu1", 0, [(1, 0, 0, 150, 1000, 2000, 0), (1, 0, 1, 300, 9000, 9500, 1)],
            [(0, 0, 300, 1000, 5000), (1, 1, 600, 6000, 16000)], tx_packets=2)
     _agent(d, "gpu2", 1, [(0, 1, 0, 150, 1000, 2000, 0), (0, 1, 1, 300, 9000, 9600, 1)],

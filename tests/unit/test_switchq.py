@@ -1,4 +1,4 @@
-from testbed.switchq import merge_reports
+from testbed.switchq_handle import merge_reports
 
 
 def report(scheduling, gap, late, pauses):

@@ -131,8 +131,8 @@ def test_time_constants_are_the_modelled_fabrics_and_scale_with_the_run():
         s = Scenario.from_dict(spec).with_host_rate(rate)
         t = transport_config(s, make_policy("lossless", plan, s))
         cfg = agent_configs(plan, s, "/tmp/x", make_policy("lossless", plan, s))[1]
-        at[rate] = (t["rto_ns"], t["dcqcn_timer_ns"], t["cnp_interval_ns"],
-                    cfg["compute"]["ns"], cfg["straggler"]["delay_ns"])
+        at[rate] = (t.rto_ns, t.dcqcn_timer_ns, t.cnp_interval_ns,
+                    cfg.compute.ns, cfg.straggler.delay_ns)
     assert at[40] == (250_000_000, 20_000_000, 20_000_000, 20_000_000, 5_000_000)
     assert at[20] == tuple(2 * v for v in at[40])  # half the rate: twice the emulated time
     s = Scenario.from_dict({"background": {"noisy_neighbour": {"rate_gbit": 37.5}}})

@@ -1,0 +1,40 @@
+"""What the runner tells the controller process: the policy, the fabric it programs, the
+policy's parameters and the emulation's context. A frozen dataclass, JSON on the wire (the
+policy file); built from the configured policy in the runner (``testbed.controller``), read
+by the os-ken app (``controllers.app``)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict
+
+from testbed.topology import FabricPlan
+
+from .params import resolve
+from .policy import FabricContext, Policy, policy_class
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    policy: str
+    plan: FabricPlan
+    params: Dict[str, Any]  # as resolved in the runner (defaults, scaling, overrides)
+    context: FabricContext
+
+    @classmethod
+    def of(cls, policy: Policy) -> "ControllerConfig":
+        return cls(policy.name, policy.plan, policy.params_dict(), policy.context)
+
+    def to_dict(self) -> dict:
+        return {"policy": self.policy, "plan": self.plan.to_dict(), "params": self.params,
+                "context": dataclasses.asdict(self.context)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ControllerConfig":
+        return cls(data["policy"], FabricPlan.from_dict(data["plan"]), dict(data["params"]),
+                   FabricContext(**data["context"]))
+
+    def build(self) -> Policy:
+        """The policy core the runner configured, again in this process."""
+        params = resolve(self.policy, self.params, self.context.modelled_gbit, self.context.mtu)
+        return policy_class(self.policy)(self.plan, params, self.context)

@@ -1,0 +1,75 @@
+"""The typed contracts between the runner and its child processes survive the wire (JSON)
+unchanged, and a config that does not match the contract is refused, not half-read."""
+import dataclasses
+import json
+
+import pytest
+
+from controllers.contract import ControllerConfig
+from controllers.policy import make_policy, policy_names
+from testbed.agents import agent_configs
+from testbed.config import Scenario
+from testbed.topology import FabricPlan
+from traffic.contract import AgentConfig, GpuConfig
+
+PLAN = FabricPlan(2, 4, 2)
+
+
+def over_the_wire(data: dict) -> dict:
+    return json.loads(json.dumps(data))
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_the_controller_rebuilds_the_policy_the_runner_configured(name):
+    s = Scenario.from_dict({"workload": {"mtu": 1024},
+                            "topology": {"oversubscription": 2}}).for_checks()
+    policy = make_policy(name, PLAN, s)
+    again = ControllerConfig.from_dict(over_the_wire(ControllerConfig.of(policy).to_dict()))
+    rebuilt = again.build()
+    assert rebuilt.params == policy.params and rebuilt.context == policy.context
+    assert rebuilt.plan.to_dict() == policy.plan.to_dict()
+    for sw in PLAN.switches:
+        assert rebuilt.switch_connected(sw.dpid) == policy.switch_connected(sw.dpid)
+
+
+@pytest.mark.parametrize("name", ["hyperscale", "lossless"])
+def test_an_agent_reads_back_the_configs_the_runner_wrote(name):
+    s = Scenario.from_dict({"workload": {"sizes": [65536, 131072], "compute_us": 1,
+                                         "stragglers": {"ranks": [3], "delay_us": 2}}}
+                           ).for_checks()
+    gpus = tuple(dataclasses.replace(c, netns_pid=1000 + c.rank)
+                 for c in agent_configs(PLAN, s, "/tmp/x", make_policy(name, PLAN, s)))
+    config = AgentConfig(gpus, "/tmp/records")
+    assert AgentConfig.from_dict(over_the_wire(config.to_dict())) == config
+    # lossless runs DCQCN: its rate limiters' settings travel as a nested contract
+    assert (config.gpus[0].transport.qp_limiter is not None) == (name == "lossless")
+
+
+def test_a_config_with_a_key_the_contract_does_not_have_is_refused():
+    s = Scenario.from_dict({}).for_checks()
+    wire = over_the_wire(agent_configs(PLAN, s, "/x", make_policy("hyperscale", PLAN, s))[0]
+                         .to_dict())
+    GpuConfig.from_dict(wire)
+    with pytest.raises(TypeError, match="unknown keys"):
+        GpuConfig.from_dict(dict(wire, colour="red"))
+    with pytest.raises(TypeError):
+        GpuConfig.from_dict({k: v for k, v in wire.items() if k != "transport"})
+
+
+def test_the_emulator_reads_back_its_config():
+    from testbed.switchq_contract import EmulatorConfig
+
+    s = Scenario.from_dict({}).for_checks()
+    policy = make_policy("lossless", PLAN, s)  # adaptive routing: watched ports
+    cfg = EmulatorConfig(plan=PLAN, classes=tuple(policy.traffic_classes()),
+                         interval_us=1000.0, mtu=4196, host_rate_mbit=40.0,
+                         fabric_rate_mbit=40.0, nic_queue_bytes=96000, out="/x/q.json",
+                         host_pids={h.name: 100 + i for i, h in enumerate(PLAN.hosts)},
+                         delayed=("lf1-eth1",), ecn_marking=None,
+                         watch={d: tuple(p) for d, p in policy.watched_ports().items()},
+                         nodes=("lf1", "sp1"), server="b", owner={"lf1": "b"})
+    again = EmulatorConfig.from_dict(over_the_wire(cfg.to_dict()))
+    assert again.plan.to_dict() == cfg.plan.to_dict()
+    assert dataclasses.replace(again, plan=cfg.plan) == cfg
+    with pytest.raises(TypeError, match="unknown keys"):
+        EmulatorConfig.from_dict(dict(cfg.to_dict(), interval_ms=1))

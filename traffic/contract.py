@@ -1,0 +1,136 @@
+"""What the runner tells an agent process: the GPUs it serves and where it writes their
+records. Frozen dataclasses, JSON on the wire (``to_dict`` / ``from_dict``); built by pure
+functions in the runner (``testbed.agents.agent_configs``), read by ``traffic.agent``.
+
+Times are emulated nanoseconds (the runner has applied the time scale); rates bit/s.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+
+@dataclass(frozen=True)
+class QpLimiter:
+    """DCQCN's per-QP rate limiters on the GPU NIC (``traffic.ratelimit``): the HTB qdisc of
+    the class RoCE data travels in, and its QP classes' settings (``testbed.shaping``)."""
+    major: int
+    open_bytes: int
+    burst: int
+    quantum: int
+
+
+@dataclass(frozen=True)
+class Transport:
+    """The NIC's RC transport and congestion control, the same for every GPU of a run."""
+    congestion_control: str  # "dcqcn" or "none"
+    qps_per_peer: int
+    entropy: str  # "per-qp" or "per-packet"
+    ack_every: int
+    rto_ns: int
+    max_rto_ns: int
+    retry_limit: int
+    reorder_ns: int  # per-packet entropy: how long a gap may wait before it is NAKed
+    dcqcn_timer_ns: int
+    dcqcn_byte_counter: int
+    dcqcn_clamp_target: bool
+    cnp_interval_ns: int
+    roce_tos: int
+    ack_tos: int
+    cnp_tos: int
+    qp_limiter: Optional[QpLimiter] = None  # None: no DCQCN, nothing to pace
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """One collective the GPU replays (a size sweep has one per size)."""
+    collective: str
+    size: int
+    iterations: int
+    chunks: int = 1
+    group: int = 1  # GPUs per leaf (the hierarchical collective's groups)
+
+
+@dataclass(frozen=True)
+class Compute:
+    ns: int = 0  # each iteration's compute phase
+    jitter_ns: int = 0
+
+
+@dataclass(frozen=True)
+class Straggler:
+    delay_ns: int
+    distribution: str  # "fixed", "uniform" or "exponential"
+    probability: float
+
+
+@dataclass(frozen=True)
+class Peer:
+    rank: int
+    host: str
+    ip: str
+    mac: str
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    rank: int
+    host: str
+    intf: str
+    ip: str
+    mac: str
+    ranks: int
+    workloads: Tuple[WorkloadSpec, ...]
+    mtu: int  # RoCE path MTU
+    compute: Compute
+    straggler: Optional[Straggler]
+    seed: int
+    transport: Transport
+    link_rate_bps: float
+    out_dir: str
+    peers: Tuple[Peer, ...]
+    netns_pid: int = 0  # the host's namespace, known once the fabric is up
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "GpuConfig":
+        return _load(cls, data)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """One agent process: its GPUs (one event loop serves them all) and its records' folder."""
+    gpus: Tuple[GpuConfig, ...]
+    out_dir: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "AgentConfig":
+        return _load(cls, data)
+
+
+def _load(tp: Any, value: Any) -> Any:
+    """``value`` (from JSON) as type ``tp``: dataclasses, Optional and Tuple[X, ...] nested."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return None
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        return _load(tp, value)
+    if origin is tuple:
+        item = typing.get_args(tp)[0]
+        return tuple(_load(item, v) for v in value)
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        names = {f.name for f in dataclasses.fields(tp)}
+        unknown = set(value) - names
+        if unknown:
+            raise TypeError(f"{tp.__name__}: unknown keys {sorted(unknown)}")
+        return tp(**{k: _load(hints[k], v) for k, v in value.items()})
+    return value
