@@ -159,8 +159,8 @@ def inner(args) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--policy", default="lossless", choices=("enterprise", "hyperscale",
-                                                            "lossless"))
+    from controllers.policy import policy_names
+    p.add_argument("--policy", default="lossless", choices=policy_names())
     p.add_argument("--samples", type=int, default=2000)
     p.add_argument("--json", action="store_true")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
