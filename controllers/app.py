@@ -69,10 +69,8 @@ class QueueEvent(event.EventBase):
 
 
 def where(thread, depth: int = 6) -> str:
-    """The innermost frames of one of os-ken's threads (native, os-ken's default hub, or a
-    green thread), on one line."""
-    frame = (sys._current_frames().get(thread.ident) if hasattr(thread, "ident")
-             else getattr(thread, "gr_frame", None))
+    """The innermost frames one of os-ken's (native) threads is in, on one line."""
+    frame = sys._current_frames().get(getattr(thread, "ident", None))
     if frame is None:
         return "(not running)"
     return " < ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"

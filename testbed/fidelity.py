@@ -226,7 +226,7 @@ def cpu_counters() -> Tuple[float, float]:
     return sum(cpu.values()), cpu["idle"] + cpu["iowait"]
 
 
-def busy_between(last: Tuple[int, int], now: Tuple[int, int]) -> Optional[float]:
+def busy_between(last: Tuple[float, float], now: Tuple[float, float]) -> Optional[float]:
     """The CPUs' busy share between two ``cpu_counters`` readings (None: no time passed)."""
     total, idle = now[0] - last[0], now[1] - last[1]
     return 1.0 - idle / total if total > 0 else None

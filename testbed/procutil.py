@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -104,8 +105,6 @@ def react_first(nice: int, slice_ns: int = MIN_SLICE_NS) -> str:
 def read_line(stream, timeout: float) -> str:
     """The next line a child writes to ``stream`` (its stdout pipe), stripped; "" if none
     comes within ``timeout`` seconds - how a child says it is ready."""
-    import select
-
     ready, _, _ = select.select([stream], [], [], timeout)
     line = stream.readline() if ready else b""
     return (line.decode(errors="replace") if isinstance(line, bytes) else line).strip()

@@ -23,6 +23,7 @@ from . import __version__
 from traffic.collectives import ScheduleError
 from traffic.collectives import build as build_collective
 
+from .atomic import write_json_atomic
 from .agents import (AgentGroup, congestion_control, expected_duration_s, finish_timeout_s,
                      qp_limiter, workload_specs)
 from .background import Background, background_plan
@@ -41,7 +42,6 @@ from .fidelity import CpuSampler, evaluate
 from .hops import hop_model, path_floor_us
 from .rxe import RxeTraffic, endpoints as rxe_endpoints, require as require_rxe
 from .shaping import link_mtu, marking_method, marking_via
-from .atomic import write_json_atomic
 from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled
 from .switchq_handle import EmulatorProcess, merge_reports
 from .topology import FabricPlan
@@ -378,6 +378,7 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
     t, plan = scenario.topology, policy.plan
     classes = policy.traffic_classes()
     with contextlib.ExitStack() as stack:
+        limiter = qp_limiter(scenario, policy)
         ctl = ControllerProcess(policy, run_dir, ledger.private_dir, ledger)
         stack.callback(_shielded_call, ctl.stop)
         say("starting the controller")
@@ -391,7 +392,7 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
                         events_path=ctl.events_path, cluster_link=scenario.cluster.link,
                         hops=hop_model(scenario, policy.params),
                         marking=ecn_marking(scenario, policy, caps),
-                        qp_limiters=getattr(qp_limiter(scenario, policy), "major", None))
+                        qp_limiters=limiter.major if limiter else None)
         if where:
             say("placement: " + "; ".join(
                 f"{server}: {len(nodes)} nodes" for server, nodes in

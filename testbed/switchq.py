@@ -255,7 +255,7 @@ class Emulator:
         self.bias: List[int] = [0] * len(self.ports)  # counted - true, after a queue dropped
         self.last_drops: Dict[str, int] = {}
         self.counter_errors: List[int] = []  # counted - true, per port and full sample
-        self.via = cfg.marking_via or "openflow"
+        self.via = cfg.marking_via
         self.marking: Dict[str, bool] = {}
         self.marking_since: Dict[str, int] = {}
         self.marking_ns: Dict[str, int] = {}
@@ -382,8 +382,7 @@ class Emulator:
         ports: Dict[str, int] = {}
         for node, _d, _p in self.ports.values():
             ports[node] = ports.get(node, 0) + 1
-        fast = max(cfg.host_rate_mbit, cfg.fabric_rate_mbit) * (
-            1 + cfg.switch_rate_headroom)
+        fast = max(cfg.host_rate_mbit, cfg.fabric_rate_mbit) * (1 + cfg.switch_rate_headroom)
         slow = min(cfg.host_rate_mbit, cfg.fabric_rate_mbit)
         fill_bps = max(0.0, (max(ports.values()) - 1) * fast - slow) * 1e6
         grow = fill_bps / 8 * self.interval_ns * (QUIET_SPACING + 1) / 1e9
