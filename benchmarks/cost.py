@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from testbed import catalog, cost, runner  # noqa: E402
 from testbed.capabilities import detect  # noqa: E402
 from testbed.ledger import Ledger  # noqa: E402
+from testbed.runplan import decide  # noqa: E402
 
 ROW_NAMES = {"agents": "GPU agents (floor: raw sender)", "open_vswitch": "Open vSwitch",
              "switch_queue_emulator": "switch-queue emulator", "controller": "controller",
@@ -79,7 +80,7 @@ def run_floor(scenario, name: str, records_dir: str, work: str) -> dict:
     """The floor of one policy: its fabric, the frames of its run, the cost."""
     caps = detect()
     plan = runner.validate(scenario)
-    policy = runner.configured_policy(name, plan, scenario, caps)
+    run = decide(name, plan, scenario, caps)
     frames = floor_frames(records_dir, plan)
     expect = defaultdict(int)
     for host, dsts in frames.items():
@@ -89,7 +90,7 @@ def run_floor(scenario, name: str, records_dir: str, work: str) -> dict:
     ledger = Ledger(runner.new_run_id())
     ledger.acquire(work)
     try:
-        with runner.fabric_up(policy, scenario, caps, work, ledger) as session:
+        with runner.fabric_up(run, caps, work, ledger) as session:
             gpus = [{"host": h.name, "intf": h.intf, "ip": h.ip, "mac": h.mac,
                      "netns_pid": session.fabric.netns_pid(h.name), "frames": frames[h.name],
                      "expect": expect[h.ip]} for h in plan.gpus]

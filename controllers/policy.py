@@ -8,6 +8,7 @@ adapter that feeds it events; ``testbed.switchq`` emulates the switches' queue m
 """
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Dict, List, Optional, Tuple, Type
@@ -124,9 +125,10 @@ def register(cls: Type[Policy]) -> Type[Policy]:
     return cls
 
 
-def make_policy(name: str, plan: FabricPlan, scenario) -> Policy:
-    """The policy ``name`` configured by a scenario (its parameter overrides, rates, MTU)."""
-    context = FabricContext.of(scenario)
+def make_policy(name: str, plan: FabricPlan, scenario, openflow_marking: bool = False) -> Policy:
+    """The policy ``name`` configured by a scenario (its parameter overrides, rates, MTU);
+    ``openflow_marking``: its switches mark ECN through OpenFlow (``testbed.runplan``)."""
+    context = dataclasses.replace(FabricContext.of(scenario), openflow_marking=openflow_marking)
     params = resolve(name, scenario.policy_params.get(name, {}), context.modelled_gbit,
                      context.mtu)
     return policy_class(name)(plan, params, context)

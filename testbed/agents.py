@@ -16,17 +16,16 @@ import select
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Tuple
 
-from controllers.classes import default_class
-from traffic.contract import (AgentConfig, Compute, GpuConfig, Peer, QpLimiter, Straggler,
-                              Transport, WorkloadSpec)
+from traffic.contract import AgentConfig, Compute, GpuConfig, Peer, Straggler, Transport
 
 from .config import DEFAULT, Scenario
 from .errors import AgentError
 from .ledger import Ledger
+from .capabilities import detect
 from .procutil import cpu_ticks, log_tail, stop_processes
-from .shaping import limiter_qdisc, link_mtu
+from .runplan import PolicyRun, decide
 from .topology import FabricPlan
 
 START_MARGIN_S = 0.2  # agents start together this long after the go
@@ -34,32 +33,14 @@ STUCK_CAP = 10  # an agent still working towards "ready" or "done" gets at most 
 MAX_RTO_FACTOR = 8  # the retransmission timeout backs off up to this multiple
 
 
-def congestion_control(scenario: Scenario, policy) -> str:
-    """``dcqcn`` or ``none``: the scenario's choice, or the policy's default for ``auto``."""
-    cc = scenario.transport.congestion_control
-    return policy.default_congestion_control if cc == "auto" else cc
-
-
-def qp_limiter(scenario: Scenario, policy) -> Optional[QpLimiter]:
-    """Where DCQCN's per-QP rate limiters live on every GPU NIC (None without DCQCN): the
-    HTB qdisc of the class RoCE data travels in (its handle is that class's minor) and the
-    settings of the QP classes the agents add to it (``traffic.ratelimit``)."""
-    if congestion_control(scenario, policy) != "dcqcn":
-        return None
-    classes = policy.traffic_classes()
-    roce = policy.dscp()[0]
-    cls = next((c for c in classes if roce in c.dscp), default_class(classes))
-    return QpLimiter(major=cls.minor, **limiter_qdisc(scenario.topology.host_rate_mbit,
-                                                      link_mtu(scenario.workload.mtu)))
-
-
-def transport_config(scenario: Scenario, policy) -> Transport:
+def transport_config(run: PolicyRun) -> Transport:
     """The NIC settings every agent of a run gets (RC, congestion control, entropy)."""
+    scenario = run.scenario
     tr = scenario.transport
     rto_ns = scenario.emulated_ns(tr.rto_us)
-    roce_dscp, cnp_dscp = policy.dscp()
+    roce_dscp, cnp_dscp = run.policy.dscp()
     return Transport(
-        congestion_control=congestion_control(scenario, policy),
+        congestion_control=run.congestion_control,
         qps_per_peer=tr.qps_per_peer, entropy=tr.entropy, ack_every=tr.ack_every,
         rto_ns=rto_ns, max_rto_ns=MAX_RTO_FACTOR * rto_ns, retry_limit=tr.retry_limit,
         reorder_ns=rto_ns // 2 if tr.entropy == "per-packet" else 0,
@@ -67,36 +48,27 @@ def transport_config(scenario: Scenario, policy) -> Transport:
         dcqcn_byte_counter=tr.dcqcn_byte_counter, dcqcn_clamp_target=tr.dcqcn_clamp_target,
         cnp_interval_ns=scenario.emulated_ns(tr.cnp_interval_us),
         roce_tos=(roce_dscp << 2) | 0b10, ack_tos=roce_dscp << 2, cnp_tos=cnp_dscp << 2,
-        qp_limiter=qp_limiter(scenario, policy))
+        qp_limiter=run.qp_limiter)
 
 
 def reference_transport(policy_name: str = "hyperscale") -> Transport:
     """What the default scenario's agents get under ``policy_name`` at the reference rate
     (for benchmarks that drive an agent without a run)."""
-    from controllers.policy import make_policy
-
     s = DEFAULT.for_checks()
-    return transport_config(s, make_policy(policy_name, FabricPlan.for_topology(s.topology), s))
+    return transport_config(decide(policy_name, FabricPlan.for_topology(s.topology), s,
+                                   detect()))
 
 
-def workload_specs(scenario: Scenario, plan) -> Tuple[WorkloadSpec, ...]:
-    """The collectives each agent replays: one entry per size (a sweep has several)."""
+def agent_configs(run: PolicyRun, out_dir: str) -> List[GpuConfig]:
+    scenario, plan = run.scenario, run.plan
     w = scenario.workload
-    return tuple(WorkloadSpec(w.collective, size, w.iterations, w.chunks, plan.gpus_per_leaf)
-                 for size in w.run_sizes)
-
-
-def agent_configs(plan: FabricPlan, scenario: Scenario, out_dir: str,
-                  policy) -> List[GpuConfig]:
-    w = scenario.workload
-    transport = transport_config(scenario, policy)
-    workloads = workload_specs(scenario, plan)
+    transport = transport_config(run)
     peers = [Peer(h.rank, h.name, h.ip, h.mac) for h in plan.gpus]
     st = w.stragglers
     straggler = Straggler(scenario.emulated_ns(st.delay_us), st.distribution, st.probability)
     compute = Compute(scenario.emulated_ns(w.compute_us), scenario.emulated_ns(w.compute_jitter_us))
     return [GpuConfig(rank=h.rank, host=h.name, intf=h.intf, ip=h.ip, mac=h.mac,
-                      ranks=len(plan.gpus), workloads=workloads, mtu=w.mtu, compute=compute,
+                      ranks=len(plan.gpus), workloads=run.workloads, mtu=w.mtu, compute=compute,
                       straggler=straggler if h.rank in st.ranks else None, seed=w.seed,
                       transport=transport,
                       link_rate_bps=scenario.topology.host_rate_mbit * 1e6, out_dir=out_dir,
@@ -164,9 +136,10 @@ def loops_wanted(scenario: Scenario) -> int:
 class AgentGroup:
     """The agent processes of one policy's run: each serves several GPU hosts."""
 
-    def __init__(self, fabric, policy, scenario: Scenario, records_dir: str,
-                 log_dir: str, ledger: Ledger, tag: str):
-        self.fabric, self.policy, self.plan, self.scenario = fabric, policy, policy.plan, scenario
+    def __init__(self, fabric, run: PolicyRun, records_dir: str, log_dir: str, ledger: Ledger,
+                 tag: str):
+        self.fabric, self.run = fabric, run
+        self.plan, self.scenario = run.plan, run.scenario
         self.records_dir, self.log_dir, self.ledger, self.tag = records_dir, log_dir, ledger, tag
         self.procs: Dict[str, subprocess.Popen] = {}  # process name -> its process
         self.hosts_of: Dict[str, List[str]] = {}
@@ -175,8 +148,7 @@ class AgentGroup:
 
     def start(self) -> None:
         os.makedirs(self.records_dir, exist_ok=True)
-        configs = {c.host: c for c in agent_configs(self.plan, self.scenario,
-                                                    self.records_dir, self.policy)}
+        configs = {c.host: c for c in agent_configs(self.run, self.records_dir)}
         groups = process_groups(list(configs), self.fabric.where or {},
                                 loops_wanted(self.scenario))
         for k, (server, hosts) in enumerate(groups, 1):

@@ -5,6 +5,9 @@ I/O edge that builds it, shapes every egress (``testbed.shaping``), and tears it
 Switches use the OVS kernel datapath when the openvswitch module is loaded and the userspace
 (netdev) datapath otherwise, speak OpenFlow 1.3 only, and fail secure: without their
 controller they forward nothing.
+
+Why one module over 400 lines: building, shaping, splitting over servers and tearing down one
+fabric share the Mininet network and the ledger's record of what was made.
 """
 from __future__ import annotations
 
@@ -30,8 +33,9 @@ from .capabilities import Capabilities
 from .config import TopologyConfig
 from .errors import CapabilityError, FabricError
 from .ledger import OVS_TAG, Ledger
-from .hops import PORT_KINDS, HopModel, path_delay_us
-from .shaping import Shape, frame_bytes, has_delay_line, marking_via, tc_commands
+from .hops import PORT_KINDS, path_delay_us
+from .runplan import PolicyRun
+from .shaping import Shape, frame_bytes, has_delay_line, tc_commands
 from .topology import PREFIX_LEN, FabricPlan
 
 LOG = logging.getLogger(__name__)
@@ -98,35 +102,31 @@ def egress_shapes(plan: FabricPlan, topo: TopologyConfig, classes: Tuple[Traffic
 class Fabric:
     """Build, shape and stop one Mininet fabric for ``plan``."""
 
-    def __init__(self, plan: FabricPlan, topo: TopologyConfig, caps: Capabilities,
-                 controller_port: int, ledger: Ledger, classes: Tuple[TrafficClass, ...],
-                 mtu: int = 1500, headroom: float = 0.0,
-                 where: Optional[Dict[str, str]] = None, ssh_user: str = "root",
-                 events_path: str = "", cluster_link: str = "auto",
-                 hops: Optional[HopModel] = None, marking: Optional[str] = None,
-                 qp_limiters: Optional[int] = None):
+    def __init__(self, run: PolicyRun, caps: Capabilities, controller_port: int, ledger: Ledger,
+                 events_path: str = ""):
+        plan, topo = run.plan, run.scenario.topology
         self.plan, self.topo, self.caps = plan, topo, caps
-        self.hops = hops or HopModel(extra_us=topo.link_delay_us)
-        self.marking = marking  # "red" | "sampled" | None (testbed.shaping.marking_method)
-        # who applies sampled marking: "bpf" | "openflow" | None (testbed.shaping.marking_via)
-        self.marking_via = marking_via(marking, caps.bpf_marking)
+        self.hops = run.hops
+        self.marking, self.marking_via = run.marking, run.marking_via  # testbed.runplan
         self.moved_to_root: set = set()  # hosts whose NIC is in the root namespace (rxe)
-        self.where, self.ssh_user = where, ssh_user  # split over servers (testbed.cluster)
+        self.where = run.placement  # split over servers (testbed.cluster)
+        self.ssh_user = run.scenario.cluster.ssh_user
         self.tunnels: list = []
         self.workspace = None  # testbed.cluster.Workspace when split
         self.events_path = events_path  # the controller's event socket (queue emulators)
-        self.cluster_link = cluster_link
+        self.cluster_link = run.scenario.cluster.link
         self.link_kind = ""
         self.cluster_datapath = caps.datapath
-        self.mtu = mtu  # Ethernet MTU of every link
+        self.mtu = run.link_mtu  # Ethernet MTU of every link
         self.controller_port = controller_port
         self.ledger = ledger
         self.net: Optional[Mininet] = None
-        self.headroom = headroom
+        self.headroom = headroom = run.scenario.emulation.switch_rate_headroom
         self.delays_us = self.hops.delays_us(topo.host_rate_mbit, topo.fabric_rate_mbit,
-                                             frame_bytes(mtu))
-        self.shapes = egress_shapes(plan, topo, classes, headroom, self.delays_us,
-                                    red=marking == "red", qp_limiters=qp_limiters)
+                                             frame_bytes(self.mtu))
+        self.shapes = egress_shapes(plan, topo, run.classes, headroom, self.delays_us,
+                                    red=run.marking == "red",
+                                    qp_limiters=run.qp_limiter.major if run.qp_limiter else None)
 
     def start(self) -> None:
         setLogLevel("error")

@@ -3,6 +3,10 @@
 The runner owns every resource through one ``ExitStack`` per policy and one ``Ledger`` per run,
 so an error, Ctrl-C or SIGTERM at any point tears down exactly what was created; the results
 gathered so far stay on disk, marked with the run's status.
+
+Why one module over 400 lines: it is the one place where a run's resources are opened and
+closed - each policy's ``ExitStack`` spans the controller, the fabric, the emulator, the agents
+and the figures gathered from them; split, that lifetime would be read across files.
 """
 from __future__ import annotations
 
@@ -14,21 +18,20 @@ import secrets
 import shutil
 import signal
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
-from controllers.policy import Policy, make_policy, policy_names
+from controllers.policy import make_policy, policy_names
 
 from . import __version__
 from traffic.collectives import ScheduleError
 from traffic.collectives import build as build_collective
 
 from .atomic import write_json_atomic
-from .agents import (AgentGroup, congestion_control, expected_duration_s, finish_timeout_s,
-                     qp_limiter, workload_specs)
+from .agents import AgentGroup, expected_duration_s, finish_timeout_s
 from .background import Background, background_plan
 from . import calibrate, capacity, cost, htmlreport, timescale
-from .placement import by_server, place
+from .placement import by_server
 from .capture import PacketCapture
 from .capabilities import Capabilities, detect
 from .config import Scenario
@@ -39,10 +42,10 @@ from .ledger import Ledger
 from .ovs_buffers import needed_bytes, ovs_socket_buffers, raised_socket_defaults
 from .queues import drain, egress_stats, queue_drops, queued_frames, spine_load
 from .fidelity import CpuSampler, evaluate
-from .hops import hop_model, path_floor_us
+from .hops import path_floor_us
 from .rxe import RxeTraffic, endpoints as rxe_endpoints, require as require_rxe
-from .shaping import link_mtu, marking_method, marking_via
 from .results import RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled
+from .runplan import PolicyRun, cluster_placement, cluster_servers, decide, workload_specs
 from .switchq_handle import EmulatorProcess, merge_reports
 from .topology import FabricPlan
 from .wakeup import cpus_kept_awake
@@ -132,21 +135,6 @@ def _validate_workload(scenario: Scenario, plan: FabricPlan) -> None:
                               f"(ranks 0..{n - 1})")
 
 
-def ecn_marking(scenario: Scenario, policy: Policy, caps: Capabilities) -> Optional[str]:
-    """How this policy's switches mark ECN here: "red", "sampled" or None."""
-    return marking_method(scenario.emulation.ecn_marking, caps.red, policy.traffic_classes(),
-                          caps.datapath)
-
-
-def configured_policy(name: str, plan, scenario: Scenario, caps: Capabilities) -> Policy:
-    """The policy as it runs here: told whether its switches mark ECN through OpenFlow (only
-    where the kernel can run neither RED nor the marking program)."""
-    policy = make_policy(name, plan, scenario)
-    via = marking_via(ecn_marking(scenario, policy, caps), caps.bpf_marking)
-    policy.context = replace(policy.context, openflow_marking=via == "openflow")
-    return policy
-
-
 def choose_time_scale(scenario: Scenario, progress: Progress,
                       calibration=None) -> Tuple[Scenario, Optional[timescale.Choice]]:
     """``scenario`` at the GPU NIC rate it runs at, and how that rate was chosen: ``auto``
@@ -176,9 +164,8 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
     plan = validate(scenario, capacity.mem_available_mb())
     caps = caps or detect()
     caps.require_run()
-    checked = scenario.for_checks()
     for name in scenario.policies:  # ConfigError for a marking this machine cannot do
-        ecn_marking(checked, make_policy(name, plan, checked), caps)
+        decide(name, plan, scenario.for_checks(), caps)
     if scenario.rxe.enabled:
         require_rxe(caps)
     asked = scenario  # what this machine learns of a scenario is kept under it as given
@@ -218,9 +205,8 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
             while True:
                 for i, name in enumerate(scenario.policies, 1):
                     say = _prefixed(progress, f"[{name} {i}/{len(scenario.policies)}]")
-                    policy = configured_policy(name, plan, scenario, caps)
-                    results["policies"][name] = run_policy(policy, scenario, caps, run_dir,
-                                                           ledger, say, results)
+                    results["policies"][name] = run_policy(decide(name, plan, scenario, caps),
+                                                           caps, run_dir, ledger, say, results)
                     write_json_atomic(path, results)
                 again = run_again(asked, scenario, choice, results, run_dir, progress)
                 if again is None:
@@ -354,49 +340,25 @@ def latency_by_path(packets, plan: FabricPlan, where: dict) -> dict:
             "cross_server": metrics.percentiles(packets.latency[cross])}
 
 
-def cluster_servers(scenario: Scenario) -> List[str]:
-    """The scenario's servers, this machine named ``localhost``."""
-    servers = list(scenario.cluster.servers)
-    return ["localhost"] + servers[1:] if servers else []
-
-
-def cluster_placement(scenario: Scenario, plan: FabricPlan) -> Optional[dict]:
-    """Node -> server when the fabric is split over several servers, else None."""
-    servers = cluster_servers(scenario)
-    if len(servers) < 2:
-        return None
-    return place(plan, servers, scenario.cluster.placement)
-
-
 @contextlib.contextmanager
-def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: str,
-              ledger: Ledger, say: Progress = lambda s: None):
+def fabric_up(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
+              say: Progress = lambda s: None):
     """Controller started, fabric built and shaped, switches programmed, connectivity checked.
 
     Everything is torn down on exit, whatever happened inside.
     """
-    t, plan = scenario.topology, policy.plan
-    classes = policy.traffic_classes()
+    t, plan, classes = run.scenario.topology, run.plan, run.classes
     with contextlib.ExitStack() as stack:
-        limiter = qp_limiter(scenario, policy)
-        ctl = ControllerProcess(policy, run_dir, ledger.private_dir, ledger)
+        ctl = ControllerProcess(run.policy, run_dir, ledger.private_dir, ledger)
         stack.callback(_shielded_call, ctl.stop)
         say("starting the controller")
         ctl.start()
         say(f"controller on 127.0.0.1:{ctl.port}")
-        where = cluster_placement(scenario, plan)
-        fabric = Fabric(plan, t, caps, ctl.port, ledger, classes,
-                        mtu=link_mtu(scenario.workload.mtu),
-                        headroom=scenario.emulation.switch_rate_headroom,
-                        where=where, ssh_user=scenario.cluster.ssh_user,
-                        events_path=ctl.events_path, cluster_link=scenario.cluster.link,
-                        hops=hop_model(scenario, policy.params),
-                        marking=ecn_marking(scenario, policy, caps),
-                        qp_limiters=limiter.major if limiter else None)
-        if where:
+        fabric = Fabric(run, caps, ctl.port, ledger, events_path=ctl.events_path)
+        if run.placement:
             say("placement: " + "; ".join(
                 f"{server}: {len(nodes)} nodes" for server, nodes in
-                by_server(where, cluster_servers(scenario)).items()))
+                by_server(run.placement, cluster_servers(run.scenario)).items()))
         stack.callback(_shielded_call, fabric.stop)
         extra = f" + {len(plan.neighbours)} neighbour hosts" if plan.neighbours else ""
         say(f"building fabric: {t.spines} spines, {t.leaves} leaves, {len(plan.gpus)} GPUs{extra}, "
@@ -415,7 +377,7 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
             took = ctl.wait_programmed([s.dpid for s in plan.switches],
                                        explain=fabric.controller_links)
             say(f"{len(plan.switches)} switches programmed ({took:.1f} s)")
-            fabric.check_connectivity(policy.may_reach)
+            fabric.check_connectivity(run.policy.may_reach)
         warnings = ovs_buffer_warnings(caps, need)
         for w in warnings:
             say(f"warning: {w}")
@@ -423,15 +385,15 @@ def fabric_up(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: s
 
 
 @contextlib.contextmanager
-def rxe_attached(policy: Policy, scenario: Scenario, session: Session, caps: Capabilities,
-                 run_dir: str, ledger: Ledger, say: Progress):
+def rxe_attached(run: PolicyRun, session: Session, caps: Capabilities, run_dir: str,
+                 ledger: Ledger, say: Progress):
     """The rxe endpoints of ``--traffic rxe`` attached to the fabric (None without it);
     detached on exit, whatever happened inside."""
-    if not scenario.rxe.enabled:
+    if not run.scenario.rxe.enabled:
         yield None
         return
-    rxe = RxeTraffic(session.fabric, policy.plan, scenario, policy, ledger, caps,
-                     os.path.join(run_dir, "rxe", policy.name))
+    rxe = RxeTraffic(session.fabric, run.plan, run.scenario, run.policy, ledger, caps,
+                     os.path.join(run_dir, "rxe", run.name))
     try:
         say(f"rxe: attaching {rxe.a.name} and {rxe.b.name} in the root namespace "
             f"(rdma_rxe, perftest)")
@@ -451,12 +413,10 @@ def rxe_warnings(report: Optional[dict]) -> List[str]:
 
 
 @contextlib.contextmanager
-def queue_emulation(policy: Policy, scenario: Scenario, session: Session, run_dir: str,
-                    ledger: Ledger):
+def queue_emulation(run: PolicyRun, session: Session, run_dir: str, ledger: Ledger):
     """The switch-queue emulator running beside the fabric; yields a dict that receives its
     report when it stops."""
-    emu = Emulators([EmulatorProcess(policy, scenario, session, run_dir, ledger.private_dir,
-                                     ledger, link_mtu(scenario.workload.mtu), server)
+    emu = Emulators([EmulatorProcess(run, session, run_dir, ledger.private_dir, ledger, server)
                      for server in session.fabric.servers()])
     report: dict = {}
     try:
@@ -497,16 +457,17 @@ class Emulators:
         return merge_reports([p.stop() or {} for p in self.procs])
 
 
-def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: str,
-               ledger: Ledger, say: Progress, results: dict) -> dict:
-    plan, name = policy.plan, policy.name
+def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
+               say: Progress, results: dict) -> dict:
+    """One policy's run: its fabric up, the collective replayed, the figures gathered."""
+    policy, scenario, plan, name = run.policy, run.scenario, run.plan, run.name
     records = os.path.join(run_dir, "records", name)
     t0 = time.monotonic()
     cpu = CpuSampler()
     background_report: dict = {}
     pcaps = rxe_report = None
     in_flight = 0  # frames still queued in the fabric when the agents stopped
-    with fabric_up(policy, scenario, caps, run_dir, ledger, say) as session:
+    with fabric_up(run, caps, run_dir, ledger, say) as session:
         results.setdefault("link_emulation", session.fabric.applied())
         if not caps.nic_in_c:
             session.warnings.append(
@@ -526,15 +487,15 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                     f"the servers' clocks differ by up to {worst:g} us: one-way latency of "
                     "packets between servers includes that offset (synchronise them with "
                     "PTP or chrony); same-server latencies are unaffected")
-        with rxe_attached(policy, scenario, session, caps, run_dir, ledger, say) as rxe, \
-                queue_emulation(policy, scenario, session, run_dir, ledger) as (emu, queues):
+        with rxe_attached(run, session, caps, run_dir, ledger, say) as rxe, \
+                queue_emulation(run, session, run_dir, ledger) as (emu, queues):
             say(emu.describe())
 
             def alive():
                 session.controller.check_alive()
                 emu.check_alive()
 
-            agents = AgentGroup(session.fabric, policy, scenario, records, run_dir, ledger, name)
+            agents = AgentGroup(session.fabric, run, records, run_dir, ledger, name)
             capture = (PacketCapture(session.fabric, plan, scenario.measurement,
                                      os.path.join(run_dir, "pcap", name), ledger)
                        if scenario.measurement.pcap else None)
@@ -588,14 +549,10 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
                         pcaps = capture.stop()
                 _shielded_call(agents.stop)
         stats = egress_stats(session.fabric)
-        where = session.fabric.where
         hops = session.fabric.hop_delays()
-        marking, marked_via = session.fabric.marking, session.fabric.marking_via
         say("tearing down the fabric")
-    classes = policy.traffic_classes()
-    cc = congestion_control(scenario, policy)
-    ctx = RunContext(ranks=len(plan.gpus), workloads=workload_specs(scenario, plan),
-                     time_scale=scenario.time_scale,
+    where, classes, cc = run.placement, run.classes, run.congestion_control
+    ctx = RunContext(ranks=len(plan.gpus), workloads=run.workloads, time_scale=run.time_scale,
                      extrapolate_gpus=scenario.workload.extrapolate_gpus,
                      mechanisms=Mechanisms(ecn=any(c.ecn for c in classes),
                                            pfc=any(c.pfc for c in classes),
@@ -626,10 +583,10 @@ def run_policy(policy: Policy, scenario: Scenario, caps: Capabilities, run_dir: 
         "pfc_pause_events": queues.get("pfc_pause_events", 0) if pfc else None,
         "pfc_paused_ms": queues.get("pfc_paused_ms", 0.0) if pfc else None,
         "switch_queues": queues,
-        "ecn_marking": marking,
-        "ecn_marking_via": marked_via,
+        "ecn_marking": run.marking,
+        "ecn_marking_via": run.marking_via,
         "red_marked_by_port": ({k: v["marked"] for k, v in sorted(stats.items()) if v["marked"]}
-                               if marking == "red" else None),
+                               if run.marking == "red" else None),
         "reaction_time_us": scenario.sample_interval_us,
         "background": background_report or None,
         "pcap": pcaps,

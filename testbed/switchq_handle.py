@@ -42,41 +42,41 @@ class EmulatorProcess:
     """The runner's handle on one ``python -m testbed.switchq`` process: here, or on a remote
     server of a split fabric (started over ssh, its files in that server's workspace)."""
 
-    def __init__(self, policy, scenario, session, run_dir: str, private_dir: str, ledger,
-                 link_mtu: int, server: str = "localhost"):
+    def __init__(self, run, session, run_dir: str, private_dir: str, ledger,
+                 server: str = "localhost"):
+        scenario, policy, plan = run.scenario, run.policy, run.plan
         t = scenario.topology
-        name = policy.name
         fabric = session.fabric
         self.server, self.fabric = server, fabric
         at = "" if server == "localhost" else f"@{server}"
-        self.report_path = os.path.join(run_dir, f"switchq-{name}{at}.json")
-        self.timeline_path = os.path.join(run_dir, f"switchq-{name}{at}.timeline.csv")
-        self.log_path = os.path.join(run_dir, f"switchq-{name}{at}.log")
+        self.report_path = os.path.join(run_dir, f"switchq-{run.name}{at}.json")
+        self.timeline_path = os.path.join(run_dir, f"switchq-{run.name}{at}.timeline.csv")
+        self.log_path = os.path.join(run_dir, f"switchq-{run.name}{at}.log")
         watch = policy.watched_ports() if policy.wants_queue_load else None
         self.cfg = EmulatorConfig(
-            plan=policy.plan, classes=tuple(policy.traffic_classes()),
-            host_pids={h.name: fabric.netns_pid(h.name) for h in policy.plan.hosts},
+            plan=plan, classes=run.classes,
+            host_pids={h.name: fabric.netns_pid(h.name) for h in plan.hosts},
             interval_us=scenario.sample_interval_us, events=session.controller.events_path,
             out=self.report_path, timeline=self.timeline_path,
             host_rate_mbit=t.host_rate_mbit, fabric_rate_mbit=t.fabric_rate_mbit,
             nic_queue_bytes=t.nic_queue_bytes,
             switch_rate_headroom=scenario.emulation.switch_rate_headroom,
-            delayed=tuple(fabric.delayed_interfaces()), ecn_marking=fabric.marking,
+            delayed=tuple(fabric.delayed_interfaces()), ecn_marking=run.marking,
             # the acting class's backlog from kernel counters, where the kernel runs them,
             # every queue's far end is on this server and no delay line holds frames
             # between the counted ends
-            queue_counting=("bpf" if fabric.caps.bpf_marking and not fabric.where
+            queue_counting=("bpf" if fabric.caps.bpf_marking and not run.placement
                             and not fabric.delayed_interfaces() else "netlink"),
-            marking_via=fabric.marking_via or "openflow", mtu=link_mtu,
+            marking_via=run.marking_via or "openflow", mtu=run.link_mtu,
             watch={d: tuple(p) for d, p in watch.items()} if watch else None)
-        if fabric.where:  # a split fabric: this server's switches and hosts only
-            mine = tuple(n for n, s in fabric.where.items() if s == server)
+        if run.placement:  # a split fabric: this server's switches and hosts only
+            mine = tuple(n for n, s in run.placement.items() if s == server)
             listen, peers = fabric.pfc_sockets(server)
             self.cfg = dataclasses.replace(
                 self.cfg, nodes=mine,
                 host_pids={h: p for h, p in self.cfg.host_pids.items() if h in mine},
-                server=server, owner=dict(fabric.where), pfc_listen=listen, pfc_peers=peers)
-        self.cfg_path = os.path.join(private_dir, f"switchq-{name}{at}.json")
+                server=server, owner=dict(run.placement), pfc_listen=listen, pfc_peers=peers)
+        self.cfg_path = os.path.join(private_dir, f"switchq-{run.name}{at}.json")
         self.ledger = ledger
         self.proc = None
         self.remote_pid = None

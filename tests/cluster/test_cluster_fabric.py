@@ -8,6 +8,7 @@ import pytest
 
 from testbed import runner
 from testbed.placement import cross_links
+from testbed.runplan import cluster_placement
 
 from ..integration.live import DEFAULT, fabric_session
 from ..integration.leftovers import wait_clean
@@ -22,7 +23,7 @@ def test_the_fabric_splits_over_two_servers_and_forwards(tmp_path, server, polic
     scenario = DEFAULT.override({"policies": [policy_name],
                                  "cluster": {"servers": ["localhost", server.address]}})
     plan = runner.validate(scenario)
-    where = runner.cluster_placement(scenario, plan)
+    where = cluster_placement(scenario, plan)
     assert where["lf1"] == "localhost" and where["lf4"] == server.address
     assert len(cross_links(plan, where)) == 4
     messages = []
@@ -49,9 +50,9 @@ def test_agents_on_both_servers_complete_a_ring_across_the_split(tmp_path, serve
     scenario = DEFAULT.override({"policies": ["hyperscale"],
                                  "workload": {"iterations": 2, "size_bytes": 256 * 1024},
                                  "cluster": {"servers": ["localhost", server.address]}})
-    with fabric_session(scenario, "hyperscale", tmp_path) as (policy, s, ledger):
-        agents = AgentGroup(s.fabric, policy, scenario, str(tmp_path / "records"),
-                            str(tmp_path), ledger, "cluster")
+    with fabric_session(scenario, "hyperscale", tmp_path) as (run, s, ledger):
+        agents = AgentGroup(s.fabric, run, str(tmp_path / "records"), str(tmp_path), ledger,
+                            "cluster")
         try:
             agents.start()
             agents.go()

@@ -16,6 +16,7 @@ from testbed.capabilities import detect
 from testbed import config
 from testbed.ledger import Ledger
 from testbed.queues import egress_stats
+from testbed.runplan import decide
 from testbed.topology import FabricPlan
 
 # Integration tests run at the reference rate their figures were set for, not at the rate this
@@ -26,8 +27,8 @@ GO_LEAD_NS = 100_000_000  # time for the go lines to reach every held sender
 
 
 class Live:
-    def __init__(self, policy, scenario, session, emu, queues, ledger, tmp):
-        self.policy, self.plan, self.scenario = policy, policy.plan, scenario
+    def __init__(self, run, session, emu, queues, ledger, tmp):
+        self.policy, self.plan, self.scenario = run.policy, run.plan, run.scenario
         self.session, self.emu, self.queues, self.ledger, self.tmp = (
             session, emu, queues, ledger, tmp)
         self.count = 0
@@ -120,13 +121,13 @@ def held_ledger(tmp_path):
 
 @contextlib.contextmanager
 def fabric_session(scenario, policy_name, tmp_path, progress=lambda message: None):
-    """``runner.fabric_up`` for one policy of ``scenario``: yields (policy, session, ledger)."""
+    """``runner.fabric_up`` for one policy of ``scenario``: yields (its run as decided,
+    session, ledger)."""
     caps = detect()
-    policy = runner.configured_policy(policy_name, runner.validate(scenario), scenario, caps)
+    run = decide(policy_name, runner.validate(scenario), scenario, caps)
     with held_ledger(tmp_path) as ledger, \
-            runner.fabric_up(policy, scenario, caps, str(tmp_path), ledger,
-                             progress) as session:
-        yield policy, session, ledger
+            runner.fabric_up(run, caps, str(tmp_path), ledger, progress) as session:
+        yield run, session, ledger
 
 
 @contextlib.contextmanager
@@ -135,12 +136,11 @@ def live(policy_name, tmp_path, **changes):
     t = scenario.topology
     plan = FabricPlan.for_topology(t)  # no collective: any tenants
     caps = detect()
-    policy = runner.configured_policy(policy_name, plan, scenario, caps)
+    run = decide(policy_name, plan, scenario, caps)
     with held_ledger(tmp_path) as ledger, \
-            runner.fabric_up(policy, scenario, caps, str(tmp_path), ledger) as session, \
-            runner.queue_emulation(policy, scenario, session, str(tmp_path),
-                                   ledger) as (emu, queues):
-        yield Live(policy, scenario, session, emu, queues, ledger, str(tmp_path))
+            runner.fabric_up(run, caps, str(tmp_path), ledger) as session, \
+            runner.queue_emulation(run, session, str(tmp_path), ledger) as (emu, queues):
+        yield Live(run, session, emu, queues, ledger, str(tmp_path))
 
 
 def summary(result, kind="roce"):

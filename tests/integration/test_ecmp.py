@@ -28,8 +28,8 @@ for i in range(flows):
 
 @pytest.fixture
 def session(tmp_path):
-    with fabric_session(SCENARIO, "hyperscale", tmp_path) as (policy, s, _ledger):
-        yield policy.plan, s
+    with fabric_session(SCENARIO, "hyperscale", tmp_path) as (run, s, _ledger):
+        yield run.plan, s
 
 
 def test_ovs_holds_the_5_tuple_hash_and_the_slots(session):

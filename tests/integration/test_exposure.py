@@ -67,7 +67,7 @@ def root_addresses():
 def test_nothing_is_reachable_from_a_host_and_the_run_is_private(tmp_path):
     tmp_before = set(os.listdir("/tmp"))
     fds_before = open_fds()
-    with fabric_session(SCENARIO, "hyperscale", tmp_path) as (_policy, s, ledger):
+    with fabric_session(SCENARIO, "hyperscale", tmp_path) as (_run, s, ledger):
         port = s.controller.port
         # the controller: loopback only
         assert listeners(port) == ["0100007F"], listeners(port)

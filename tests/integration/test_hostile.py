@@ -115,9 +115,9 @@ def test_hostile_frames_are_counted_and_dropped_and_nothing_stalls(tmp_path, nam
               "peer": {"mac": peer.mac, "ip": peer.ip},
               "qpn": qp_number(victim.rank, peer.rank), "intf": attacker.intf,
               "rounds": ROUNDS, "flood": CNP_FLOOD}
-    with fabric_session(scenario, name, tmp_path) as (policy, s, ledger), \
-            runner.queue_emulation(policy, scenario, s, str(tmp_path), ledger):
-        agents = AgentGroup(s.fabric, policy, scenario, records, str(tmp_path), ledger, name)
+    with fabric_session(scenario, name, tmp_path) as (run, s, ledger), \
+            runner.queue_emulation(run, s, str(tmp_path), ledger):
+        agents = AgentGroup(s.fabric, run, records, str(tmp_path), ledger, name)
         try:
             agents.start()
             agents.go()
@@ -144,5 +144,5 @@ def test_hostile_frames_are_counted_and_dropped_and_nothing_stalls(tmp_path, nam
     # every byte of every transfer still arrived, in order, at every GPU
     assert delivered_bytes(str(tmp_path), "") == expected_bytes(scenario)
     assert _tracebacks(str(tmp_path)) == []
-    if policy.wants_packet_in:  # the learning switch: the stray frames reached it
+    if run.policy.wants_packet_in:  # the learning switch: the stray frames reached it
         assert to_controller > 0

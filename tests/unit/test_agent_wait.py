@@ -11,8 +11,8 @@ from testbed.errors import AgentError
 
 
 def group(tmp_path, **scripts):
-    g = AgentGroup(None, type("P", (), {"plan": None})(), None, str(tmp_path), str(tmp_path),
-                   None, "t")
+    run = type("Run", (), {"plan": None, "scenario": None})()
+    g = AgentGroup(None, run, str(tmp_path), str(tmp_path), None, "t")
     for name, code in scripts.items():
         g.procs[name] = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
         g.hosts_of[name] = [f"{name}-host"]

@@ -1,13 +1,14 @@
 import dataclasses
 import json
 
-from controllers.policy import make_policy
 from testbed.agents import agent_configs as typed_agent_configs
 from testbed.agents import expected_duration_s, finish_timeout_s
 from testbed.agents import transport_config as typed_transport_config
 from testbed.config import Scenario
 from testbed.topology import FabricPlan
 from traffic.agent import qp_number
+
+from .decided import decided
 
 PLAN = FabricPlan(2, 4, 2)
 
@@ -27,7 +28,7 @@ def transport_config(*args):
 
 def test_one_config_per_gpu_with_all_peers():
     s = Scenario.from_dict({}).for_checks()
-    cfgs = agent_configs(PLAN, s, "/tmp/x", make_policy("hyperscale", PLAN, s))
+    cfgs = agent_configs(decided("hyperscale", PLAN, s), "/tmp/x")
     assert [c["host"] for c in cfgs] == [h.name for h in PLAN.hosts]
     c = cfgs[2]
     assert (c["rank"], c["ip"], c["intf"], c["ranks"]) == (2, "10.0.2.1", "gpu3-eth0", 8)
@@ -41,28 +42,28 @@ def test_one_config_per_gpu_with_all_peers():
 
 def test_congestion_control_follows_the_policy_unless_the_scenario_says_otherwise():
     s = Scenario.from_dict({}).for_checks()
-    assert transport_config(s, make_policy("lossless", PLAN, s))["congestion_control"] == "dcqcn"
-    assert transport_config(s, make_policy("hyperscale", PLAN, s))["congestion_control"] == "none"
+    assert transport_config(decided("lossless", PLAN, s))["congestion_control"] == "dcqcn"
+    assert transport_config(decided("hyperscale", PLAN, s))["congestion_control"] == "none"
     forced = Scenario.from_dict({"transport": {"congestion_control": "none"}}).for_checks()
-    assert transport_config(forced, make_policy("lossless", PLAN, forced))[
+    assert transport_config(decided("lossless", PLAN, forced))[
         "congestion_control"] == "none"
 
 
 def test_dcqcn_senders_get_rate_limiters_in_the_roce_class():
     s = Scenario.from_dict({}).for_checks()
-    lossless = make_policy("lossless", PLAN, s)
-    lim = transport_config(s, lossless)["qp_limiter"]
-    roce = next(c for c in lossless.traffic_classes() if 26 in c.dscp)
+    lossless = decided("lossless", PLAN, s)
+    lim = transport_config(lossless)["qp_limiter"]
+    roce = next(c for c in lossless.policy.traffic_classes() if 26 in c.dscp)
     assert lim == {"major": roce.minor, "open_bytes": 50_000_000, "burst": 210,
                    "quantum": 4210}
-    assert transport_config(s, make_policy("hyperscale", PLAN, s))["qp_limiter"] is None
+    assert transport_config(decided("hyperscale", PLAN, s))["qp_limiter"] is None
 
 
 def test_transport_settings_in_emulated_units():
     # modelled time x the time scale (2,500x at the reference 40 Mbit/s)
     s = Scenario.from_dict({"transport": {"rto_us": 40, "entropy": "per-packet",
                                           "qps_per_peer": 4}}).for_checks()
-    t = transport_config(s, make_policy("lossless", PLAN, s))
+    t = transport_config(decided("lossless", PLAN, s))
     assert t["rto_ns"] == 100_000_000 and t["max_rto_ns"] == 800_000_000
     assert t["reorder_ns"] == 50_000_000 and t["qps_per_peer"] == 4
     assert t["roce_tos"] == (26 << 2) | 2 and t["ack_tos"] == 26 << 2 and t["cnp_tos"] == 48 << 2
@@ -87,7 +88,7 @@ def test_a_sweep_gives_one_workload_per_size_and_stragglers_get_their_delay():
                                          "collective": "double_binary_tree",
                                          "compute_us": 0.8, "compute_jitter_us": 0.2,
                                          "stragglers": {"ranks": [3], "delay_us": 2}}}).for_checks()
-    cfgs = agent_configs(PLAN, s, "/tmp/x", make_policy("hyperscale", PLAN, s))
+    cfgs = agent_configs(decided("hyperscale", PLAN, s), "/tmp/x")
     assert [w["size"] for w in cfgs[0]["workloads"]] == [65536, 131072]
     assert {w["collective"] for w in cfgs[0]["workloads"]} == {"double_binary_tree"}
     assert cfgs[0]["compute"] == {"ns": 2_000_000, "jitter_ns": 500_000}
@@ -99,7 +100,7 @@ def test_a_sweep_gives_one_workload_per_size_and_stragglers_get_their_delay():
 def test_neighbour_hosts_get_no_agent():
     plan = FabricPlan(2, 2, 2, neighbours_per_leaf=1)
     s = Scenario.from_dict({"topology": {"leaves": 2, "neighbours_per_leaf": 1}}).for_checks()
-    cfgs = agent_configs(plan, s, "/tmp/x", make_policy("hyperscale", plan, s))
+    cfgs = agent_configs(decided("hyperscale", plan, s), "/tmp/x")
     assert [c["host"] for c in cfgs] == ["gpu1", "gpu2", "gpu3", "gpu4"]
     assert all(len(c["peers"]) == 3 for c in cfgs)
 

@@ -12,6 +12,8 @@ from testbed.config import Scenario
 from testbed.topology import FabricPlan
 from traffic.contract import AgentConfig, GpuConfig
 
+from .decided import CAPS, decided
+
 PLAN = FabricPlan(2, 4, 2)
 
 
@@ -19,11 +21,12 @@ def over_the_wire(data: dict) -> dict:
     return json.loads(json.dumps(data))
 
 
+@pytest.mark.parametrize("bpf_marking", [True, False])
 @pytest.mark.parametrize("name", policy_names())
-def test_the_controller_rebuilds_the_policy_the_runner_configured(name):
+def test_the_controller_rebuilds_the_policy_the_runner_configured(name, bpf_marking):
     s = Scenario.from_dict({"workload": {"mtu": 1024},
                             "topology": {"oversubscription": 2}}).for_checks()
-    policy = make_policy(name, PLAN, s)
+    policy = decided(name, PLAN, s, dataclasses.replace(CAPS, bpf_marking=bpf_marking)).policy
     again = ControllerConfig.from_dict(over_the_wire(ControllerConfig.of(policy).to_dict()))
     rebuilt = again.build()
     assert rebuilt.params == policy.params and rebuilt.context == policy.context
@@ -38,7 +41,7 @@ def test_an_agent_reads_back_the_configs_the_runner_wrote(name):
                                          "stragglers": {"ranks": [3], "delay_us": 2}}}
                            ).for_checks()
     gpus = tuple(dataclasses.replace(c, netns_pid=1000 + c.rank)
-                 for c in agent_configs(PLAN, s, "/tmp/x", make_policy(name, PLAN, s)))
+                 for c in agent_configs(decided(name, PLAN, s), "/tmp/x"))
     config = AgentConfig(gpus, "/tmp/records")
     assert AgentConfig.from_dict(over_the_wire(config.to_dict())) == config
     # lossless runs DCQCN: its rate limiters' settings travel as a nested contract
@@ -47,7 +50,7 @@ def test_an_agent_reads_back_the_configs_the_runner_wrote(name):
 
 def test_a_config_with_a_key_the_contract_does_not_have_is_refused():
     s = Scenario.from_dict({}).for_checks()
-    wire = over_the_wire(agent_configs(PLAN, s, "/x", make_policy("hyperscale", PLAN, s))[0]
+    wire = over_the_wire(agent_configs(decided("hyperscale", PLAN, s), "/x")[0]
                          .to_dict())
     GpuConfig.from_dict(wire)
     with pytest.raises(TypeError, match="unknown keys"):

@@ -62,7 +62,7 @@ def test_a_refused_run_leaves_no_results_directory(tmp_path, monkeypatch):
             raise RunBusyError("another testbed run is active (pid 1)")
 
     class Caps:
-        red, datapath = False, "user"
+        red, datapath, bpf_marking = False, "user", False
 
         def require_run(self):
             pass
@@ -109,7 +109,7 @@ def test_the_controller_marks_ecn_only_where_the_kernel_cannot():
     """Sampled marking: by the BPF program where it runs (no ip_ecn in the pipeline), by
     OpenFlow groups elsewhere; RED marks in the kernel whatever the program can do."""
     from testbed.capabilities import Capabilities
-    from testbed.runner import configured_policy
+    from testbed.runplan import decide
     from testbed.topology import FabricPlan
 
     plan = FabricPlan(2, 4, 2)
@@ -120,11 +120,15 @@ def test_the_controller_marks_ecn_only_where_the_kernel_cannot():
                             ovs_version="3.1.0", openvswitch_module=False, os_ken=True,
                             mininet=True, tshark=True, bpf_marking=bpf)
 
-    assert not configured_policy("lossless", plan, scenario, caps(True)).context.openflow_marking
-    assert configured_policy("lossless", plan, scenario, caps(False)).context.openflow_marking
-    assert not configured_policy("lossless", plan, scenario,
-                                 caps(False, red=True)).context.openflow_marking
-    assert not configured_policy("enterprise", plan, scenario, caps(False)).context.openflow_marking
+    def openflow_marking(name, caps):
+        run = decide(name, plan, scenario, caps)
+        assert run.policy.context.openflow_marking == (run.marking_via == "openflow")
+        return run.policy.context.openflow_marking
+
+    assert not openflow_marking("lossless", caps(True))
+    assert openflow_marking("lossless", caps(False))
+    assert not openflow_marking("lossless", caps(False, red=True))
+    assert not openflow_marking("enterprise", caps(False))
 
 
 def test_the_allocator_open_vswitch_runs_with_is_read_from_its_memory_map(tmp_path):

@@ -120,7 +120,7 @@ def test_the_runner_applies_auto_and_only_checks_an_explicit_rate():
 
 def test_time_constants_are_the_modelled_fabrics_and_scale_with_the_run():
     from testbed.agents import agent_configs, transport_config
-    from controllers.policy import make_policy
+    from .decided import decided
     from testbed.topology import FabricPlan
 
     plan = FabricPlan(2, 4, 2)
@@ -129,8 +129,8 @@ def test_time_constants_are_the_modelled_fabrics_and_scale_with_the_run():
     at = {}
     for rate in (40, 20):
         s = Scenario.from_dict(spec).with_host_rate(rate)
-        t = transport_config(s, make_policy("lossless", plan, s))
-        cfg = agent_configs(plan, s, "/tmp/x", make_policy("lossless", plan, s))[1]
+        t = transport_config(decided("lossless", plan, s))
+        cfg = agent_configs(decided("lossless", plan, s), "/tmp/x")[1]
         at[rate] = (t.rto_ns, t.dcqcn_timer_ns, t.cnp_interval_ns,
                     cfg.compute.ns, cfg.straggler.delay_ns)
     assert at[40] == (250_000_000, 20_000_000, 20_000_000, 20_000_000, 5_000_000)
