@@ -6,7 +6,7 @@
 Both send valid RoCEv2 RDMA WRITE frames with a per-packet PSN, send time and ICRC on one end
 of a veth pair, pinned to one CPU core, in the same run:
 
-* agent: ``traffic.agent.Gpu.send_data`` with the RC requester in the loop - Scapy-built
+* agent: ``traffic.gpu.Gpu.send_data`` with the RC requester in the loop - Scapy-built
   templates patched in place, written to an AF_PACKET socket, transmit timestamps collected
   (the code path of a real run); once with a fixed UDP source port, once with a new one per
   packet (spraying);
@@ -55,7 +55,7 @@ def make_agent(mtu: int, entropy: str = "per-qp"):
     from dataclasses import replace
 
     from testbed.agents import reference_transport
-    from traffic.agent import Gpu
+    from traffic.gpu import Gpu
     from traffic.contract import Compute, GpuConfig, WorkloadSpec
     # the send path alone: no retransmission timeout in the way, and no DCQCN byte-counter
     # increase within a test's few hundred KB (test_transport's pacing check sets the rate)

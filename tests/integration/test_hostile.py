@@ -12,7 +12,7 @@ import pytest
 
 from testbed import runner
 from testbed.agents import AgentGroup, finish_timeout_s
-from traffic.agent import qp_number
+from traffic.gpu import qp_number
 
 from .live import DEFAULT, fabric_session
 from .test_transport import delivered_bytes, expected_bytes

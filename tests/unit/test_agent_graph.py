@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from traffic import metrics
-from traffic.agent import TIMER_KINDS, Gpu
+from traffic.gpu import TIMER_KINDS, Gpu
 from traffic.contract import Compute, GpuConfig, Peer, Straggler, Transport, WorkloadSpec
 from traffic.progress import Progress
 

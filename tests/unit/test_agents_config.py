@@ -6,7 +6,7 @@ from testbed.agents import expected_duration_s, finish_timeout_s
 from testbed.agents import transport_config as typed_transport_config
 from testbed.config import Scenario
 from testbed.topology import FabricPlan
-from traffic.agent import qp_number
+from traffic.gpu import qp_number
 
 from .decided import decided
 

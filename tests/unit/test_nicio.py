@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from traffic import nicio, roce
-from traffic.agent import Gpu, qp_number
+from traffic.gpu import Gpu, qp_number
 from traffic.contract import Compute, GpuConfig, Peer, WorkloadSpec
 from traffic.rxsocket import open_rx
 

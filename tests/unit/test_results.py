@@ -8,7 +8,7 @@ import pytest
 from testbed.atomic import write_json_atomic
 from testbed.report import fidelity_warnings, summary_table, sweep_table
 from testbed.results import Mechanisms, RunContext, collect
-from traffic.agent import ITERATION_FIELDS, PACKET_FIELDS
+from traffic.records import ITERATION_FIELDS, PACKET_FIELDS
 from traffic.contract import WorkloadSpec
 
 RING = WorkloadSpec("ring", size=300, iterations=1, chunks=1, group=1)

@@ -1,0 +1,686 @@
+"""One emulated GPU host: its RoCEv2 RNIC (sockets, queue pairs, send and receive paths,
+timers) and its training iterations, served by the agent's event loop (``traffic.agent``).
+
+Each GPU replays training iterations - a compute phase, then a collective
+(``traffic.progress``) - as RDMA WRITEs over Reliable Connection queue pairs (``traffic.rc``),
+with DCQCN (``traffic.dcqcn``) when the scenario asks:
+
+* one or more QPs per peer (``qps_per_peer``: a message is split over them, each with its own
+  UDP source port derived from its QP number); or, with per-packet entropy, a fresh source port
+  on every packet and a responder that tolerates reordering;
+* send path: frame templates patched in place (PSN, send time, ICRC) and written to a
+  non-blocking AF_PACKET socket. The NIC holds ``NIC_QUEUE_FRAMES`` frames, counted by their
+  kernel transmit timestamps, so the shaped link stays busy however late the loop wakes
+  within its moderation interval, and a PFC pause stops the GPU like a NIC; the loop then
+  waits for the next frame to leave. With DCQCN each QP that sends data has a rate limiter
+  in the NIC's qdisc (``traffic.ratelimit``), set to its current rate: the agent hands it
+  frames a few gaps ahead and the kernel paces them, so a late wake costs nothing on the wire
+  unless the limiter ran dry (the tx file records when each held frame left its limiter);
+* receive path: a UDP socket on port 4791 that reports each packet's kernel receive time and
+  ECN bits; data goes to the QP's responder (in-order delivery, coalesced ACKs, NAKs on gaps,
+  CNPs for CE marks), ACKs/NAKs to its requester (go-back-N), CNPs to its reaction point;
+* the iteration (lock-step): the compute phase (``compute_ns`` +- jitter, plus a straggler
+  delay on the chosen ranks) while still answering peers; then every transfer of this rank is
+  posted as soon as the transfers it depends on were delivered; the iteration ends when all
+  its transfers are acknowledged and all transfers to it delivered, and the next compute phase
+  starts at once.
+
+Ranks, QPs, transport state, straggler draws and records are per GPU, exactly as if each had
+its own process. One-way latency of every data packet = kernel receive time - kernel transmit
+time (all emulated hosts share one clock).
+
+Why one module over 400 lines: the send path, the receive path and the timers share the
+NIC's and the QPs' state and run per packet; apart, they would trade that state through
+attribute lookups on the hot path. What is pure lives beside it (rc, dcqcn, progress, roce).
+"""
+from __future__ import annotations
+
+import fcntl
+import random
+import socket
+import sys
+import termios
+import time
+from collections import defaultdict, deque
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+from testbed.procutil import in_netns
+
+from . import nicio, ratelimit, roce
+from .contract import GpuConfig, Peer
+from .dcqcn import NotificationPoint, Parameters, ReactionPoint
+from .metrics import LagHistogram
+from .progress import Progress
+from .rc import Requester, Responder
+from .rxsocket import open_rx, open_tx
+
+if TYPE_CHECKING:
+    from .agent import Loop
+
+ECN_CE = 0b11
+RETX_FLAG = 0x80000000  # in the probe header's step field: a retransmitted packet
+QP_BASE = 0x100  # QPs 0 and 1 are special in InfiniBand
+STUCK_S = 120.0  # a collective that makes no progress for this long fails the run
+# Each DCQCN QP's rate and bytes are sampled for the records every this many full frames'
+# times at the NIC's line rate (10 ms at 40 Mbit/s), the queue timeline's resolution: the
+# same modelled time at every time scale
+RATE_SAMPLE_FRAMES = 12
+PROBE_CLOCK_SLACK_NS = 1_000_000_000  # all agents share one clock: a probe "sent" later is forged
+# the timers whose lateness the agents record (summary's loop_lag_by_timer)
+TIMER_KINDS = ("compute", "rto", "dcqcn", "pacing", "nak")
+STAMPS_BATCH = 32  # transmit timestamps are collected once this many wait (and at the end)
+# Frames a NIC holds: the one on the wire and two more, so that the link stays busy through a
+# wake-up delayed by a moderation interval plus a frame time
+NIC_QUEUE_FRAMES = 3
+FRAME_OVERHEAD = 76  # RoCE headers, ICRC and Ethernet around a full payload
+# A QP paced by its NIC rate limiter (traffic.ratelimit) gets frames up to this many frame
+# gaps ahead at its rate, and the loop comes back when one gap is left: a wake late by less
+# than a gap changes nothing on the wire
+LIMITER_FILL_GAPS = 4
+LIMITER_LEAD_GAPS = 1
+IDLE, COMPUTING, COLLECTIVE, FINISHED = "idle", "computing", "collective", "finished"
+MESSAGE_ENDS = frozenset((roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY))
+WRITES = frozenset((roce.RC_RDMA_WRITE_FIRST, roce.RC_RDMA_WRITE_MIDDLE,
+                    roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY))
+PSN_MASK = roce.PSN_MASK
+
+
+def qp_number(local_rank: int, remote_rank: int, index: int = 0, per_peer: int = 1) -> int:
+    """The QP number ``local_rank`` uses for its ``index``-th connection to ``remote_rank``."""
+    return QP_BASE + remote_rank * per_peer + index
+
+
+class QueuePair:
+    """One RC connection of a GPU: requester, responder, congestion control, templates."""
+
+    __slots__ = ("gpu", "qpn", "dqpn", "peer", "conn", "ack", "cnp", "req", "resp", "rp", "np",
+                 "next_tx_ns", "bytes_sent", "samples", "next_sample_ns", "placed", "queued",
+                 "armed", "control_frames", "control_bytes", "limit", "limit_bps", "held",
+                 "limit_log", "sent_log")
+
+    def __init__(self, gpu: "Gpu", peer: Peer, index: int, now_ns: int):
+        t = gpu.transport
+        q = t.qps_per_peer
+        self.gpu = gpu
+        self.qpn = qp_number(gpu.rank, peer.rank, index, q)
+        self.dqpn = qp_number(peer.rank, gpu.rank, index, q)
+        self.peer = peer.rank
+        me = roce.Endpoint(gpu.cfg.mac, gpu.cfg.ip)
+        them = roce.Endpoint(peer.mac, peer.ip)
+        sport = roce.udp_source_port(self.qpn)
+        self.conn = roce.Connection(me, them, sport, self.dqpn, tos=t.roce_tos)
+        self.ack = roce.AckTemplate(roce.ack_frame(me, them, sport, self.dqpn, t.ack_tos))
+        self.cnp = roce.cnp_frame(me, them, sport, self.dqpn, t.cnp_tos)
+        self.req = Requester(gpu.cfg.mtu, t.rto_ns, t.max_rto_ns, t.retry_limit)
+        self.resp = Responder(t.ack_every, t.reorder_ns)
+        dcqcn = t.congestion_control == "dcqcn"
+        self.rp = ReactionPoint(gpu.dcqcn, now_ns=now_ns) if dcqcn else None
+        self.np = NotificationPoint(gpu.dcqcn.cnp_interval_ns) if dcqcn else None
+        self.next_tx_ns = 0
+        self.bytes_sent = 0
+        self.samples: List[Tuple[int, float, int]] = []
+        self.next_sample_ns = 0
+        self.placed: Dict[int, Tuple[int, int, int]] = {}  # psn -> (iteration, step, opcode)
+        self.queued = False  # in the GPU's round-robin of QPs with data to send
+        self.armed: Optional[int] = None  # the deadline this QP has in the loop's heap
+        self.control_frames = self.control_bytes = 0  # ACKs, NAKs, CNPs it sent
+        self.limit: Optional[int] = None  # its rate limiter's index on the NIC, if it has one
+        self.limit_bps = 0.0  # the rate the limiter has (0: open)
+        self.held: deque = deque()  # [sent ns, bytes, ready ns] of frames its limiter holds
+        self.limit_log: List[Tuple[int, float]] = []  # (ns, bit/s) its limiter was set to
+        self.sent_log: List[int] = []  # sent ns of each data frame (QPs with a limiter)
+
+    def next_timer_ns(self, nic_blocked: bool) -> Optional[int]:
+        """The earliest time one of this QP's timers needs the loop (None: no timer)."""
+        when = self.req.deadline()
+        rp = self.rp
+        if rp is not None:
+            candidates = []
+            if rp.congested:
+                candidates.append(rp.next_event_ns())
+                if self.queued and not nic_blocked:
+                    candidates.append(self.next_tx_ns - (0 if self.limit is None else
+                                                         self.gpu.limiter_lead_ns(rp)))
+            if rp.congested or self.queued or self._unsampled():
+                candidates.append(self.next_sample_ns)
+            for c in candidates:
+                when = c if when is None or c < when else when
+        resp = self.resp
+        if resp.reorder_ns and resp.gap_since is not None:
+            gap = resp.gap_since + resp.reorder_ns
+            when = gap if when is None or gap < when else when
+        return when
+
+    def _unsampled(self) -> bool:
+        last = self.samples[-1] if self.samples else (0, None, 0)
+        return (self.rp.rate, self.bytes_sent) != last[1:]
+
+
+class Gpu:
+    """One emulated GPU host: its RNIC (sockets, QPs) and its training iterations."""
+
+    def __init__(self, config: GpuConfig, loop: "Loop"):
+        self.cfg = config
+        self.loop = loop
+        self.rank = config.rank
+        self.host = config.host
+        self.n = config.ranks
+        self.transport = t = config.transport
+        self.dcqcn = Parameters.emulated(config.link_rate_bps, t.dcqcn_timer_ns,
+                                         t.dcqcn_byte_counter, t.cnp_interval_ns,
+                                         t.dcqcn_clamp_target)
+        self.peers = {p.rank: p for p in config.peers}
+        self.rank_by_addr = {int.from_bytes(socket.inet_aton(p.ip), "big"): p.rank
+                             for p in config.peers}
+        self.addr = socket.inet_aton(config.ip)
+        self.icrc_prefixes: Dict[tuple, int] = {}  # ICRC pseudo-header CRC per packet shape
+        self.progress = Progress(config.workloads, self.rank, self.n, t.qps_per_peer)
+        self.workloads = self.progress.workloads
+        self.iterations = self.progress.iterations
+        self.spray = t.entropy == "per-packet"
+        self.rng = random.Random(self.rank)
+        self.work_rng = random.Random(config.seed * 1_000_003 + self.rank)
+        self.qps: Dict[Tuple[int, int], QueuePair] = {}
+        self.by_qpn: Dict[int, QueuePair] = {}
+        self.active: List[QueuePair] = []  # QPs with data to send, in round-robin order
+        self.control: List[Tuple[QueuePair, bytes]] = []  # ACK/NAK/CNP frames for the NIC
+        self.dirty: set = set()  # QPs whose timers may have moved earlier
+        self.packets: List[tuple] = []
+        self.iteration_rows: List[tuple] = []
+        self.state = IDLE
+        self.it = -1
+        self.compute_start = self.ready_at = self.collective_start = 0
+        self.compute = (0, 0)
+        self.lag_by: Dict[str, LagHistogram] = {}  # how late the loop acted, per TIMER_KINDS
+        self.first_start_lag_ns = 0
+        self.counters: Dict[str, int] = defaultdict(int)
+        self.tx = self.rx = self.receiver = self.sender = self.stamps = None
+        self.fast: Optional[tuple] = None  # ``nicio.Receiver.read``'s fast path, once open
+        self.nic_blocked = False  # the NIC takes no more now: the loop waits for it
+        self.kernel_full = False  # ... because the kernel refused a frame
+        self.armed = False  # the loop waits for this NIC's socket
+        self.tx_key = 0  # SO_TIMESTAMPING OPT_ID of the next frame sent
+        self.stamped = 0  # frames whose transmit timestamp came back: they left the NIC
+        self.stamp_mark = 0  # ``stamped`` at the last housekeeping
+        self.next_departure_ns = 0  # no frame leaves the NIC before this
+        self.ns_per_byte = 8e9 / config.link_rate_bps
+        self.tx_pending: Dict[int, tuple] = {}  # key -> (sent_ns, bytes, kind)
+        self.tx_log: List[tuple] = []  # (sent_ns, kernel transmit ns, bytes, kind)
+        self.limiters: Optional[ratelimit.Limiters] = None  # DCQCN's rate limiters in the NIC
+        self.holding: set = set()  # QPs whose limiter holds frames
+        self.full_frame = config.mtu + FRAME_OVERHEAD
+        self.rate_sample_ns = int(RATE_SAMPLE_FRAMES * self.full_frame * self.ns_per_byte)
+        self.mark = None  # progress seen by the stuck check, and since when
+        self.mark_ns = 0
+
+    # --- sockets ----------------------------------------------------------------------------
+    def open(self) -> None:
+        """Both sockets inside the host's namespace; every QP connected up front, as a job
+        would, with every frame shape it will send built now (ranks start in step)."""
+        limiter = self.transport.qp_limiter
+        with in_netns(self.cfg.netns_pid):
+            self.tx = open_tx(self.cfg.intf)
+            self.rx = open_rx(self.cfg.ip, roce.ROCE_UDP_PORT)
+            if limiter:
+                nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)  # NETLINK_ROUTE
+                nl.bind((0, 0))
+                self.limiters = ratelimit.Limiters(
+                    nl, socket.if_nametoindex(self.cfg.intf), limiter.major,
+                    limiter.open_bytes, limiter.burst, limiter.quantum)
+        self.receiver = nicio.Receiver(self.rx, self.cfg.ip)
+        # the receive path's common case, delivered where the packets are parsed
+        self.fast = (self.by_qpn, self.rank_by_addr, self.packets, self.rank, self.iterations,
+                     PROBE_CLOCK_SLACK_NS)
+        self.sender = nicio.Sender(self.tx)
+        self.stamps = nicio.Stamps(self.tx)
+        now = time.time_ns()
+        for peer in self.peers.values():
+            for i in range(self.transport.qps_per_peer):
+                self.qp(peer.rank, i, now)
+        mtu = self.cfg.mtu
+        for w in self.workloads:
+            for t in w.sends:
+                for i, part in enumerate(self.progress.parts(t.nbytes)):
+                    conn = self.qp(t.dst, i).conn
+                    payloads = roce.packet_payloads(part, mtu)
+                    for opcode, size in set(zip(roce.opcodes_for(len(payloads)), payloads)):
+                        conn.template(opcode, size)
+        if self.limiters is not None:
+            self._open_limiters()
+
+    def _open_limiters(self) -> None:
+        """A rate limiter for every QP that sends data (ACKs of the others are not paced)."""
+        senders = sorted({(t.dst, i) for w in self.workloads for t in w.sends
+                          for i, _ in enumerate(self.progress.parts(t.nbytes))})
+        entries = []
+        for n, key in enumerate(senders):
+            qp = self.qp(*key)
+            qp.limit = n
+            entries.append((n, self.peers[qp.peer].ip, qp.dqpn))
+        self.limiters.create(entries, self.transport.roce_tos)
+
+    def close(self) -> None:
+        for s in (self.tx, self.rx, self.limiters):
+            if s is not None:
+                s.close()
+
+    def qp(self, peer: int, index: int, now_ns: int = 0) -> QueuePair:
+        key = (peer, index)
+        if key not in self.qps:
+            qp = QueuePair(self, self.peers[peer], index, now_ns or time.time_ns())
+            self.qps[key] = self.by_qpn[qp.qpn] = qp
+        return self.qps[key]
+
+    # --- receive ------------------------------------------------------------------------------
+    def receive(self) -> None:
+        """Handle every packet waiting on the receive socket, in arrival order."""
+        self.receiver.deliver(self.fast, self.on_datagram)
+
+    def on_datagram(self, status: int, rx_ns: int, tos: int, dropped: int, addr: int,
+                    _sport: int, opcode: int, dqpn: int, word: int, a: int, b: int, c: int,
+                    d: int, _size: int) -> None:
+        """One received datagram (``nicio.Receiver``'s fields): data, ACK/NAK or CNP."""
+        counters = self.counters
+        if dropped >= 0:
+            counters["rx_socket_drops"] = dropped
+        if not rx_ns:
+            counters["rx_no_timestamp"] += 1
+            rx_ns = time.time_ns()
+        if status == nicio.SHORT:
+            counters["rx_invalid"] += 1
+            return
+        qp = self.by_qpn.get(dqpn)
+        if qp is None:
+            counters["rx_foreign_qp"] += 1  # another job's traffic (e.g. an incast)
+            return
+        if self.rank_by_addr.get(addr) != qp.peer:
+            counters["rx_invalid"] += 1
+            return
+        if status == nicio.BAD_ICRC:
+            counters["rx_bad_icrc"] += 1  # a NIC drops it before the transport sees it
+            return
+        if opcode == roce.RC_ACKNOWLEDGE:
+            if a < 0:
+                counters["rx_invalid"] += 1
+            else:
+                self._on_ack(qp, a, word & PSN_MASK, rx_ns)
+        elif opcode == roce.CNP:
+            counters["cnps_received"] += 1
+            if qp.rp is not None:
+                qp.rp.on_cnp(rx_ns)
+                self.dirty.add(qp)
+        elif opcode in WRITES:
+            self._on_data(qp, opcode, word, a, b, c, d, tos & ECN_CE, rx_ns)
+        else:
+            counters["rx_invalid"] += 1
+
+    def _on_data(self, qp: QueuePair, opcode: int, word: int, tx_ns: int, iteration: int,
+                 step: int, payload_len: int, ecn: int, rx_ns: int) -> None:
+        if payload_len < roce.PROBE.size:
+            self.counters["rx_invalid"] += 1
+            return
+        if not (0 < tx_ns <= rx_ns + PROBE_CLOCK_SLACK_NS and iteration < self.iterations):
+            self.counters["rx_invalid"] += 1  # not a probe of this run: a forged or foreign
+            return                            # packet would corrupt the latency records
+        psn, ackreq = word & PSN_MASK, word >> 31
+        if ecn == ECN_CE:
+            self.counters["rx_ce"] += 1
+            if qp.np is not None and qp.np.on_ce(rx_ns):
+                self.control.append((qp, qp.cnp))
+        resp = qp.resp
+        placed_before = resp.counters["placed_ahead"]
+        delivered, response = resp.on_packet(psn, opcode, ackreq, rx_ns)
+        retx = step & RETX_FLAG
+        step &= ~RETX_FLAG
+        self.packets.append((qp.peer, self.rank, psn, payload_len, tx_ns, rx_ns, iteration,
+                             step, ecn, 1 if delivered else 0, 1 if retx else 0))
+        if resp.counters["placed_ahead"] != placed_before:  # held until the gap fills
+            qp.placed[psn] = (iteration, step, opcode)
+        elif delivered and opcode in MESSAGE_ENDS:
+            self._message_end(qp, iteration, step, rx_ns)
+        if len(delivered) > 1:
+            for p in delivered[1:]:  # placed earlier, in order now
+                it, st, op = qp.placed.pop(p)
+                if op in MESSAGE_ENDS:
+                    self._message_end(qp, it, st, rx_ns)
+        if response is not None:
+            self.control.append((qp, bytes(qp.ack.fill(response.psn, response.syndrome,
+                                                       response.msn))))
+        if resp.reorder_ns:
+            self.dirty.add(qp)
+
+    def _message_end(self, qp: QueuePair, iteration: int, tag: int, rx_ns: int) -> None:
+        """The last packet of a message arrived in order."""
+        ready = self.progress.message_end(qp.peer, iteration, tag, rx_ns)
+        if ready is None:
+            self.counters["rx_unexpected_messages"] += 1
+            return
+        for t in ready:
+            self._post(t, iteration)
+
+    def _on_ack(self, qp: QueuePair, syndrome: int, psn: int, rx_ns: int) -> None:
+        for msg in qp.req.on_ack(psn, syndrome, rx_ns):
+            self.progress.acked(msg.tag, rx_ns)
+        if qp.req.pending():
+            self._queue(qp)  # a NAK rewound it
+        self.dirty.add(qp)
+
+    # --- send ---------------------------------------------------------------------------------
+    def _queue(self, qp: QueuePair) -> None:
+        if not qp.queued:
+            qp.queued = True
+            self.active.append(qp)
+            self.dirty.add(qp)
+
+    def nic_full(self) -> bool:
+        """Whether the NIC holds ``NIC_QUEUE_FRAMES`` frames (then it is blocked until the
+        next transmit timestamp: the loop collects them when one arrives). Frames a rate
+        limiter still holds have not reached the NIC's queue."""
+        if self.tx_key - self.stamped < NIC_QUEUE_FRAMES:
+            return False
+        now = time.time_ns()
+        if now >= self.next_departure_ns:  # a frame may have left since
+            self.collect_stamps()
+        if self.tx_key - self.stamped - self.held_frames(now) < NIC_QUEUE_FRAMES:
+            return False
+        self.nic_blocked = True
+        self.counters["tx_blocked"] += 1
+        return True
+
+    def reconcile_stamps(self) -> None:
+        """A NIC blocked although the kernel holds none of its frames (SIOCOUTQ): their
+        timestamps were lost (a frame dropped before the driver gets none); count them."""
+        if self.nic_blocked and not self.kernel_full and self.stamp_mark == self.stamped:
+            queued = fcntl.ioctl(self.tx.fileno(), termios.TIOCOUTQ, b"\0" * 4)
+            if int.from_bytes(queued, sys.byteorder) == 0:
+                self.counters["tx_stamps_lost"] += self.tx_key - self.stamped
+                self.stamped = self.tx_key
+                self.loop.unblock(self)
+        self.stamp_mark = self.stamped
+
+    def flush_control(self) -> None:
+        control = self.control
+        sent = 0
+        for qp, frame in control:
+            if self.nic_full():
+                break
+            try:
+                self.tx.send(frame)
+            except BlockingIOError:
+                self.nic_blocked = self.kernel_full = True
+                break
+            self.tx_pending[self.tx_key] = (time.time_ns(), len(frame), "c")
+            self.tx_key += 1
+            qp.control_frames += 1
+            qp.control_bytes += len(frame)
+            sent += 1
+        del control[:sent]
+
+    def held_frames(self, now: int) -> int:
+        """Frames the QPs' rate limiters still hold at ``now``."""
+        n = 0
+        for qp in list(self.holding):
+            held = qp.held
+            while held and held[0][2] <= now:
+                held.popleft()
+            if held:
+                n += len(held)
+            else:
+                self.holding.discard(qp)
+        return n
+
+    def limiter_lead_ns(self, rp: ReactionPoint) -> int:
+        return int(LIMITER_LEAD_GAPS * self.full_frame * 8e9 / rp.rate)
+
+    def sync_limit(self, qp: QueuePair, now: int) -> None:
+        """Give the QP's rate limiter DCQCN's rate (open at line rate). HTB charges a frame at
+        the rate it leaves with, so the frames the limiter holds after the first leave at the
+        new rate: their times (and the QP's next) are moved accordingly."""
+        rp = qp.rp
+        want = rp.rate if rp.congested else 0.0
+        if want == qp.limit_bps:
+            return
+        qp.limit_bps = want
+        self.limiters.set_rate(qp.limit, want)
+        qp.limit_log.append((now, want))
+        held = qp.held
+        while held and held[0][2] <= now:
+            held.popleft()
+        after = ratelimit.reschedule(held, 8e9 / (want or self.limiters.open_bps))
+        if after is not None:
+            qp.next_tx_ns = after
+
+    def send_data(self) -> None:
+        """Send packets round-robin over the QPs that may send now, until the NIC is full."""
+        send, spray, active, pending = self.sender.send, self.spray, self.active, self.tx_pending
+        dirty, counters = self.dirty, self.counters
+        while active and not self.nic_blocked:
+            progressed = False
+            i = 0
+            while i < len(active):
+                qp = active[i]
+                i += 1
+                now = time.time_ns()
+                rp = qp.rp
+                congested = rp is not None and rp.congested
+                limited = congested and qp.limit is not None
+                if limited:  # the limiter paces: hand it frames a few gaps ahead
+                    if qp.next_tx_ns > now + LIMITER_FILL_GAPS * self.full_frame * 8e9 / rp.rate:
+                        continue
+                elif congested and qp.next_tx_ns > now:
+                    continue
+                req = qp.req
+                o = req.peek()
+                if o is None:
+                    i -= 1
+                    del active[i]
+                    qp.queued = False
+                    continue
+                if self.tx_key - self.stamped >= NIC_QUEUE_FRAMES and self.nic_full():
+                    return
+                tpl = qp.conn.template(o.opcode, o.payload)
+                if spray:
+                    tpl.set_sport(0xC000 | self.rng.getrandbits(14))
+                msg = o.message
+                it, step = msg.tag
+                size = send(tpl, o.psn, o.ackreq, now, it,
+                            step | RETX_FLAG if o.retransmit else step, msg.va, msg.size)
+                if not size:
+                    self.nic_blocked = self.kernel_full = True
+                    counters["tx_blocked"] += 1
+                    return
+                pending[self.tx_key] = (now, size, "d")
+                self.tx_key += 1
+                qp.bytes_sent += size
+                if limited:  # the frame leaves the limiter one gap after the last
+                    self.sync_limit(qp, now)
+                    ready = max(now, qp.next_tx_ns)
+                    qp.next_tx_ns = ready + int(size * 8e9 / qp.limit_bps)
+                    if ready > now:
+                        qp.held.append([now, size, ready])
+                        self.holding.add(qp)
+                    req.commit(o, ready)  # its retransmission timer runs from then
+                    qp.sent_log.append(now)
+                    rp.on_sent(size, now)
+                    self.sync_limit(qp, now)
+                else:
+                    req.commit(o, now)
+                    if qp.limit is not None:
+                        qp.sent_log.append(now)
+                    if congested:  # the loop paces (at line rate the NIC does)
+                        # a rate limiter with one frame of credit: a send the loop made late
+                        # by less than a gap keeps the schedule, so late wakes keep the rate
+                        gap = int(size * 8e9 / rp.rate)
+                        qp.next_tx_ns = max(now - gap, qp.next_tx_ns) + gap
+                        rp.on_sent(size, now)
+                dirty.add(qp)
+                progressed = True
+            if not progressed:
+                return
+
+    def collect_stamps(self) -> None:
+        """Join the kernel transmit timestamps waiting on the NIC socket to their frames."""
+        n, last, size = self.stamps.join(self.tx_pending, self.tx_log)
+        self.stamped += n
+        if last >= 0:  # the next frame leaves the shaper one serialization time later
+            self.next_departure_ns = last + size * self.ns_per_byte
+
+    def service(self, now: int) -> None:
+        """After this GPU's events: move its iteration on, answer, send, re-arm its timers.
+        The iteration first: without a compute phase the next one's transfers are posted at
+        once, and must go out now, not at the next wake (the loop serves only GPUs that had
+        events)."""
+        if self.state == COLLECTIVE and self.progress.complete(self.it):
+            self._end_iteration(time.time_ns())
+        if self.limiters is not None:
+            for qp in self.dirty:
+                if qp.limit is not None:
+                    self.sync_limit(qp, now)
+        if self.control and not self.nic_blocked:
+            self.flush_control()
+        if self.active and not self.nic_blocked:
+            self.send_data()
+        if len(self.tx_pending) >= STAMPS_BATCH:
+            self.collect_stamps()
+        for qp in self.dirty:
+            self.loop.rearm(qp, now)
+        self.dirty.clear()
+        if self.nic_blocked:
+            self.loop.wait_for_nic(self)
+
+    # --- time ---------------------------------------------------------------------------------
+    @property
+    def lag(self) -> LagHistogram:
+        """How late the loop acted on this GPU's timers, all kinds together."""
+        total = LagHistogram()
+        for hist in self.lag_by.values():
+            total = total.merge(hist)
+        return total
+
+    def late(self, kind: str, lag_ns: int) -> None:
+        """The loop acted ``lag_ns`` after a ``kind`` timer's time (one of TIMER_KINDS)."""
+        hist = self.lag_by.get(kind)
+        if hist is None:
+            hist = self.lag_by[kind] = LagHistogram()
+        hist.add(lag_ns)
+
+    def qp_timers(self, qp: QueuePair, now: int, when: int) -> None:
+        """Run the timers of ``qp`` due at ``now`` (armed for ``when``) and record how late the
+        loop acted if one of them acted (a retransmission timeout, a paced packet's turn, a
+        DCQCN rate or alpha update, a reordering NAK); nothing for a deadline that moved on
+        meanwhile or the rate samples kept for the records. A QP whose limiter paces is late
+        only by what its limiter ran dry for. One wake is one sample, under the kind of the
+        last timer that acted."""
+        late = kind = None
+        if qp.req.check_timeout(now):
+            self._queue(qp)
+            late, kind = now - when, "rto"
+        rp = qp.rp
+        if rp is not None:
+            if rp.congested:
+                if now >= rp.next_event_ns():
+                    late, kind = now - when, "dcqcn"
+                elif qp.queued and late is None:
+                    if qp.limit is None:
+                        if qp.next_tx_ns <= now:
+                            late, kind = now - when, "pacing"
+                    elif now >= qp.next_tx_ns - self.limiter_lead_ns(rp):
+                        late, kind = max(0, now - max(qp.next_tx_ns, when)), "pacing"
+            rp.tick(now)
+            if now >= qp.next_sample_ns:
+                if qp._unsampled():
+                    qp.samples.append((now, rp.rate, qp.bytes_sent))
+                qp.next_sample_ns = now + self.rate_sample_ns
+        nak = qp.resp.tick(now)
+        if nak is not None:
+            self.control.append((qp, bytes(qp.ack.fill(nak.psn, nak.syndrome, nak.msn))))
+            late, kind = now - when, "nak"
+        self.dirty.add(qp)
+        if late is not None:
+            self.late(kind, late)
+
+    # --- the training iterations ---------------------------------------------------------------
+    def go(self, start_ns: int) -> None:
+        self._compute_from(start_ns)
+
+    def _compute_from(self, compute_start: int) -> None:
+        """The next iteration's compute phase starts at ``compute_start``."""
+        self.it += 1
+        self.state = COMPUTING
+        self.compute_start = compute_start
+        self.compute = self._compute_time()
+        self.ready_at = compute_start + self.compute[0] + self.compute[1]
+        now = time.time_ns()
+        if self.it > 0 and self.ready_at <= now:  # no compute phase: the next step at once
+            self.compute_done(self.ready_at, now)
+        else:
+            self.loop.at(self.ready_at, self)
+
+    def compute_done(self, when: int, now: int) -> None:
+        """The compute phase ended (its timer, due at ``when``, runs at ``now``)."""
+        if self.state != COMPUTING or when != self.ready_at:
+            return
+        if self.it == 0:  # all ranks start at once: the first bursts compete for the CPUs
+            self.first_start_lag_ns = now - self.ready_at
+        else:
+            self.late("compute", now - self.ready_at)
+        self.state = COLLECTIVE
+        self.collective_start = now
+        self.mark, self.mark_ns = None, now
+        for t in self.progress.begin(self.it):
+            self._post(t, self.it)
+
+    def _end_iteration(self, end: int) -> None:
+        w = self.progress.workload_of[self.it]
+        self.iteration_rows.append((self.rank, self.it, w.index, w.name, w.size,
+                                    self.compute_start, self.collective_start, end,
+                                    self.compute[0], self.compute[1], w.bytes_sent,
+                                    w.bytes_received))
+        self.loop.say(f"iter {self.host} {self.it}")
+        if self.it + 1 < self.iterations:
+            self._compute_from(end)
+        else:
+            self.state = FINISHED
+            self.loop.finished += 1
+            self.loop.say(f"finished {self.host}")
+
+    def _post(self, t, it: int) -> None:
+        now = time.time_ns()
+        at = t.dst_offset
+        for i, part in enumerate(self.progress.posted(t, it, now)):
+            qp = self.qp(t.dst, i)
+            qp.req.post((it, t.tag), part, now, va=at)
+            at += part
+            self._queue(qp)
+
+    def _compute_time(self) -> Tuple[int, int]:
+        """(compute phase, straggler delay) of the next iteration, in ns."""
+        rng = self.work_rng
+        compute = self.cfg.compute.ns
+        jitter = self.cfg.compute.jitter_ns
+        if jitter:
+            compute = max(0, int(compute + rng.uniform(-jitter, jitter)))
+        st = self.cfg.straggler
+        delay = 0
+        if st and rng.random() < st.probability:
+            mean = st.delay_ns
+            if st.distribution == "uniform":
+                delay = int(rng.uniform(0, 2 * mean))
+            elif st.distribution == "exponential":
+                delay = int(rng.expovariate(1 / mean)) if mean > 0 else 0
+            else:
+                delay = int(mean)
+        return int(compute), delay
+
+    def check_stuck(self, now: int) -> None:
+        """Fail a collective that made no progress for ``STUCK_S``."""
+        if self.state != COLLECTIVE:
+            return
+        mark = (len(self.packets), self.tx_key,
+                sum(q.req.counters["acks"] for q in self.qps.values()))
+        if mark != self.mark:
+            self.mark, self.mark_ns = mark, now
+        elif now - self.mark_ns > STUCK_S * 1e9:
+            w = self.progress.workload_of[self.it]
+            raise RuntimeError(f"{self.host}: no progress for {STUCK_S:.0f} s in iteration "
+                               f"{self.it} ({w.name}, {w.size:,} B)")

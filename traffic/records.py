@@ -1,0 +1,116 @@
+"""What an agent writes for each GPU when its collectives are done (the runner's
+``testbed.results`` reads them): packets, transmit times, operations, iterations, QP rates (CSV)
+and a summary (JSON)."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from typing import TYPE_CHECKING, Dict, List
+
+from testbed.atomic import atomic_file
+
+from . import ratelimit
+
+if TYPE_CHECKING:
+    from .gpu import Gpu
+
+# sent_ns: the sender's clock when it handed the packet to its NIC (carried in the packet);
+# the kernel transmit time is in the sender's tx file, joined on (src, sent_ns). The tx file
+# lists every frame the NIC sent (kind d: data, c: ACK/NAK/CNP) with its length.
+PACKET_FIELDS = ("src", "dst", "psn", "bytes", "sent_ns", "rx_ns", "iteration", "step", "ecn",
+                 "delivered", "retx")
+TX_FIELDS = ("sent_ns", "tx_ns", "bytes", "kind", "ready_ns")
+OP_FIELDS = ("rank", "iteration", "kind", "peer", "tag", "phase", "bytes", "start_ns", "end_ns")
+ITERATION_FIELDS = ("rank", "iteration", "workload", "collective", "size", "compute_start_ns",
+                    "start_ns", "end_ns", "compute_ns", "straggle_ns", "bytes_sent",
+                    "bytes_received")
+QP_FIELDS = ("qpn", "peer", "t_ns", "rate_bps", "bytes_sent")
+
+
+def counters(gpu: Gpu) -> dict:
+    """The GPU's counters, its QPs' summed up."""
+    c = dict(gpu.counters)
+    for qp in gpu.qps.values():
+        for k, v in qp.req.counters.items():
+            c[f"req_{k}"] = c.get(f"req_{k}", 0) + v
+        for k, v in qp.resp.counters.items():
+            c[f"resp_{k}"] = c.get(f"resp_{k}", 0) + v
+        if qp.np is not None:
+            c["cnps_sent"] = c.get("cnps_sent", 0) + qp.np.cnps_sent
+    c["tx_packets"] = c.get("req_tx_packets", 0)
+    c["retransmitted"] = c.get("req_retransmitted", 0)
+    c["naks_received"] = c.get("req_naks", 0)
+    c["timeouts"] = c.get("req_timeouts", 0)
+    c["naks_sent"] = c.get("resp_naks_sent", 0)
+    c["tx_bytes"] = sum(qp.bytes_sent for qp in gpu.qps.values())
+    if gpu.limiters is not None:
+        c["limiter_changes"] = gpu.limiters.changes
+        c["limiter_change_us"] = round(gpu.limiters.change_ns / 1000)
+        c["limiter_change_us_max"] = round(gpu.limiters.change_ns_max / 1000)
+    return c
+
+
+def frames_to(gpu: Gpu) -> Dict[str, List[int]]:
+    """Per peer rank: [data frames, their bytes, control frames, their bytes] sent."""
+    out: Dict[str, List[int]] = {}
+    for qp in gpu.qps.values():
+        r = qp.req.counters
+        row = out.setdefault(str(qp.peer), [0, 0, 0, 0])
+        row[0] += r["tx_packets"] + r["retransmitted"]
+        row[1] += qp.bytes_sent
+        row[2] += qp.control_frames
+        row[3] += qp.control_bytes
+    return {k: v for k, v in out.items() if any(v)}
+
+
+def limiter_ready_times(gpu: Gpu) -> Dict[int, int]:
+    """sent ns -> when its QP's limiter let it go, for the frames a limiter held (the tx
+    file's ready_ns: when they reached the NIC's shaper)."""
+    if gpu.limiters is None:
+        return {}
+    left = {row[0]: (row[1], row[2]) for row in gpu.tx_log if row[3] == "d"}
+    out: Dict[int, int] = {}
+    for qp in gpu.qps.values():
+        frames = [(s, *left[s]) for s in qp.sent_log if s in left]
+        out.update(ratelimit.ready_times(frames, qp.limit_log, gpu.limiters.open_bps))
+    return out
+
+
+def write(gpu: Gpu, out_dir: str) -> None:
+    """Every record file of ``gpu`` into ``out_dir``."""
+    gpu.collect_stamps()
+    if gpu.limiters is not None:
+        gpu.limiters.check()
+    base = os.path.join(out_dir, gpu.host)
+    write_csv(base + ".packets.csv", PACKET_FIELDS, gpu.packets)
+    write_csv(base + ".ops.csv", OP_FIELDS, gpu.progress.op_rows(gpu.iteration_rows))
+    write_csv(base + ".iterations.csv", ITERATION_FIELDS, gpu.iteration_rows)
+    ready = limiter_ready_times(gpu)
+    write_csv(base + ".tx.csv", TX_FIELDS,
+              (row + (ready.get(row[0], ""),) for row in gpu.tx_log))
+    rows = []
+    for qp in gpu.qps.values():
+        if qp.rp is None:
+            continue
+        for t, rate in qp.rp.history:
+            rows.append((qp.qpn, qp.peer, t, round(rate), ""))
+        for t, rate, sent in qp.samples:
+            rows.append((qp.qpn, qp.peer, t, round(rate), sent))
+    rows.sort(key=lambda r: (r[0], r[2]))
+    write_csv(base + ".qps.csv", QP_FIELDS, rows)
+    summary = {"rank": gpu.rank, "host": gpu.host, "counters": counters(gpu),
+               "rx_packets": len(gpu.packets), "loop_lag": gpu.lag.to_dict(),
+               "loop_lag_by_timer": {k: h.to_dict() for k, h in gpu.lag_by.items()},
+               "first_start_lag_us": round(gpu.first_start_lag_ns / 1000.0, 3),
+               "scheduling": gpu.loop.scheduling,
+               "frames_to": frames_to(gpu)}
+    with atomic_file(base + ".summary.json", sync=False) as f:
+        json.dump(summary, f)
+
+
+def write_csv(path: str, header, rows) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
