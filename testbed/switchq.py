@@ -21,9 +21,13 @@ the backlog of every traffic-class buffer of every switch port (one netlink dump
 
 The sample interval is the emulated reaction time; it is recorded with the results, with the
 sampling cost and lateness, the largest backlog seen per queue, marking time per port, and
-pause events and paused time per paused queue. Prints ``ready <interval us> <acting classes,
-comma-separated, or ->`` when set up; SIGTERM stops it, resumes anything paused and writes the
-report.
+pause events and paused time per paused queue (the recording: ``testbed.switchq_record``).
+Prints ``ready <interval us> <acting classes, comma-separated, or ->`` when set up; SIGTERM
+stops it, resumes anything paused and writes the report.
+
+Why one module over 400 lines: one sample decides ECN, PFC and adaptive routing's load from one
+pass over the queues, with the set-up each needs; what it tells others and what it records live
+beside it (``switchq_messages``, ``switchq_record``).
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ from typing import Dict, List, Optional, Tuple
 from controllers.classes import TrafficClass, class_dscps
 from controllers.pfc import PfcState, Queue
 
-from .atomic import atomic_file, write_json_atomic
+from .atomic import write_json_atomic
 from .bpf import Clsact
 from .bpfmark import Marker
 from .bpfqueue import QueueCounters
@@ -50,6 +54,8 @@ from .netlink import (QdiscSampler, QueueStats, send_and_check, socket_in_netns,
 from .procutil import die_with_parent, react_first
 from .shaping import gate_handle, gate_params, gate_parent
 from .switchq_contract import EmulatorConfig
+from .switchq_messages import Outbox, PfcRelay
+from .switchq_record import SampleCost, Timeline, peaks, spread
 
 
 QUEUE_GONE = QueueStats(0, 0, 0, 0)
@@ -63,145 +69,6 @@ PAUSE, RESUME = 1, 2  # what happens to a queue: the index of its message in ``p
 # Broadcast, from a MAC no GPU has, local experimental EtherType: dropped by every policy.
 KICK_FRAME = (b"\xff" * 6 + bytes.fromhex("020000000000") + b"\x88\xb5"
               + b"testbed: resume".ljust(46, b"\0"))
-
-
-class Outbox:
-    """Events for the controller, never blocking the sampling loop.
-
-    Only the latest state matters (marking on or off per port, the latest load), so pending
-    changes are merged and written when the socket takes them; a slow controller delays
-    marking changes instead of stopping PFC.
-    """
-
-    def __init__(self, path: str):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
-        self.sock.setblocking(False)
-        self.ecn: Dict[Tuple[int, int], bool] = {}
-        self.load: Optional[Dict[int, Dict[int, int]]] = None
-        self.pending = b""
-
-    def flush(self) -> bool:
-        """Send what is pending; False if some of it must wait for the next sample."""
-        if not self.pending and (self.ecn or self.load):
-            event = {}
-            if self.ecn:
-                event["ecn"] = [[d, p, m] for (d, p), m in sorted(self.ecn.items())]
-            if self.load:
-                event["load"] = {str(d): {str(p): b for p, b in ports.items()}
-                                 for d, ports in self.load.items()}
-            self.pending = (json.dumps(event) + "\n").encode()
-            self.ecn, self.load = {}, None
-        while self.pending:
-            try:
-                sent = self.sock.send(self.pending)
-            except BlockingIOError:
-                return False
-            self.pending = self.pending[sent:]
-        return True
-
-
-class PfcRelay:
-    """PFC between the queue emulators of a split fabric: a switch on one server pauses the
-    queues that feed it, and some of those are on another server. Each emulator listens on a
-    unix socket; messages (``{"q": [node, intf], "a": PAUSE|RESUME}``, one JSON line each)
-    go to the emulator of the server that holds the queue - reached through the socket
-    forwards of the servers' ssh tunnel; remote emulators reach only the main one, which
-    passes on what is not its own. Nothing here blocks the sampling loop."""
-
-    def __init__(self, cfg: EmulatorConfig):
-        self.me = cfg.server
-        self.owner: Dict[str, str] = cfg.owner  # node -> server
-        self.peers: Dict[str, str] = cfg.pfc_peers  # server (or "*") -> socket path
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            os.unlink(cfg.pfc_listen)
-        except FileNotFoundError:
-            pass
-        self.listener.bind(cfg.pfc_listen)
-        self.listener.listen(16)
-        self.listener.setblocking(False)
-        self.inbound: List[Tuple[socket.socket, bytearray]] = []
-        self.outbound: Dict[str, Tuple[Optional[socket.socket], bytearray]] = {}
-        self.counters = {"relayed_out": 0, "relayed_in": 0, "passed_on": 0}
-
-    def local(self, q: Queue) -> bool:
-        return self.owner.get(q.node, self.me) == self.me
-
-    def send(self, q: Queue, action: int, counted: str = "relayed_out") -> None:
-        dest = self.owner[q.node]
-        if not (self.peers.get(dest) or self.peers.get("*")):
-            raise FabricError(f"PFC relay: no way to reach the emulator of {dest}")
-        sock, buf = self.outbound.get(dest, (None, bytearray()))
-        buf += (json.dumps({"q": [q.node, q.intf], "a": action}) + "\n").encode()
-        self.outbound[dest] = (sock, buf)
-        if sock is None:  # connect now; if the peer is not up, the next flush tries again
-            self._reconnect(dest)
-        self.counters[counted] += 1
-
-    def flush(self) -> None:
-        for dest, (sock, buf) in list(self.outbound.items()):
-            while sock is not None and buf:
-                try:
-                    sent = sock.send(buf)
-                except BlockingIOError:
-                    break
-                except OSError:  # the forward closed (peer not up yet): reconnect later
-                    sock.close()
-                    sock = None
-                    self.outbound[dest] = (None, buf)
-                    self.counters["reconnects"] = self.counters.get("reconnects", 0) + 1
-                    break
-                del buf[:sent]
-            if sock is None and buf:
-                self._reconnect(dest)
-
-    def _reconnect(self, dest: str) -> None:
-        path = self.peers.get(dest) or self.peers.get("*")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(path)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            return
-        self.outbound[dest] = (sock, self.outbound[dest][1])
-
-    def receive(self) -> List[Tuple[Queue, int]]:
-        """Messages from peers for this server's queues (and passes on the others')."""
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except BlockingIOError:
-                break
-            conn.setblocking(False)
-            self.inbound.append((conn, bytearray()))
-        mine = []
-        for conn, buf in self.inbound:
-            try:
-                chunk = conn.recv(65536)
-            except BlockingIOError:
-                continue
-            buf += chunk
-            *lines, rest = buf.split(b"\n")
-            buf[:] = rest
-            for line in lines:
-                m = json.loads(line)
-                q = Queue(m["q"][0], m["q"][1])
-                if self.local(q):
-                    mine.append((q, int(m["a"])))
-                    self.counters["relayed_in"] += 1
-                else:
-                    self.send(q, int(m["a"]), "passed_on")
-        return mine
-
-    def close(self) -> None:
-        for conn, _ in self.inbound:
-            conn.close()
-        for sock, _ in self.outbound.values():
-            if sock is not None:
-                sock.close()
-        self.listener.close()
 
 
 class Emulator:
@@ -273,18 +140,12 @@ class Emulator:
         self.counters = {"samples": 0, "late": 0, "ecn_events": 0, "load_events": 0,
                          "pauses_sent": 0, "resumes_sent": 0, "events_deferred": 0,
                          "quiet": 0}
-        self.sample_ns: List[int] = []
-        self.gap_ns: List[int] = []  # between one sample's start and the next: reaction time
+        self.cost = SampleCost()
         self.scheduling = "normal"  # how ``main`` got the CPU (``ahead_of_traffic``)
         self.events = None
         self.relay: Optional[PfcRelay] = None  # split fabrics: PFC to other servers' queues
         self.sockets = []
-        # Timeline: per window, the largest backlog of every port's watched class and the
-        # queues paused at some point in it (for plots of queue occupancy and PFC).
-        self.window_start = 0
-        self.window_max: List[int] = []
-        self.window_paused: set = set()
-        self.timeline: List[tuple] = []
+        self.timeline = Timeline(self.port_order, self.window_ns)
 
     # --- set-up -----------------------------------------------------------------------------
     def open(self) -> None:
@@ -438,7 +299,8 @@ class Emulator:
             self._load(by_class[self.load_class.minor], now)
         if self.events:
             self.counters["events_deferred"] += not self.events.flush()
-        self._record(by_class[self.load_class.minor], now)
+        self.timeline.add(by_class[self.load_class.minor],
+                          (q.intf for q in self.pfc.paused_since) if self.pfc else (), now)
 
     def _quiet(self, by_class) -> bool:
         """Whether no acting queue can reach a threshold before the sample after next: each
@@ -463,35 +325,6 @@ class Emulator:
                 self.bias[k] = counted[k] - true[k]
             error = counted[k] - self.bias[k] - true[k]
             self.counter_errors.append(error)
-
-    def _record(self, backlog: List[int], now: int) -> None:
-        if not self.window_start:
-            self.window_start = now
-        # a window's first sample starts its maxima
-        self.window_max = (list(map(max, self.window_max, backlog)) if self.window_max
-                           else list(backlog))
-        if self.pfc:
-            self.window_paused.update(q.intf for q in self.pfc.paused_since)
-        if now - self.window_start >= self.window_ns:
-            self._close_window()
-            self.window_start = now
-
-    def _close_window(self) -> None:
-        self.timeline.append((self.window_start, self.window_max or [0] * len(self.port_order),
-                              " ".join(sorted(self.window_paused))))
-        self.window_max, self.window_paused = [], set()
-
-    def write_timeline(self, path: str) -> None:
-        """CSV: window start (ns since the epoch), the largest backlog of each switch port's
-        watched class in the window (bytes), and the queues paused in it."""
-        import csv
-        if self.window_start:
-            self._close_window()
-        with atomic_file(path, "w", sync=False, newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["time_ns"] + self.port_order + ["paused"])
-            for t, values, paused in self.timeline:
-                w.writerow([t] + values + [paused])
 
     def _ecn(self, backlog: List[int], now: int) -> None:
         rule = self.marks.ecn
@@ -565,7 +398,7 @@ class Emulator:
         while not stop():
             t0 = time.monotonic_ns()
             if self.counters["samples"]:
-                self.gap_ns.append(t0 - last)
+                self.cost.gap_ns.append(t0 - last)
             last = t0
             if t0 - next_at > interval:
                 self.counters["late"] += 1
@@ -573,7 +406,7 @@ class Emulator:
             self.step(time.time_ns())
             self.counters["samples"] += 1
             took = time.monotonic_ns() - t0
-            self.sample_ns.append(took)
+            self.cost.took_ns.append(took)
             # quiet (no queue can reach a threshold before the one after it): skip a sample
             next_at += interval * (QUIET_SPACING if self.quiet else 1)
             if self.quiet:
@@ -591,12 +424,6 @@ class Emulator:
             self.pfc.finish(now)
         for intf in list(self.marking_since):
             self.marking_ns[intf] = self.marking_ns.get(intf, 0) + now - self.marking_since[intf]
-        ns = sorted(self.sample_ns) or [0]
-        gaps = sorted(self.gap_ns) or [0]
-        by_handle = {c.minor << 16: c.name for c in self.classes}
-        max_backlog: Dict[str, Dict[str, int]] = {}
-        for (intf, handle), b in sorted(self.max_backlog.items()):
-            max_backlog.setdefault(intf, {})[by_handle.get(handle, hex(handle))] = b
         pfc = self.pfc.report() if self.pfc else {}
         if self.relay:
             self.relay.flush()  # the resumes above, to the other servers
@@ -607,18 +434,13 @@ class Emulator:
             "acting_backlog_from": self.counting,
             "quiet_below_bytes": self.low_water,
             "quiet_samples_skipped": self.counters["quiet"],
-            "counter_error_bytes": _spread(self.counter_errors) if self.counters_bpf else None,
+            "counter_error_bytes": spread(self.counter_errors) if self.counters_bpf else None,
             "all_classes_every_us": self.full_ns / 1000,
             "scheduling": self.scheduling,
             "counters": self.counters,
-            "sample_ms": {"mean": round(sum(ns) / len(ns) / 1e6, 4),
-                          "p99": round(_p99(ns) / 1e6, 4),
-                          "max": round(ns[-1] / 1e6, 4),
-                          "max_gap": round(gaps[-1] / 1e6, 4),
-                          "gap_p99": round(_p99(gaps) / 1e6, 4),
-                          # a sample more than three intervals after the one before
-                          "gaps_over_3_intervals": sum(g > 3 * self.tick_ns for g in gaps)},
-            "max_backlog": max_backlog,
+            "sample_ms": self.cost.report(self.tick_ns),
+            "max_backlog": peaks(self.max_backlog,
+                                 {c.minor << 16: c.name for c in self.classes}),
             "ecn": {intf: {"toggles": self.toggles[intf],
                            "marking_ms": round(self.marking_ns.get(intf, 0) / 1e6, 3)}
                     for intf in sorted(self.toggles)},
@@ -638,17 +460,6 @@ class Emulator:
             s.close()
         if self.relay:
             self.relay.close()
-
-
-def _p99(ordered: List[int]) -> int:
-    return ordered[int(len(ordered) * 0.99) - 1 if len(ordered) > 1 else 0]
-
-
-def _spread(values: List[int]) -> dict:
-    """How far the kernel counters were off at the full samples (bytes)."""
-    v = sorted(values) or [0]
-    return {"min": v[0], "p1": v[len(v) // 100], "p50": v[len(v) // 2],
-            "p99": v[min(len(v) - 1, len(v) * 99 // 100)], "max": v[-1], "checks": len(values)}
 
 
 def ahead_of_traffic() -> str:
@@ -686,7 +497,7 @@ def main(argv=None) -> int:
         emu.run(lambda: bool(stopping))
         write_json_atomic(cfg.out, emu.finish())
         if cfg.timeline:
-            emu.write_timeline(cfg.timeline)
+            emu.timeline.write(cfg.timeline)
     finally:
         emu.close()
     return 0

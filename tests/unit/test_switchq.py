@@ -24,11 +24,9 @@ def test_one_report_is_kept_as_it_is():
 
 
 def test_the_timeline_keeps_each_windows_largest_backlogs():
-    from testbed.switchq import Emulator
-    emu = Emulator.__new__(Emulator)  # the recorder alone: no fabric
-    emu.port_order, emu.window_ns, emu.pfc = ["a", "b"], 10, None
-    emu.window_start, emu.window_max, emu.window_paused, emu.timeline = 0, [], set(), []
+    from testbed.switchq_record import Timeline
+    timeline = Timeline(["a", "b"], window_ns=10)  # the recorder alone: no fabric
     for now, backlog in [(100, [1, 5]), (105, [3, 2]), (110, [0, 0]), (115, [7, 1]),
                          (121, [0, 0])]:
-        emu._record(backlog, now)
-    assert [(t, v) for t, v, _paused in emu.timeline] == [(100, [3, 5]), (110, [7, 1])]
+        timeline.add(backlog, (), now)
+    assert [(t, v) for t, v, _paused in timeline.windows] == [(100, [3, 5]), (110, [7, 1])]
