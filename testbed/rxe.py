@@ -28,6 +28,9 @@ by ``python -m testbed clean`` after a killed run.
 
 The pure parts (what to change, perftest's command lines and output) are separate from the
 thin I/O class at the end.
+
+Why one module over 400 lines: every change of the root-namespace mode is paired with its
+undo, and the pure plan of them is read beside the thin class that applies it.
 """
 from __future__ import annotations
 
