@@ -3,7 +3,7 @@
 Mininet and Open vSwitch come from the distribution (see scripts/install.sh): the PyPI
 `mininet` is a stale build without `mnexec`, so the venv is made with --system-site-packages.
 """
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 # The GPU NIC's system-call edge in C (traffic/nicio.py falls back to Python without it).
 NICIO = Extension("traffic._nicio", ["traffic/_nicio.c"], libraries=["z"], optional=True,
@@ -17,8 +17,8 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.9",
-    packages=["testbed", "controllers", "traffic"],
-    package_data={"testbed": ["scenarios/*.yaml"]},
+    packages=find_packages(include=["testbed", "testbed.*", "controllers", "traffic"]),
+    package_data={"testbed.scenario": ["builtin/*.yaml"]},
     ext_modules=[NICIO],
     install_requires=[
         "os-ken>=4.0,<5",

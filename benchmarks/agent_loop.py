@@ -84,7 +84,7 @@ def loop_run(gpus, size: int, iterations: int, rate_bps: float) -> dict:
 
     r, w = os.pipe()
     os.write(w, b"stop\n")
-    from testbed.agents import reference_transport
+    from testbed.run.agent_processes import reference_transport
     from traffic.contract import Compute, GpuConfig, Peer, WorkloadSpec
 
     def peers(h):  # whoever a frame is for, it leaves by this GPU's NIC to its far end

@@ -16,8 +16,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from testbed import runner  # noqa: E402
-from testbed.catalog import find  # noqa: E402
+from testbed.run import runner  # noqa: E402
+from testbed.scenario.catalog import find  # noqa: E402
 
 
 def figures(results: dict) -> dict:

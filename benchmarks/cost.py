@@ -35,10 +35,11 @@ from collections import defaultdict
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from testbed import catalog, cost, runner  # noqa: E402
-from testbed.capabilities import detect  # noqa: E402
-from testbed.ledger import Ledger  # noqa: E402
-from testbed.runplan import decide  # noqa: E402
+from testbed.scenario import catalog  # noqa: E402
+from testbed.run import cost, runner
+from testbed.fabric.capabilities import detect  # noqa: E402
+from testbed.base.ledger import Ledger  # noqa: E402
+from testbed.run.runplan import decide  # noqa: E402
 
 ROW_NAMES = {"agents": "GPU agents (floor: raw sender)", "open_vswitch": "Open vSwitch",
              "switch_queue_emulator": "switch-queue emulator", "controller": "controller",

@@ -26,9 +26,9 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from testbed import runner  # noqa: E402
-from testbed.config import Scenario  # noqa: E402
-from testbed.report import sig, table  # noqa: E402
+from testbed.run import runner  # noqa: E402
+from testbed.scenario.config import Scenario  # noqa: E402
+from testbed.results.report import sig, table  # noqa: E402
 
 SCENARIO = {
     "name": "dcqcn-incast",

@@ -32,7 +32,7 @@ METHODS = ("openflow", "bpf")
 
 
 def scenario():
-    from testbed.config import DEFAULT
+    from testbed.scenario.config import DEFAULT
     return DEFAULT.override({
         "policies": ["lossless"], "workload": {"iterations": 1},
         "topology": {"host_rate_mbit": 40, "fabric_rate_mbit": 20},
@@ -63,8 +63,8 @@ def busy(stop_at: float) -> None:
 
 
 def one_run(method: str, out_root: str, load: bool) -> dict:
-    from testbed import runner
-    from testbed.capabilities import detect
+    from testbed.run import runner
+    from testbed.fabric.capabilities import detect
 
     caps = detect()
     if method == "bpf" and not caps.bpf_marking:

@@ -24,8 +24,9 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from testbed import catalog, runner  # noqa: E402
-from testbed.report import sig, table  # noqa: E402
+from testbed.scenario import catalog  # noqa: E402
+from testbed.run import runner
+from testbed.results.report import sig, table  # noqa: E402
 
 
 def modelled_cct_ms(results: dict) -> dict:

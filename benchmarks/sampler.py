@@ -9,14 +9,14 @@ in a private network namespace (``unshare --net``: it vanishes with the process,
 left), then times, side by side in one run:
 
 * ``pyroute2``: ``IPRoute().get_qdiscs()`` - a plain dump, every qdisc parsed;
-* ``testbed``: ``testbed.netlink.QdiscSampler.sample()`` - the switch-queue emulator's sampler,
+* ``testbed``: ``testbed.base.netlink.QdiscSampler.sample()`` - the switch-queue emulator's sampler,
   returning the backlog of every class buffer of every switch port;
 * its ``sample_subset()`` - what the emulator reads between those full samples: the buffers
   of the classes whose backlog it acts on (ECN, PFC), one request per queue in one batch;
-* ``emulator``: one whole sample of the switch-queue emulator as a run configures it for the
-  policy (``testbed.switchq.Emulator.step``: its kernel counters where the kernel runs them,
-  marking, PFC, load, the timeline) on the idle fabric, and its CPU per second at the
-  default 1 ms interval.
+* ``emulator``: one whole sample of the switch-queue emulator as a run configures it for the policy
+  (``testbed.switchq.emulator.Emulator.step``: its kernel counters where the kernel runs them,
+  marking, PFC, load, the timeline) on the idle fabric, and its CPU per second at the default 1 ms
+  interval.
 """
 from __future__ import annotations
 
@@ -37,12 +37,12 @@ from privatens import reexec_in_private_netns  # noqa: E402
 
 def build(policy_name: str):
     from controllers.policy import make_policy
-    from testbed.config import DEFAULT
+    from testbed.scenario.config import DEFAULT
     DEFAULT = DEFAULT.for_checks()  # at the reference rate the benchmark's figures are for
-    from testbed.fabric import egress_shapes
-    from testbed.runner import link_mtu
-    from testbed.shaping import tc_commands
-    from testbed.topology import FabricPlan
+    from testbed.fabric.network import egress_shapes
+    from testbed.fabric.shaping import link_mtu
+    from testbed.fabric.shaping import tc_commands
+    from testbed.base.topology import FabricPlan
 
     scenario = DEFAULT
     t = scenario.topology
@@ -69,12 +69,12 @@ def emulator_step(policy_name: str, samples: int) -> dict:
     import resource
 
     from controllers.policy import make_policy
-    from testbed.config import DEFAULT
+    from testbed.scenario.config import DEFAULT
     DEFAULT = DEFAULT.for_checks()  # at the reference rate the benchmark's figures are for
-    from testbed.runner import link_mtu
-    from testbed.switchq import Emulator
-    from testbed.switchq_contract import EmulatorConfig
-    from testbed.topology import FabricPlan
+    from testbed.fabric.shaping import link_mtu
+    from testbed.switchq.emulator import Emulator
+    from testbed.switchq.contract import EmulatorConfig
+    from testbed.base.topology import FabricPlan
 
     t = DEFAULT.topology
     plan = FabricPlan.for_topology(t)
@@ -118,7 +118,7 @@ def time_it(fn, samples: int):
 def inner(args) -> int:
     from pyroute2 import IPRoute
 
-    from testbed.netlink import QdiscSampler
+    from testbed.base.netlink import QdiscSampler
 
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     _plan, classes, wanted = build(args.policy)

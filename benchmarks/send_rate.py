@@ -54,7 +54,7 @@ class NoLoop:
 def make_agent(mtu: int, entropy: str = "per-qp"):
     from dataclasses import replace
 
-    from testbed.agents import reference_transport
+    from testbed.run.agent_processes import reference_transport
     from traffic.gpu import Gpu
     from traffic.contract import Compute, GpuConfig, WorkloadSpec
     # the send path alone: no retransmission timeout in the way, and no DCQCN byte-counter

@@ -22,12 +22,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from testbed import runner  # noqa: E402
-from testbed.catalog import find  # noqa: E402
-from testbed.ledger import tagged_bridges  # noqa: E402
-from testbed.atomic import write_json_atomic  # noqa: E402
+from testbed.run import runner  # noqa: E402
+from testbed.scenario.catalog import find  # noqa: E402
+from testbed.base.ledger import tagged_bridges  # noqa: E402
+from testbed.base.atomic import write_json_atomic  # noqa: E402
 
-MARKERS = ("traffic.agent", "traffic.flows", "testbed.switchq", "controllers.launcher",
+MARKERS = ("traffic.agent", "traffic.flows", "testbed.switchq.emulator", "controllers.launcher",
            "mininet:")
 
 

@@ -3,7 +3,7 @@
 
     sudo .venv/bin/python benchmarks/wakeup.py [--rounds 6] [--sleeps 500] [--json]
 
-A run holds ``/dev/cpu_dma_latency`` at 0 us while it lasts (``testbed.wakeup``) so idle
+A run holds ``/dev/cpu_dma_latency`` at 0 us while it lasts (``testbed.run.wakeup``) so idle
 CPUs wake for timers and packets at once. This puts the two side by side in one run,
 interleaved round by round: sleeps of 200 us with 1 us of timer slack (as the agents set
 theirs), and how far past 200 us each one returned. Prints the overshoot's p50, p95 and p99
@@ -20,8 +20,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from testbed.procutil import precise_timers  # noqa: E402
-from testbed.wakeup import cpus_kept_awake  # noqa: E402
+from testbed.base.procutil import precise_timers  # noqa: E402
+from testbed.run.wakeup import cpus_kept_awake  # noqa: E402
 
 SLEEP_S = 200e-6
 

@@ -1,9 +1,9 @@
 """Egress traffic classes: what each policy asks of every switch port and GPU NIC queue.
 
 A policy describes its classes (priority, DSCPs, buffer, lossless or not, ECN rule); the fabric
-turns them into HTB classes with a byte FIFO each and u32 DSCP filters (``testbed.shaping``),
-and the switch-queue emulator watches their backlog (``testbed.switchq``). Priority 0 is the
-highest; HTB serves higher-priority classes first (strict priority).
+turns them into HTB classes with a byte FIFO each and u32 DSCP filters (``testbed.fabric.shaping``),
+and the switch-queue emulator watches their backlog (``testbed.switchq.emulator``). Priority 0 is
+the highest; HTB serves higher-priority classes first (strict priority).
 """
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
 """What the runner tells the controller process: the policy, the fabric it programs, the
 policy's parameters and the emulation's context. A frozen dataclass, JSON on the wire (the
-policy file); built from the configured policy in the runner (``testbed.controller``), read
-by the os-ken app (``controllers.app``)."""
+policy file); built from the configured policy in the runner
+(``testbed.run.controller_process``), read by the os-ken app (``controllers.app``)."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict
 
-from testbed.topology import FabricPlan
+from testbed.base.topology import FabricPlan
 
 from .params import resolve
 from .policy import FabricContext, Policy, policy_class

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Set, Tuple
 
-from testbed.errors import ConfigError
+from testbed.base.errors import ConfigError
 
 from .classes import TrafficClass
-from .flows import (CONTROLLER, PRIO_HOST, PRIO_MISS, PRIO_ROUTE, Bucket, ClearFlows, Group,
+from .messages import (CONTROLLER, PRIO_HOST, PRIO_MISS, PRIO_ROUTE, Bucket, ClearFlows, Group,
                     GroupMod, Message, Output, flow)
 from .params import EnterpriseParams
 from .policy import Policy, register

@@ -13,7 +13,7 @@ from typing import List, Tuple
 
 from . import l3
 from .classes import EcnRule, TrafficClass
-from .flows import PRIO_MISS, ClearFlows, Message, flow
+from .messages import PRIO_MISS, ClearFlows, Message, flow
 from .params import HyperscaleParams
 from .policy import Policy, register
 

@@ -11,7 +11,7 @@ Tables::
                 marking group)
 
 ECN marking normally happens below the switch, in the kernel (RED, or the switch-queue
-emulator's BPF program: ``testbed.bpfmark``), and the pipeline never looks at the ECN bits.
+emulator's BPF program: ``testbed.fabric.bpfmark``), and the pipeline never looks at the ECN bits.
 Where neither runs (``FabricContext.openflow_marking``), every egress port ``p`` has an
 indirect group ``MARK_BASE + p`` whose one bucket is either ``output:p`` or
 ``set_field:3->ip_ecn, output:p``: the switch-queue emulator turns marking on and off per port by
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-from testbed.topology import FabricPlan, leaf_subnet
+from testbed.base.topology import FabricPlan, leaf_subnet
 
-from .flows import (ECN_CE, ETH_TYPE_IPV4, PRIO_ECT, PRIO_HOST, PRIO_MISS, PRIO_ROUTE, Bucket,
+from .messages import (ECN_CE, ETH_TYPE_IPV4, PRIO_ECT, PRIO_HOST, PRIO_MISS, PRIO_ROUTE, Bucket,
                     Group, GroupMod, Message, Multipath, Output, SetField, flow, prefix)
 
 ROUTE, FLOWLET, AR, ECMP, EGRESS = 0, 1, 2, 3, 4

@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from testbed.procutil import die_with_parent
+from testbed.base.procutil import die_with_parent
 
 
 def parse_args(argv):

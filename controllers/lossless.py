@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from testbed.hops import model
-from testbed.topology import leaf_subnet
+from testbed.base.hops import model
+from testbed.base.topology import leaf_subnet
 
 from . import l3
 
 from .classes import EcnRule, PfcRule, TrafficClass
-from .flows import (ETH_TYPE_IPV4, IPPROTO_UDP, PRIO_MISS, PRIO_ROCE, PRIO_ROUTE, ROCE_PORT,
+from .messages import (ETH_TYPE_IPV4, IPPROTO_UDP, PRIO_MISS, PRIO_ROCE, PRIO_ROUTE, ROCE_PORT,
                     ClearFlows, Learn, Message, Multipath, Resubmit, SetField, flow, prefix)
 from .params import LosslessParams
 from .policy import Policy, register
@@ -59,7 +59,7 @@ class LosslessPolicy(Policy):
     def headroom_bytes(self) -> int:
         """Buffer beyond XOFF: every port that can feed one egress queue keeps sending for
         the emulated reaction time (plus two frames in flight) before its pause lands, and
-        what it sent during the switch's per-hop delay (``testbed.hops``: frames wait in that
+        what it sent during the switch's per-hop delay (``testbed.base.hops``: frames wait in that
         delay line before they join the paused buffer) lands after it - the "rate x one-way
         delay" of docs/REFERENCE.md. Counted whether or not this kernel applies the delay."""
         if self.params.pfc_headroom_bytes:

@@ -1,10 +1,10 @@
-"""Translate ``controllers.flows`` messages into os-ken OpenFlow 1.3 parser objects
+"""Translate ``controllers.messages`` messages into os-ken OpenFlow 1.3 parser objects
 (Nicira extensions for resubmit, multipath and learn, as Open vSwitch implements them)."""
 from __future__ import annotations
 
 from typing import List
 
-from .flows import (CONTROLLER, ClearFlows, FlowMod, Group, GroupMod, Learn, Message,
+from .messages import (CONTROLLER, ClearFlows, FlowMod, Group, GroupMod, Learn, Message,
                     Multipath, Output, Resubmit, SetField)
 
 _GROUP_TYPES = {"select": "OFPGT_SELECT", "all": "OFPGT_ALL", "indirect": "OFPGT_INDIRECT",

@@ -21,8 +21,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Tuple
 
-from testbed.errors import ConfigError
-from testbed.schema import build
+from testbed.base.errors import ConfigError
+from testbed.base.schema import build
 
 REFERENCE_RATE_MBIT = 40.0  # the emulated rate the testbed's defaults were measured at
 REFERENCE_MODELLED_GBIT = 100.0  # the modelled rate the byte defaults are declared for

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Set, Tuple
 
-from testbed.topology import FabricPlan
+from testbed.base.topology import FabricPlan
 
 from .classes import PfcRule
 

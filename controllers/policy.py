@@ -1,9 +1,9 @@
 """The policy interface every switching policy implements, and the explicit registry.
 
 A policy is a pure core (Faucet style): it takes fabric events and returns OpenFlow messages
-(``controllers.flows``) and the traffic classes every egress queue must have
+(``controllers.messages``) and the traffic classes every egress queue must have
 (``controllers.classes``); it never touches a socket. ``controllers.app`` is the thin os-ken
-adapter that feeds it events; ``testbed.switchq`` emulates the switches' queue mechanisms
+adapter that feeds it events; ``testbed.switchq.emulator`` emulates the switches' queue mechanisms
 (ECN marking, PFC) that the classes ask for and reports queue state back as events.
 """
 from __future__ import annotations
@@ -13,10 +13,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Dict, List, Optional, Tuple, Type
 
-from testbed.topology import FabricPlan
+from testbed.base.topology import FabricPlan
 
 from .classes import TrafficClass
-from .flows import Message
+from .messages import Message
 from .params import resolve, to_dict
 
 # After the emulator acts, frames that left the feeding queues before it still arrive: those
@@ -36,13 +36,13 @@ class FabricContext:
     fabric_rate_mbit: float = 40.0
     mtu: int = 4096  # RoCE path MTU
     sample_interval_s: float = 0.001  # of the switch-queue emulator
-    # the per-hop latency model's inputs (testbed.hops), besides the policy's own parameters
+    # the per-hop latency model's inputs (testbed.base.hops), besides the policy's own parameters
     time_scale: float = 1.0
     cable_m: float = 0.0
     link_delay_us: float = 0.0
     switch_latency: bool = False
     # sampled ECN marking through OpenFlow marking groups (only where the kernel cannot run
-    # testbed.bpfmark's program): the EGRESS table then matches ip_ecn
+    # testbed.fabric.bpfmark's program): the EGRESS table then matches ip_ecn
     openflow_marking: bool = False
     modelled_gbit: float = 100.0  # the modelled fabric's link rate: the byte defaults scale
 
@@ -127,7 +127,7 @@ def register(cls: Type[Policy]) -> Type[Policy]:
 
 def make_policy(name: str, plan: FabricPlan, scenario, openflow_marking: bool = False) -> Policy:
     """The policy ``name`` configured by a scenario (its parameter overrides, rates, MTU);
-    ``openflow_marking``: its switches mark ECN through OpenFlow (``testbed.runplan``)."""
+    ``openflow_marking``: its switches mark ECN through OpenFlow (``testbed.run.runplan``)."""
     context = dataclasses.replace(FabricContext.of(scenario), openflow_marking=openflow_marking)
     params = resolve(name, scenario.policy_params.get(name, {}), context.modelled_gbit,
                      context.mtu)

@@ -23,8 +23,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
-from .config import Scenario
-from .errors import ConfigError
+from .base.errors import ConfigError
+from .scenario.config import Scenario
 
 
 def _from(cls, data: Optional[Mapping[str, Any]]):
@@ -263,7 +263,7 @@ class PolicyResult:
         "measured_min_us {same_leaf, cross_leaf}: the lowest one-way latency seen")
     emulation_cost: Optional[Dict[str, Any]] = figure(
         "CPU per delivered frame by component (agents, Open vSwitch, emulator, controller, "
-        "runner, kernel) and the CPUs' busy share while the traffic ran (testbed.cost)")
+        "runner, kernel) and the CPUs' busy share while the traffic ran (testbed.run.cost)")
     fidelity: Optional[Fidelity] = figure(
         "the fidelity monitor's checks with measured values and tolerances, verdict (ok or "
         "outside tolerance), problems and advice (docs/fidelity.md)")
@@ -325,7 +325,7 @@ class RunResult:
 
 def load_result(run_dir: str) -> RunResult:
     """The result of a saved run (its ``results.json``)."""
-    from .rundata import load_results
+    from .results.rundata import load_results
 
     data = load_results(run_dir)
     try:
@@ -341,7 +341,7 @@ ScenarioLike = Union[str, Mapping[str, Any], Scenario]
 def scenario_of(spec: ScenarioLike, policies=None, **overrides) -> Scenario:
     """A ``Scenario`` from a built-in name, a file, a mapping or a ``Scenario``, with overrides
     (partial sections, e.g. ``workload={"iterations": 2}``)."""
-    from .catalog import find
+    from .scenario.catalog import find
 
     if isinstance(spec, Scenario):
         scenario = spec
@@ -359,7 +359,7 @@ def scenario_of(spec: ScenarioLike, policies=None, **overrides) -> Scenario:
 def run_scenario(spec: ScenarioLike, policies=None, out_root: str = "results",
                  progress=lambda message: None, **overrides) -> RunResult:
     """Run a scenario on real fabrics (root and Open vSwitch needed) and return its result."""
-    from . import runner
+    from .run import runner
 
     results, run_dir = runner.run(scenario_of(spec, policies, **overrides), out_root=out_root,
                                   progress=progress)

@@ -18,9 +18,9 @@ import sys
 
 from traffic.collectives import ALGORITHMS
 
-from .config import ALL_POLICIES, DEFAULT
-from .errors import ConfigError, TestbedError
-from .term import paint
+from .base.errors import ConfigError, TestbedError
+from .results.term import paint
+from .scenario.config import ALL_POLICIES, DEFAULT
 
 
 def _progress(quiet: bool):
@@ -30,10 +30,11 @@ def _progress(quiet: bool):
 
 
 def cmd_calibrate(args) -> int:
-    from . import calibrate, timescale
-    from .catalog import find
+    from .run import calibrate
+    from .scenario import timescale
+    from .scenario.catalog import find
 
-    from .report import table
+    from .results.report import table
 
     cal = (args.if_missing and calibrate.load()) or calibrate.measure(_progress(args.quiet))
     rows = [[name, f"{share:.0%}"] for name, share in cal.busy.items()]
@@ -50,10 +51,10 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from . import runner
-    from .catalog import find
-    from .config import parse_sizes
-    from .report import summary_table
+    from .run import runner
+    from .scenario.catalog import find
+    from .scenario.config import parse_sizes
+    from .results.report import summary_table
 
     scenario = find(args.scenario) if args.scenario else DEFAULT
     if args.iterations is not None:
@@ -87,7 +88,7 @@ def cmd_run(args) -> int:
 
 
 def _print_verdicts(results: dict) -> None:
-    from .report import fidelity_warnings
+    from .results.report import fidelity_warnings
 
     for line in fidelity_warnings(results):
         print(paint(line, "warn", sys.stderr), file=sys.stderr)
@@ -95,7 +96,7 @@ def _print_verdicts(results: dict) -> None:
 
 def cmd_report(args) -> int:
     """Redraw the plots and report.html of a saved run."""
-    from .htmlreport import write
+    from .results.htmlreport import write
 
     path = write(args.run_dir, _progress(args.quiet))
     print(path)
@@ -103,8 +104,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .compare import compare
-    from .rundata import load_results
+    from .results.compare import compare
+    from .results.rundata import load_results
 
     a, b = load_results(args.run_a), load_results(args.run_b)
     print(compare(a, b, args.run_a, args.run_b))
@@ -122,8 +123,8 @@ def _servers(text: str):
 
 
 def cmd_check_servers(args) -> int:
-    from .cluster import check_server
-    from .term import paint
+    from .fabric.cluster import check_server
+    from .results.term import paint
 
     failed = False
     for server in _servers(args.servers):
@@ -137,7 +138,7 @@ def cmd_check_servers(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .capabilities import detect
+    from .fabric.capabilities import detect
 
     if args.servers:
         return cmd_check_servers(args)
@@ -199,7 +200,7 @@ def policies_reference() -> str:
 
     from controllers.policy import make_policy, policy_names
 
-    from .topology import FabricPlan
+    from .base.topology import FabricPlan
 
     # the classes' PFC headroom covers the emulator's reaction at the emulated rate: shown at
     # the reference rate
@@ -232,7 +233,7 @@ def policies_reference() -> str:
 
 def cmd_scenarios(args) -> int:
     """The built-in scenarios, or the reference of every scenario key."""
-    from . import catalog, reference
+    from .scenario import catalog, reference
 
     if args.reference:
         print(reference.markdown(), end="")
@@ -253,14 +254,14 @@ def cmd_scenarios(args) -> int:
 
 
 def cmd_clean(args) -> int:
-    from .ledger import clean
+    from .base.ledger import clean
 
     if os.geteuid() != 0:
         raise TestbedError("clean must run as root (sudo)")
     removed = []
     if args.servers:  # first the other servers, with this machine's record of the run
-        from .cluster import clean_server
-        from .ledger import read_record
+        from .fabric.cluster import clean_server
+        from .base.ledger import read_record
 
         interfaces = (read_record() or {}).get("interfaces", [])
         for server in _servers(args.servers):

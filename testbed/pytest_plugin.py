@@ -43,7 +43,7 @@ def testbed_run(request, tmp_path):
     """Call it with a scenario (built-in name, YAML file, mapping or Scenario), optional
     ``policies`` and partial overrides; returns a ``testbed.api.RunResult``."""
     from testbed.api import run_scenario
-    from testbed.capabilities import detect
+    from testbed.fabric.capabilities import detect
 
     problems = detect().problems_for_run()
     if problems:

@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 
-from testbed.calibrate import cache_path
+from testbed.run.calibrate import cache_path
 
 # Runs at ``auto`` keep per scenario the rate their rejections asked for (calibrate.learned).
 # A test session must neither start from what earlier sessions taught nor teach the user's

@@ -1,6 +1,6 @@
 """A fake OpenFlow 1.3 switch and fabric for policy unit tests (Faucet's fakeoftable idea).
 
-Policies return ``controllers.flows`` messages; ``FakeSwitch`` applies them to its tables and
+Policies return ``controllers.messages`` messages; ``FakeSwitch`` applies them to its tables and
 groups and answers "where does this packet go?" with the semantics Open vSwitch has for what
 the policies use: priorities, masked matches, goto_table, write_metadata, registers,
 set_field, resubmit (returns to the action list), groups (buckets act on a copy), multipath
@@ -14,9 +14,9 @@ import ipaddress
 import zlib
 from typing import Dict, List, Optional, Tuple
 
-from controllers.flows import (CONTROLLER, ClearFlows, FlowMod, Group, GroupMod, Learn,
+from controllers.messages import (CONTROLLER, ClearFlows, FlowMod, Group, GroupMod, Learn,
                                Multipath, Output, Resubmit, SetField)
-from testbed.topology import FabricPlan
+from testbed.base.topology import FabricPlan
 
 HASHED = ("ipv4_src", "ipv4_dst", "ip_proto", "udp_src", "udp_dst")
 

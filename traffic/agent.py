@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Dict, List, Sequence
 
-from testbed.procutil import die_with_parent, precise_timers, react_first
+from testbed.base.procutil import die_with_parent, precise_timers, react_first
 
 from . import records
 from .contract import AgentConfig, GpuConfig

@@ -1,6 +1,6 @@
 """What the runner tells an agent process: the GPUs it serves and where it writes their
 records. Frozen dataclasses, JSON on the wire (``to_dict`` / ``from_dict``); built by pure
-functions in the runner (``testbed.agents.agent_configs``), read by ``traffic.agent``.
+functions in the runner (``testbed.run.agent_processes.agent_configs``), read by ``traffic.agent``.
 
 Times are emulated nanoseconds (the runner has applied the time scale); rates bit/s.
 """
@@ -15,7 +15,7 @@ from typing import Any, Optional, Tuple
 @dataclass(frozen=True)
 class QpLimiter:
     """DCQCN's per-QP rate limiters on the GPU NIC (``traffic.ratelimit``): the HTB qdisc of
-    the class RoCE data travels in, and its QP classes' settings (``testbed.shaping``)."""
+    the class RoCE data travels in, and its QP classes' settings (``testbed.fabric.shaping``)."""
     major: int
     open_bytes: int
     burst: int

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Dict, List
 
-from testbed.procutil import die_with_parent, in_netns
+from testbed.base.procutil import die_with_parent, in_netns
 
 from . import roce
 

@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Dict
 
-from testbed.procutil import die_with_parent
+from testbed.base.procutil import die_with_parent
 
 from . import roce
 from .rxsocket import ANCILLARY_BYTES, ancillary, open_rx

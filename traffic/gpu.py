@@ -44,7 +44,7 @@ import time
 from collections import defaultdict, deque
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from testbed.procutil import in_netns
+from testbed.base.procutil import in_netns
 
 from . import nicio, ratelimit, roce
 from .contract import GpuConfig, Peer

@@ -2,7 +2,7 @@
 
 With DCQCN every QP sends at its own rate. Pacing that from the agent's loop costs one wake
 per frame, and a wake made late by a busy CPU is a frame sent late. Here the kernel paces:
-the RoCE class of a GPU NIC holds an HTB qdisc (``testbed.shaping`` builds it) whose default
+the RoCE class of a GPU NIC holds an HTB qdisc (``testbed.fabric.shaping`` builds it) whose default
 class is open (``OPEN_FACTOR`` x the line rate; the NIC's own shaper above sets the pace);
 the agent adds one class per QP that sends data and a u32 filter that steers the QP's data
 frames into it (ECN-capable TOS, destination address, destination QP in the BTH), and sets
@@ -22,7 +22,7 @@ import struct
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from testbed.netlink import (NLA_F_NESTED, NLM_F_ACK, NLM_F_REQUEST, NLMSGHDR, RATESPEC,
+from testbed.base.netlink import (NLA_F_NESTED, NLM_F_ACK, NLM_F_REQUEST, NLMSGHDR, RATESPEC,
                              TC_LINKLAYER_ETHERNET, TCA_KIND, TCA_OPTIONS, TCMSG,
                              PSCHED_NS_PER_TICK, _attr, netlink_errors, send_and_check)
 
@@ -123,7 +123,7 @@ def ready_times(frames: Sequence[Tuple[int, int, int]], rates: Sequence[Tuple[in
 class Limiters:
     """The QP classes of one GPU NIC. ``sock``: a NETLINK_ROUTE socket in the host's
     namespace; ``major``: the handle of the RoCE class's HTB qdisc; ``open_bytes``, ``burst``,
-    ``quantum``: the classes' settings (``testbed.shaping.limiter_qdisc``)."""
+    ``quantum``: the classes' settings (``testbed.fabric.shaping.limiter_qdisc``)."""
 
     def __init__(self, sock: socket.socket, ifindex: int, major: int, open_bytes: int,
                  burst: int, quantum: int):

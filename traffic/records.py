@@ -1,6 +1,6 @@
 """What an agent writes for each GPU when its collectives are done (the runner's
-``testbed.results`` reads them): packets, transmit times, operations, iterations, QP rates (CSV)
-and a summary (JSON)."""
+``testbed.results.collect`` reads them): packets, transmit times, operations, iterations, QP rates
+(CSV) and a summary (JSON)."""
 from __future__ import annotations
 
 import csv
@@ -8,7 +8,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Dict, List
 
-from testbed.atomic import atomic_file
+from testbed.base.atomic import atomic_file
 
 from . import ratelimit
 

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from testbed import runner
-from testbed.placement import cross_links
-from testbed.runplan import cluster_placement
+from testbed.run import runner
+from testbed.fabric.placement import cross_links
+from testbed.run.runplan import cluster_placement
 
 from ..integration.live import DEFAULT, fabric_session
 from ..integration.leftovers import wait_clean
@@ -43,7 +43,7 @@ def test_the_fabric_splits_over_two_servers_and_forwards(tmp_path, server, polic
 
 
 def test_agents_on_both_servers_complete_a_ring_across_the_split(tmp_path, server):
-    from testbed.agents import AgentGroup, finish_timeout_s
+    from testbed.run.agent_processes import AgentGroup, finish_timeout_s
 
     from ..integration.test_transport import delivered_bytes, expected_bytes
 

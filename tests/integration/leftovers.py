@@ -2,12 +2,12 @@
 import os
 import subprocess
 
-from testbed.ledger import read_record, tagged_bridges
-from testbed.procutil import cmdline
-from testbed.topology import FabricPlan
+from testbed.base.ledger import read_record, tagged_bridges
+from testbed.base.procutil import cmdline
+from testbed.base.topology import FabricPlan
 
-PROCESS_MARKERS = ("traffic.agent", "traffic.flows", "testbed.switchq", "controllers.launcher",
-                   "mininet:", "iperf3 -", "ib_write_lat", "ib_write_bw")
+PROCESS_MARKERS = ("traffic.agent", "traffic.flows", "testbed.switchq.emulator",
+                   "controllers.launcher", "mininet:", "iperf3 -", "ib_write_lat", "ib_write_bw")
 
 
 def processes():
@@ -30,9 +30,9 @@ def root_interfaces():
 
 
 def root_routing():
-    """What ``--traffic rxe`` changes in the root namespace and must undo (testbed.rxe): its
+    """What ``--traffic rxe`` changes in the root namespace and must undo (testbed.fabric.rxe): its
     rules, its table, the local table's rule at pref 0, its rxe devices."""
-    from testbed import rxe
+    from testbed.fabric import rxe
 
     rules = subprocess.run(["ip", "rule", "show"], capture_output=True, text=True).stdout
     left = [f"rule {line.strip()}" for line in rules.splitlines()

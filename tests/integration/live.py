@@ -11,13 +11,13 @@ import subprocess
 import sys
 import time
 
-from testbed import runner
-from testbed.capabilities import detect
-from testbed import config
-from testbed.ledger import Ledger
-from testbed.queues import egress_stats
-from testbed.runplan import decide
-from testbed.topology import FabricPlan
+from testbed.run import runner
+from testbed.fabric.capabilities import detect
+from testbed.scenario import config
+from testbed.base.ledger import Ledger
+from testbed.fabric.queues import egress_stats
+from testbed.run.runplan import decide
+from testbed.base.topology import FabricPlan
 
 # Integration tests run at the reference rate their figures were set for, not at the rate this
 # machine's calibration would choose (test_timescale.py covers auto).

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from testbed.procutil import cmdline, parent_pid
+from testbed.base.procutil import cmdline, parent_pid
 
 
 def in_private_netns(test_file):

@@ -27,7 +27,7 @@ def inside() -> dict:
     """Runs in the private namespace: send frames through the marking port, report what
     arrived (TOS, whether the IPv4 checksum is right)."""
     from scapy.all import IP, Ether
-    from testbed.bpfmark import Marker
+    from testbed.fabric.bpfmark import Marker
     subprocess.run("ip link add tbm0 type veth peer name tbm1 && ip link set tbm0 up && "
                    "ip link set tbm1 up", shell=True, check=True)
     rx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))

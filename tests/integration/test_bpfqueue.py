@@ -1,5 +1,5 @@
-"""The kernel queue counters (testbed.bpfqueue) against the qdisc's own backlog, on a real veth
-inside a throw-away network namespace.
+"""The kernel queue counters (testbed.fabric.bpfqueue) against the qdisc's own backlog, on a real
+veth inside a throw-away network namespace.
 
 A switch port as a run builds it: HTB with the counted class (DSCP 26, 1 Mbit/s) and a default
 class. Frames of the class and of another DSCP are queued; while the class drains, the count
@@ -21,8 +21,8 @@ CLASS_QDISC = 0x100000  # handle 10: under class 1:10
 
 
 def inside() -> dict:
-    from testbed import bpf, bpfmark, bpfqueue
-    from testbed.netlink import QdiscSampler
+    from testbed.fabric import bpf, bpfmark, bpfqueue
+    from testbed.base.netlink import QdiscSampler
     for cmd in ["sysctl -qw net.ipv6.conf.all.disable_ipv6=1",
                 "sysctl -qw net.ipv6.conf.default.disable_ipv6=1",
                 "ip link add qa type veth peer name qb", "ip link set qa up",

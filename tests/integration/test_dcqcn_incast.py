@@ -11,7 +11,7 @@ too noisy to tell the two apart; two rounds' sums are not."""
 import pytest
 
 from benchmarks.dcqcn import figures, scenario
-from testbed import runner
+from testbed.run import runner
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from testbed.queues import egress_stats, spine_load
+from testbed.fabric.queues import egress_stats, spine_load
 
 from .live import DEFAULT, fabric_session
 

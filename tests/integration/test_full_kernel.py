@@ -12,7 +12,7 @@ import time
 import pytest
 
 from testbed.api import run_scenario
-from testbed.capabilities import detect
+from testbed.fabric.capabilities import detect
 
 from .leftovers import root_routing, wait_clean
 from .runs import wait_for_line

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from testbed import runner
-from testbed.agents import AgentGroup, finish_timeout_s
+from testbed.run import runner
+from testbed.run.agent_processes import AgentGroup, finish_timeout_s
 from traffic.gpu import qp_number
 
 from .live import DEFAULT, fabric_session

@@ -14,7 +14,7 @@ scale."""
 import pytest
 
 from benchmarks.invariance import run_at, spread
-from testbed.config import Scenario
+from testbed.scenario.config import Scenario
 
 pytestmark = pytest.mark.integration
 

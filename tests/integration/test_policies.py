@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from testbed.capabilities import detect
-from testbed.queues import egress_stats
+from testbed.fabric.capabilities import detect
+from testbed.fabric.queues import egress_stats
 
 from .live import live, percentile, summary
 
@@ -58,7 +58,7 @@ def test_lossless_incast_loses_nothing_pauses_and_marks(tmp_path):
     assert got["packets"] == 7 * 150, f"lossless class dropped packets: {got['drops']}"
     assert got["ce"] > 0, "ECN marks appear once Kmin is crossed"
     # marked by the kernel program where it runs: then no flow looks at the ECN bits
-    # (testbed.bpfmark: a flow's marked packets could otherwise overtake its unmarked ones)
+    # (testbed.fabric.bpfmark: a flow's marked packets could otherwise overtake its unmarked ones)
     openflow = fabric.policy.context.openflow_marking
     assert openflow == (not CAPS.bpf_marking and not CAPS.red)
     assert ("nw_ecn" in flows) == openflow

@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
-from testbed import runner
-from testbed.agents import loops_wanted
+from testbed.run import runner
+from testbed.run.agent_processes import loops_wanted
 from testbed.api import CollectiveResult, PolicyResult
-from testbed.results import RESULTS_SCHEMA
+from testbed.results.collect import RESULTS_SCHEMA
 from traffic import roce
 from .live import DEFAULT
 
@@ -112,7 +112,7 @@ def test_the_report_renders_in_headless_chromium(small_run, tmp_path):
     screenshot shows the plots (each policy's colour drawn)."""
     from matplotlib.image import imread
 
-    from testbed.plots import POLICY_COLOURS
+    from testbed.results.plots import POLICY_COLOURS
 
     results, run_dir, messages = small_run
     url = "file://" + os.path.join(run_dir, "report.html")

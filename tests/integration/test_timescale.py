@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from testbed.timescale import AUTO, RATE_STEPS, TARGET_BUSY, Calibration, choose
+from testbed.scenario.timescale import AUTO, RATE_STEPS, TARGET_BUSY, Calibration, choose
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +73,7 @@ def test_a_run_at_auto_that_the_monitor_rejects_goes_again_slower_and_is_remembe
     """A calibration that overrates this machine (as if its delays were a fifth of what they
     are) makes auto choose a rate the fidelity monitor rejects: the run goes again slower and
     keeps the rejected attempt; once rejected in two runs, the scenario starts slower."""
-    from testbed import calibrate
+    from testbed.run import calibrate
 
     cache = tmp_path / "cache"
     cache.mkdir()

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from testbed import runner
+from testbed.run import runner
 from traffic.collectives import build
 from .live import DEFAULT
 
@@ -52,7 +52,7 @@ def test_drops_cost_go_back_n_retransmissions_and_lossless_has_none(tmp_path):
     # Adaptive routing off: this test is about drops, not routing. A long retransmission
     # timeout: on a loaded machine a PFC stall once outlasted the default 250 ms and the
     # lossless run retransmitted without a single drop. (NAKs without a drop also came from
-    # OpenFlow ECN marking reordering a flow: testbed.bpfmark, docs/fidelity.md.)
+    # OpenFlow ECN marking reordering a flow: testbed.fabric.bpfmark, docs/fidelity.md.)
     _, ll_run, ll_dir = run(
         tmp_path / "lossless", ["lossless"], policy_params={"lossless": {
             "adaptive_routing": False}}, transport={"rto_us": 400}, **common)

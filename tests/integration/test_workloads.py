@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from testbed import runner
+from testbed.run import runner
 from traffic.collectives import build
 from .live import DEFAULT
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from testbed.agents import AgentGroup
-from testbed.errors import AgentError
+from testbed.run.agent_processes import AgentGroup
+from testbed.base.errors import AgentError
 
 
 def group(tmp_path, **scripts):

@@ -1,11 +1,11 @@
 import dataclasses
 import json
 
-from testbed.agents import agent_configs as typed_agent_configs
-from testbed.agents import expected_duration_s, finish_timeout_s
-from testbed.agents import transport_config as typed_transport_config
-from testbed.config import Scenario
-from testbed.topology import FabricPlan
+from testbed.run.agent_processes import agent_configs as typed_agent_configs
+from testbed.run.agent_processes import expected_duration_s, finish_timeout_s
+from testbed.run.agent_processes import transport_config as typed_transport_config
+from testbed.scenario.config import Scenario
+from testbed.base.topology import FabricPlan
 from traffic.gpu import qp_number
 
 from .decided import decided
@@ -114,7 +114,7 @@ def test_the_wait_for_agents_covers_the_longest_recovery():
 
 
 def test_gpus_go_to_a_few_processes_per_server_in_rank_order():
-    from testbed.agents import process_groups
+    from testbed.run.agent_processes import process_groups
     hosts = [f"gpu{i}" for i in range(1, 9)]
     assert process_groups(hosts, {}, 2) == [("localhost", hosts[:4]), ("localhost", hosts[4:])]
     assert process_groups(hosts[:3], {}, 2) == [("localhost", ["gpu1", "gpu2"]),

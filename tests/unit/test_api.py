@@ -4,8 +4,8 @@ import json
 import pytest
 
 from testbed.api import RunResult, load_result, scenario_of
-from testbed.config import DEFAULT
-from testbed.errors import ConfigError
+from testbed.scenario.config import DEFAULT
+from testbed.base.errors import ConfigError
 
 POLICY = {
     "gpus": 8, "packets_sent": 10, "packets_received": 10, "drops": 0,

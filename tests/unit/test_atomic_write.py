@@ -14,7 +14,7 @@ import time
 # write lands there however late the test gets the CPU. Without it, it holds a moment.
 WRITER = r"""
 import os, sys, time
-from testbed.atomic import write_json_atomic
+from testbed.base.atomic import write_json_atomic
 fsync = os.fsync
 hold = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 writes = 0

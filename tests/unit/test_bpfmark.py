@@ -3,9 +3,9 @@ it on a veth)."""
 import socket
 import struct
 
-from testbed import bpfmark
-from testbed.netlink import NLMSGHDR, TCMSG
-from testbed.shaping import marking_via
+from testbed.fabric import bpfmark
+from testbed.base.netlink import NLMSGHDR, TCMSG
+from testbed.fabric.shaping import marking_via
 
 
 def insns(code: bytes):

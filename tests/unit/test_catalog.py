@@ -4,11 +4,11 @@ import os
 
 import pytest
 
-from testbed import catalog, reference
+from testbed.scenario import catalog, reference
 from testbed.cli import main
-from testbed.config import DEFAULT, load_file
-from testbed.errors import ConfigError
-from testbed.runner import validate
+from testbed.scenario.config import DEFAULT, load_file
+from testbed.base.errors import ConfigError
+from testbed.run.runner import validate
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 REQUIRED = {"default", "incast", "oversubscribed", "straggler", "ecmp-collisions", "sweep"}
@@ -61,7 +61,7 @@ def test_the_reference_files_are_what_the_schema_generates():
 
 
 def test_the_results_reference_is_what_the_api_declares():
-    # regenerate with: python -m testbed.reference results
+    # regenerate with: python -m testbed.scenario.reference results
     with open(os.path.join(ROOT, "docs", "results.md"), encoding="utf-8") as f:
         text = f.read()
     marker = f"<!-- {reference.RESULTS_GENERATED} -->"
@@ -79,7 +79,7 @@ def test_the_template_is_the_default_scenario_and_the_reference_has_every_key():
 
 
 def test_oversubscription_sets_the_uplink_rate():
-    from testbed.config import Scenario
+    from testbed.scenario.config import Scenario
     s = Scenario.from_dict({"topology": {"oversubscription": 2}})
     assert s.topology.fabric_rate_mbit == "auto"  # until the run chooses the host rate
     assert s.with_host_rate(40).topology.fabric_rate_mbit == 20.0  # 40 x 2 / (2 spines x 2)

@@ -1,8 +1,8 @@
 import json
 import os
 
-import testbed.runner
-from testbed.errors import ConfigError
+import testbed.run.runner
+from testbed.base.errors import ConfigError
 
 
 from testbed.cli import build_parser, main
@@ -32,7 +32,7 @@ def test_policy_all_and_lists(monkeypatch):
         seen.append(scenario.policies)
         raise ConfigError("stop here")
 
-    monkeypatch.setattr(testbed.runner, "run", fake_run)
+    monkeypatch.setattr(testbed.run.runner, "run", fake_run)
     main(["run"])
     main(["run", "--policy", "all"])
     main(["run", "--policy", "lossless,hyperscale"])
@@ -67,12 +67,12 @@ def test_iterations_option_is_validated(capsys):
 
 
 def test_unexpected_errors_are_one_line_too(capsys, monkeypatch):
-    import testbed.capabilities
+    import testbed.fabric.capabilities
 
     def boom():
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(testbed.capabilities, "detect", boom)
+    monkeypatch.setattr(testbed.fabric.capabilities, "detect", boom)
     assert main(["check"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: unexpected OSError: [Errno 5] Input/output error "

@@ -1,9 +1,9 @@
 
 import pytest
 
-from testbed.config import DEFAULT, Scenario
-from testbed.errors import ConfigError
-from testbed.runner import validate
+from testbed.scenario.config import DEFAULT, Scenario
+from testbed.base.errors import ConfigError
+from testbed.run.runner import validate
 
 
 def test_defaults_are_the_documented_default_scenario():
@@ -90,7 +90,7 @@ def test_override_is_validated_and_keeps_the_rest():
 
 
 def test_scenario_files_load_safely_and_report_the_file(tmp_path):
-    from testbed.config import load_file
+    from testbed.scenario.config import load_file
     good = tmp_path / "s.yaml"
     good.write_text("policies: [lossless]\npolicy_params:\n  lossless: {pfc_xoff_bytes: 60000}\n"
                     "workload: {iterations: 2}\n")
@@ -114,7 +114,7 @@ def test_scenario_files_load_safely_and_report_the_file(tmp_path):
 
 
 def test_sizes_parse_like_nccl_tests():
-    from testbed.config import parse_size, parse_sizes
+    from testbed.scenario.config import parse_size, parse_sizes
     assert parse_size("64K") == 65536 and parse_size("4m") == 4 << 20 and parse_size("100") == 100
     assert parse_sizes("64K:1M") == (65536, 131072, 262144, 524288, 1 << 20)
     assert parse_sizes("64K,1M") == (65536, 1 << 20)

@@ -7,9 +7,9 @@ import pytest
 
 from controllers.contract import ControllerConfig
 from controllers.policy import make_policy, policy_names
-from testbed.agents import agent_configs
-from testbed.config import Scenario
-from testbed.topology import FabricPlan
+from testbed.run.agent_processes import agent_configs
+from testbed.scenario.config import Scenario
+from testbed.base.topology import FabricPlan
 from traffic.contract import AgentConfig, GpuConfig
 
 from .decided import CAPS, decided
@@ -60,7 +60,7 @@ def test_a_config_with_a_key_the_contract_does_not_have_is_refused():
 
 
 def test_the_emulator_reads_back_its_config():
-    from testbed.switchq_contract import EmulatorConfig
+    from testbed.switchq.contract import EmulatorConfig
 
     s = Scenario.from_dict({}).for_checks()
     policy = make_policy("lossless", PLAN, s)  # adaptive routing: watched ports

@@ -18,9 +18,9 @@ import pytest
 from controllers.app import QueueEvent
 from controllers.policy import make_policy
 from os_ken.ofproto import ofproto_v1_3 as ofp
-from testbed.config import Scenario
-from testbed.controller import ControllerProcess
-from testbed.topology import FabricPlan
+from testbed.scenario.config import Scenario
+from testbed.run.controller_process import ControllerProcess
+from testbed.base.topology import FabricPlan
 
 PLAN = FabricPlan(2, 2, 1)
 

@@ -9,10 +9,10 @@ import pytest
 from controllers.app import WATCH_S
 from controllers.policy import make_policy
 from os_ken.ofproto import ofproto_v1_3 as ofp
-from testbed.config import Scenario
-from testbed.controller import ControllerProcess
-from testbed.errors import ControllerError
-from testbed.topology import FabricPlan
+from testbed.scenario.config import Scenario
+from testbed.run.controller_process import ControllerProcess
+from testbed.base.errors import ControllerError
+from testbed.base.topology import FabricPlan
 
 PLAN = FabricPlan(1, 2, 1)
 

@@ -2,8 +2,8 @@ import pytest
 
 from controllers.enterprise import EnterprisePolicy, tenants
 from controllers.params import resolve
-from testbed.errors import ConfigError
-from testbed.topology import FabricPlan
+from testbed.base.errors import ConfigError
+from testbed.base.topology import FabricPlan
 from tests.fakeoftable import FakeFabric, udp_packet
 
 

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from testbed import fidelity as F
-from testbed.config import Scenario
-from testbed.topology import FabricPlan
+from testbed.run import fidelity as F
+from testbed.scenario.config import Scenario
+from testbed.base.topology import FabricPlan
 
 RATE = 40e6
 FRAME = 4172  # bytes: 4 KiB RoCE payload + headers

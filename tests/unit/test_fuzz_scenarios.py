@@ -10,10 +10,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from testbed.catalog import builtins, find
-from testbed.config import Scenario
-from testbed.errors import ConfigError
-from testbed.runner import validate
+from testbed.scenario.catalog import builtins, find
+from testbed.scenario.config import Scenario
+from testbed.base.errors import ConfigError
+from testbed.run.runner import validate
 
 FUZZ = settings(max_examples=300, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -125,7 +125,8 @@ def test_yaml_is_loaded_safely_no_object_is_constructed(tmp_path):
 
 
 def test_a_fabric_this_machine_cannot_hold_is_refused_before_it_starts(tmp_path, monkeypatch):
-    from testbed import capacity, runner
+    from testbed.scenario import capacity
+    from testbed.run import runner
 
     big = find(str(write(tmp_path, "topology: {leaves: 64, gpus_per_leaf: 64}")))
     with pytest.raises(ConfigError, match=r"topology: 4096 GPUs need about 36\d\.\d GiB"):

@@ -1,11 +1,11 @@
-"""The per-hop latency model (testbed.hops) and how the fabric applies it."""
+"""The per-hop latency model (testbed.base.hops) and how the fabric applies it."""
 import pytest
 
 from controllers.params import resolve
-from testbed.config import Scenario
-from testbed.fabric import egress_shapes
-from testbed.hops import HopModel, hop_model, path_delay_us, path_floor_us
-from testbed.topology import FabricPlan
+from testbed.scenario.config import Scenario
+from testbed.fabric.network import egress_shapes
+from testbed.base.hops import HopModel, hop_model, path_delay_us, path_floor_us
+from testbed.base.topology import FabricPlan
 from controllers.classes import TrafficClass
 
 ONE = (TrafficClass("be", 0, 0, (), 100_000),)

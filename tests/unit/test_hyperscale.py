@@ -3,11 +3,11 @@ import collections
 import pytest
 
 from controllers import l3
-from controllers.flows import ClearFlows, FlowMod, GroupMod, Multipath
+from controllers.messages import ClearFlows, FlowMod, GroupMod, Multipath
 from controllers.hyperscale import HyperscalePolicy
 from controllers.params import resolve
 from controllers.policy import FabricContext, policy_class, policy_names
-from testbed.topology import FabricPlan
+from testbed.base.topology import FabricPlan
 from tests.fakeoftable import FakeFabric, udp_packet
 
 

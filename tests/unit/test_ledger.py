@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from testbed.errors import RunBusyError
-from testbed.ledger import Ledger, clean, read_record
+from testbed.base.errors import RunBusyError
+from testbed.base.ledger import Ledger, clean, read_record
 
 
 def test_second_run_is_refused_while_the_first_holds_the_lock(tmp_path):
@@ -35,7 +35,7 @@ def test_the_record_names_everything_before_it_is_created(tmp_path):
 
 
 def test_teardown_restores_a_setting_the_run_left_raised(tmp_path):
-    from testbed.ledger import remove_resources
+    from testbed.base.ledger import remove_resources
     w = tmp_path / "wmem_default"
     w.write_text("5242880")  # the runner was killed while the value was raised
     record = {"run_id": None, "pids": {}, "interfaces": [], "bridges": [],
@@ -47,7 +47,7 @@ def test_teardown_restores_a_setting_the_run_left_raised(tmp_path):
 
 
 def test_undo_commands_run_newest_first_per_tag_and_after_a_kill(tmp_path):
-    from testbed.ledger import remove_resources
+    from testbed.base.ledger import remove_resources
     log = tmp_path / "log"
     ledger = Ledger("run-u", state_dir=str(tmp_path))
     ledger.acquire("/r")

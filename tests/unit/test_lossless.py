@@ -6,7 +6,7 @@ from controllers import l3
 from controllers.lossless import LosslessPolicy
 from controllers.params import resolve
 from controllers.policy import LANDING_S, FabricContext
-from testbed.topology import FabricPlan
+from testbed.base.topology import FabricPlan
 from tests.fakeoftable import FakeFabric, udp_packet
 
 

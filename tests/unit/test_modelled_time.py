@@ -1,7 +1,7 @@
 """Results in the modelled fabric's time first, emulated figures beside them."""
-from testbed.compare import compare
-from testbed.report import per_gpu, sig, summary_table, sweep
-from testbed.results import modelled
+from testbed.results.compare import compare
+from testbed.results.report import per_gpu, sig, summary_table, sweep
+from testbed.results.collect import modelled
 
 SCALE = 2500.0
 
@@ -101,11 +101,11 @@ def test_significant_digits_never_use_an_exponent():
 
 
 def test_every_time_row_is_a_row_of_the_comparison():
-    from testbed.report import ROWS, TIME_ROWS
+    from testbed.results.report import ROWS, TIME_ROWS
     assert TIME_ROWS <= {label for label, _ in ROWS}  # a renamed row keeps its time format
 
 
 def test_the_busy_share_between_two_cpu_readings():
-    from testbed.fidelity import busy_between
+    from testbed.run.fidelity import busy_between
     assert busy_between((100, 40), (200, 65)) == 0.75
     assert busy_between((100, 40), (100, 40)) is None

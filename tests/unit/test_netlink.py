@@ -3,7 +3,7 @@ import struct
 
 import pytest
 
-from testbed import netlink
+from testbed.base import netlink
 
 
 def qdisc_reply(ifindex, handle, backlog, qlen=3, drops=4, packets=5, kind=b"bfifo\0"):

@@ -3,11 +3,11 @@ from os_ken.ofproto import ofproto_v1_3, ofproto_v1_3_parser
 
 import pytest
 
-from controllers.flows import (Bucket, ClearFlows, GroupMod, Learn, Multipath, Output, Resubmit,
+from controllers.messages import (Bucket, ClearFlows, GroupMod, Learn, Multipath, Output, Resubmit,
                                SetField, flow, prefix)
 from controllers.ofp import to_ofp
 from controllers.policy import policy_class
-from testbed.topology import FabricPlan
+from testbed.base.topology import FabricPlan
 
 
 class FakeDatapath:

@@ -1,4 +1,4 @@
-from testbed import ovs_buffers
+from testbed.fabric import ovs_buffers
 
 SS = """\
 Netid State Recv-Q Send-Q Local Address:Port Peer Address:PortProcess

@@ -1,7 +1,7 @@
 import pytest
 
 from controllers.params import LosslessParams, resolve
-from testbed.errors import ConfigError
+from testbed.base.errors import ConfigError
 
 
 def test_byte_defaults_scale_with_the_modelled_link_rate():
@@ -15,8 +15,8 @@ def test_byte_defaults_scale_with_the_modelled_link_rate():
 def test_the_emulated_rate_leaves_the_bytes_as_they_are():
     # a byte is a byte at every time scale: the same switch drains it in the same modelled time
     from controllers.policy import make_policy
-    from testbed.config import Scenario
-    from testbed.topology import FabricPlan
+    from testbed.scenario.config import Scenario
+    from testbed.base.topology import FabricPlan
 
     plan = FabricPlan(2, 4, 2)
     at = {rate: make_policy("lossless", plan, Scenario().with_host_rate(rate)).params

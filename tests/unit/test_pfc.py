@@ -1,6 +1,6 @@
 from controllers.classes import PfcRule
 from controllers.pfc import PfcState, Queue, feeders
-from testbed.topology import FabricPlan
+from testbed.base.topology import FabricPlan
 
 PLAN = FabricPlan(2, 4, 2)
 

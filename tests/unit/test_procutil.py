@@ -1,4 +1,4 @@
-from testbed.procutil import takes_custom_slice
+from testbed.base.procutil import takes_custom_slice
 
 
 def test_only_kernels_that_honour_a_custom_slice_are_said_to_have_one():

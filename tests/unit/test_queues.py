@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from testbed import queues
-from testbed.queues import drain, parse_tc_json, queue_drops, queued_frames, spine_load
-from testbed.topology import FabricPlan
+from testbed.fabric import queues
+from testbed.fabric.queues import drain, parse_tc_json, queue_drops, queued_frames, spine_load
+from testbed.base.topology import FabricPlan
 
 
 def _q(dev, packets, drops, kind="bfifo"):

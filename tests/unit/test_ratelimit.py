@@ -1,7 +1,7 @@
 """The per-QP rate limiters' pure parts: netlink messages, the times of held frames."""
 import struct
 
-from testbed.netlink import NLMSGHDR, RATESPEC, TCMSG, netlink_errors
+from testbed.base.netlink import NLMSGHDR, RATESPEC, TCMSG, netlink_errors
 from traffic import ratelimit
 
 

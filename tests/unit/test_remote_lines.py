@@ -1,5 +1,6 @@
-"""Commands for a remote node's shell are cut into lines a terminal takes (testbed.fabric)."""
-from testbed.fabric import remote_lines
+"""Commands for a remote node's shell are cut into lines a terminal takes
+(testbed.fabric.network)."""
+from testbed.fabric.network import remote_lines
 
 
 def test_an_and_chain_splits_between_commands_and_keeps_them_all():

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from testbed import compare, htmlreport, rundata, term
+from testbed.results import compare, htmlreport, rundata, term
 from testbed.cli import main
-from testbed.config import DEFAULT
-from testbed.results import RunContext, collect
+from testbed.scenario.config import DEFAULT
+from testbed.results.collect import RunContext, collect
 from tests.unit.test_results import RING, _two_gpus
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -84,10 +84,10 @@ def test_without_matplotlib_the_page_is_still_written(tmp_path, monkeypatch):
     run = make_run(tmp_path)
     import importlib
 
-    import testbed
-    importlib.import_module("testbed.plots")  # loaded, so that there is a module to take away
-    monkeypatch.delattr(testbed, "plots")
-    monkeypatch.delitem(sys.modules, "testbed.plots")
+    import testbed.results
+    importlib.import_module("testbed.results.plots")  # loaded: there is a module to take away
+    monkeypatch.delattr(testbed.results, "plots")
+    monkeypatch.delitem(sys.modules, "testbed.results.plots")
     for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
         monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
     page = open(htmlreport.write(run), encoding="utf-8").read()
@@ -100,7 +100,7 @@ def test_pfc_pauses_become_intervals_per_queue(tmp_path):
     assert tl.t_s[:3] == [0.0, 0.005, 0.01]
     assert tl.paused == {"lf1-eth3": [(0.01, 0.02)], "sp1-eth1": [(0.01, 0.02)]}
     assert tl.backlogs["lf1-eth3"][-1] == 7000.0
-    from testbed.plots import busiest
+    from testbed.results.plots import busiest
     assert list(busiest(tl.backlogs, 2)) == ["lf1-eth3", "sp1-eth1"]  # lf2-eth3 never queued
 
 
@@ -157,7 +157,7 @@ def test_colour_only_on_a_tty_and_never_with_no_color(monkeypatch):
 
 @pytest.mark.parametrize("values", [{}, {"p": []}])
 def test_plots_of_nothing_are_still_images(values):
-    from testbed import plots
+    from testbed.results import plots
     assert plots.latency_cdf(values).startswith(PNG)
     assert plots.cct_per_iteration(values).startswith(PNG)
     assert plots.spine_load({}).startswith(PNG)

@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from testbed.atomic import write_json_atomic
-from testbed.report import fidelity_warnings, summary_table, sweep_table
-from testbed.results import Mechanisms, RunContext, collect
+from testbed.base.atomic import write_json_atomic
+from testbed.results.report import fidelity_warnings, summary_table, sweep_table
+from testbed.results.collect import Mechanisms, RunContext, collect
 from traffic.records import ITERATION_FIELDS, PACKET_FIELDS
 from traffic.contract import WorkloadSpec
 
@@ -183,7 +183,7 @@ def test_per_collective_counts_of_marks_and_retransmissions(tmp_path):
 
 
 def test_pooled_timer_lag_is_split_by_kind_of_timer():
-    from testbed.results import _pooled_lag
+    from testbed.results.collect import _pooled_lag
     from traffic.metrics import LagHistogram
 
     def hist(*us):

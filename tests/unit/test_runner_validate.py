@@ -3,9 +3,9 @@ import os
 
 import pytest
 
-from testbed.config import Scenario
-from testbed.errors import ConfigError
-from testbed.runner import validate
+from testbed.scenario.config import Scenario
+from testbed.base.errors import ConfigError
+from testbed.run.runner import validate
 
 
 def _check(**changes):
@@ -39,7 +39,7 @@ def test_background_traffic_needs_the_hosts_it_names():
 
 
 def test_pcap_hosts_must_exist_and_default_to_every_gpu():
-    from testbed.capture import capture_hosts
+    from testbed.fabric.capture import capture_hosts
 
     with pytest.raises(ConfigError, match="measurement.pcap_hosts: no host named 'gpu99'"):
         _check(measurement={"pcap": True, "pcap_hosts": ["gpu99"]})
@@ -51,8 +51,8 @@ def test_pcap_hosts_must_exist_and_default_to_every_gpu():
 
 
 def test_a_refused_run_leaves_no_results_directory(tmp_path, monkeypatch):
-    from testbed import runner
-    from testbed.errors import RunBusyError
+    from testbed.run import runner
+    from testbed.base.errors import RunBusyError
 
     class Busy:
         def __init__(self, run_id):
@@ -92,9 +92,9 @@ def test_rxe_traffic_is_refused_where_it_cannot_run():
 
 
 def test_rxe_traffic_without_rdma_rxe_is_refused_before_anything_starts(tmp_path):
-    from testbed import runner
-    from testbed.capabilities import Capabilities
-    from testbed.errors import CapabilityError
+    from testbed.run import runner
+    from testbed.fabric.capabilities import Capabilities
+    from testbed.base.errors import CapabilityError
 
     caps = Capabilities(root=True, qdiscs={}, ovs_running=True, ovs_version="3.1.0",
                         openvswitch_module=False, os_ken=True, mininet=True, tshark=True,
@@ -108,9 +108,9 @@ def test_rxe_traffic_without_rdma_rxe_is_refused_before_anything_starts(tmp_path
 def test_the_controller_marks_ecn_only_where_the_kernel_cannot():
     """Sampled marking: by the BPF program where it runs (no ip_ecn in the pipeline), by
     OpenFlow groups elsewhere; RED marks in the kernel whatever the program can do."""
-    from testbed.capabilities import Capabilities
-    from testbed.runplan import decide
-    from testbed.topology import FabricPlan
+    from testbed.fabric.capabilities import Capabilities
+    from testbed.run.runplan import decide
+    from testbed.base.topology import FabricPlan
 
     plan = FabricPlan(2, 4, 2)
     scenario = Scenario.from_dict({}).for_checks()
@@ -132,7 +132,7 @@ def test_the_controller_marks_ecn_only_where_the_kernel_cannot():
 
 
 def test_the_allocator_open_vswitch_runs_with_is_read_from_its_memory_map(tmp_path):
-    from testbed.capabilities import allocator_in, ovs_allocator
+    from testbed.fabric.capabilities import allocator_in, ovs_allocator
     lib = "7f01-7f02 r-xp 00000000 fe:01 123 /usr/lib/x86_64-linux-gnu/{}\n"
     assert allocator_in(lib.format("libtcmalloc_minimal.so.4.5.9")) == "tcmalloc"
     assert allocator_in(lib.format("libjemalloc.so.2")) == "jemalloc"

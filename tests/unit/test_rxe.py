@@ -1,12 +1,12 @@
-"""The pure parts of testbed.rxe: endpoints, routing changes, perftest command and output."""
+"""The pure parts of testbed.fabric.rxe: endpoints, routing changes, perftest command and output."""
 import os
 
 import pytest
 
-from testbed import rxe
-from testbed.config import Scenario
-from testbed.errors import ConfigError
-from testbed.topology import FabricPlan
+from testbed.fabric import rxe
+from testbed.scenario.config import Scenario
+from testbed.base.errors import ConfigError
+from testbed.base.topology import FabricPlan
 
 # perftest 4.5's tables, as ib_write_lat and ib_write_bw print them (column widths shortened)
 LAT = """
@@ -114,7 +114,7 @@ def test_real_perftest_output_from_the_vm_parses():
 
 def test_an_uncalibrated_clock_is_no_result():
     """perftest under qemu TCG: its CPU clock calibration gave up, every figure is inf (a
-    client log from the VM guest); the run tries again (testbed.rxe.ATTEMPTS)."""
+    client log from the VM guest); the run tries again (testbed.fabric.rxe.ATTEMPTS)."""
     with open(os.path.join(os.path.dirname(__file__), "data", "perftest-uncalibrated.txt")) as f:
         text = f.read()
     assert rxe.CALIBRATION_FAILED in text and rxe.parse_perftest(text) is None

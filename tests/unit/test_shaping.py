@@ -2,11 +2,11 @@ import pytest
 
 from controllers.classes import EcnRule, PfcRule, TrafficClass
 from controllers.enterprise import EnterprisePolicy
-from testbed.config import TopologyConfig
-from testbed.fabric import egress_shapes
-from testbed.errors import ConfigError
-from testbed.shaping import Shape, gate_params, marking_method, red_qdisc, tc_commands
-from testbed.topology import FabricPlan
+from testbed.scenario.config import TopologyConfig
+from testbed.fabric.network import egress_shapes
+from testbed.base.errors import ConfigError
+from testbed.fabric.shaping import Shape, gate_params, marking_method, red_qdisc, tc_commands
+from testbed.base.topology import FabricPlan
 
 ONE = (TrafficClass("all", 0, 0, (), 64000),)
 TWO = (TrafficClass("interactive", 0, 0, (46,), 32000),
@@ -102,13 +102,13 @@ def test_switch_ports_get_the_rate_headroom_and_nics_do_not():
 
 
 def test_htb_burst_is_one_frame_or_250_us_of_the_rate():
-    from testbed.shaping import burst_bytes
+    from testbed.fabric.shaping import burst_bytes
     assert burst_bytes(40, 4096) == 4110  # 4096 + 14
     assert burst_bytes(1000, 4096) == 31250  # 250 us at 1 Gbit/s
 
 
 def test_a_gpu_nic_runs_ahead_of_an_ideal_link_by_a_twentieth_of_a_frame_at_most():
-    from testbed.shaping import burst_bytes
+    from testbed.fabric.shaping import burst_bytes
     assert burst_bytes(40, 4096, nic=True) == burst_bytes(1000, 4096, nic=True) == 205
     nic = tc_commands("gpu1-eth0", Shape(40, TWO, nic_queue_bytes=256000), netem=False,
                       mtu=4096)

@@ -1,4 +1,4 @@
-from testbed.switchq_handle import merge_reports
+from testbed.switchq.handle import merge_reports
 
 
 def report(scheduling, gap, late, pauses):
@@ -24,7 +24,7 @@ def test_one_report_is_kept_as_it_is():
 
 
 def test_the_timeline_keeps_each_windows_largest_backlogs():
-    from testbed.switchq_record import Timeline
+    from testbed.switchq.record import Timeline
     timeline = Timeline(["a", "b"], window_ns=10)  # the recorder alone: no fabric
     for now, backlog in [(100, [1, 5]), (105, [3, 2]), (110, [0, 0]), (115, [7, 1]),
                          (121, [0, 0])]:

@@ -2,10 +2,11 @@ import json
 
 import pytest
 
-from testbed import calibrate, runner, timescale
-from testbed.config import Scenario
-from testbed.errors import ConfigError
-from testbed.timescale import AUTO, Calibration, choose, warning
+from testbed.run import calibrate, runner
+from testbed.scenario import timescale
+from testbed.scenario.config import Scenario
+from testbed.base.errors import ConfigError
+from testbed.scenario.timescale import AUTO, Calibration, choose, warning
 
 POLICIES = ("enterprise", "hyperscale", "lossless")
 
@@ -119,9 +120,9 @@ def test_the_runner_applies_auto_and_only_checks_an_explicit_rate():
 
 
 def test_time_constants_are_the_modelled_fabrics_and_scale_with_the_run():
-    from testbed.agents import agent_configs, transport_config
+    from testbed.run.agent_processes import agent_configs, transport_config
     from .decided import decided
-    from testbed.topology import FabricPlan
+    from testbed.base.topology import FabricPlan
 
     plan = FabricPlan(2, 4, 2)
     spec = {"transport": {"rto_us": 100, "dcqcn_timer_us": 8, "cnp_interval_us": 8},

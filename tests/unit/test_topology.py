@@ -1,8 +1,8 @@
 import pytest
 
-from testbed.errors import ConfigError
-from testbed.fabric import LeafSpineTopo
-from testbed.topology import FabricPlan
+from testbed.base.errors import ConfigError
+from testbed.fabric.network import LeafSpineTopo
+from testbed.base.topology import FabricPlan
 
 
 def test_default_plan_names_addresses_and_ports():

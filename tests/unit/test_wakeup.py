@@ -1,7 +1,7 @@
 import os
 import struct
 
-from testbed.wakeup import cpus_kept_awake
+from testbed.run.wakeup import cpus_kept_awake
 
 
 def test_the_request_is_written_and_held_for_the_block(tmp_path):

@@ -1,0 +1,320 @@
+"""Results: gather the agents' records into per-policy figures, write them, print the table.
+
+Layout of a run directory (``results/<run-id>/``)::
+
+    results.json                 the figures below, per policy (schema RESULTS_SCHEMA)
+    controller-<policy>.log      the os-ken controller's log
+    agent-<policy>-<k>.log       each agent process's log (it serves several GPUs)
+    records/<policy>/<host>.packets.csv     one row per data packet that arrived
+    records/<policy>/<host>.tx.csv          kernel transmit time of every frame it sent
+    records/<policy>/<host>.iterations.csv  one row per iteration: compute, collective start
+                                            and end
+    records/<policy>/<host>.ops.csv         one row per transfer sent or received
+    records/<policy>/<host>.qps.csv         DCQCN: each QP's rate over time, bytes sent
+    records/<policy>/<host>.summary.json    the agent's counters and timer lag
+
+``results.json`` is written atomically (temporary file + rename), so a reader never sees half
+of it.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from traffic import collectives, metrics
+from traffic.contract import WorkloadSpec
+
+RESULTS_SCHEMA = "ai-fabric-testbed/results/2"
+
+
+def read_csv(path: str) -> List[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _rows_if_any(path: str) -> List[dict]:
+    return read_csv(path) if os.path.exists(path) else []
+
+
+def load_tx_times(records_dir: str, host: str) -> Dict[int, int]:
+    """sent_ns -> kernel transmit time of the data packets a GPU sent (its tx file)."""
+    return {int(r["sent_ns"]): int(r["tx_ns"])
+            for r in _rows_if_any(os.path.join(records_dir, f"{host}.tx.csv"))
+            if r.get("kind", "d") == "d"}
+
+
+@dataclass
+class Mechanisms:
+    """Which counters mean something under a policy: absent ones are reported as null."""
+
+    ecn: bool = True
+    pfc: bool = True
+    cnp: bool = True
+
+
+@dataclass
+class RunContext:
+    """What ``collect`` needs to know about the run besides the records."""
+
+    ranks: int
+    workloads: Sequence[WorkloadSpec]  # as the agents got them (testbed.run.runplan.workload_specs)
+    time_scale: float = 1.0
+    extrapolate_gpus: int = 10_000
+    mechanisms: Mechanisms = field(default_factory=Mechanisms)
+
+
+class Packets:
+    """Every data packet the GPUs received, as columns (numpy), latency joined."""
+
+    COLUMNS = ("src", "dst", "sent", "latency", "iteration", "payload", "delivered", "ce",
+               "retx")
+
+    def __init__(self, **columns):
+        for name in self.COLUMNS:
+            setattr(self, name, columns[name])
+
+    def select(self, mask) -> "Packets":
+        return Packets(**{name: getattr(self, name)[mask] for name in self.COLUMNS})
+
+    def ipdv_us(self) -> np.ndarray:
+        """RFC 3393 IPDV over every flow (src -> dst), consecutive packets in send order."""
+        if self.src.size < 2:
+            return np.zeros(0)
+        order = np.lexsort((self.sent, self.dst, self.src))
+        flow = self.src[order] * 1_000_000 + self.dst[order]
+        same = flow[1:] == flow[:-1]
+        return metrics.ipdv_us(self.latency[order])[same]
+
+    def path_minima_us(self) -> Dict[tuple, float]:
+        """(src, dst) -> the lowest one-way latency seen on that GPU pair."""
+        out: Dict[tuple, float] = {}
+        for s, d, lat in zip(self.src.tolist(), self.dst.tolist(), self.latency.tolist()):
+            if lat < out.get((s, d), float("inf")):
+                out[(s, d)] = lat
+        return out
+
+    def latency_figures(self) -> dict:
+        latency = metrics.percentiles(self.latency)
+        return {"latency_us": latency,
+                "jitter_us": metrics.jitter_summary(self.ipdv_us(), latency),
+                "tail_ratio_p99_p50": metrics.tail_ratio(latency)}
+
+
+def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
+    """Per-policy figures from the records the agents wrote into ``records_dir``.
+
+    One-way latency of a packet = the receiver's kernel receive time - the sender's kernel
+    transmit time (joined on the send time the packet carries); for a packet whose transmit
+    time is missing, the send time itself stands in (counted in ``latency_app_clock``).
+    """
+    summaries = _summaries(records_dir)
+    packets, per_gpu, app_clock = _load_packets(records_dir, summaries)
+    iterations = [r for s in summaries
+                  for r in _rows_if_any(os.path.join(records_dir, f"{s['host']}.iterations.csv"))]
+    counters: Dict[str, int] = {}
+    for summary in summaries:
+        for key, value in summary["counters"].items():
+            counters[key] = counters.get(key, 0) + value
+    rates = [float(r["rate_bps"]) for s in summaries
+             for r in _rows_if_any(os.path.join(records_dir, f"{s['host']}.qps.csv"))]
+    sent = counters.get("tx_packets", 0) + counters.get("retransmitted", 0)
+    received = int(packets.src.size)
+    m = ctx.mechanisms
+    figures = {
+        "agents_reporting": len(summaries),
+        "latency_app_clock": app_clock,
+        **packets.latency_figures(),
+        "packets_sent": sent,
+        "packets_received": received,
+        "drops": sent - received,
+        "retransmitted_packets": counters.get("retransmitted", 0),
+        "naks": counters.get("naks_sent", 0),
+        "rto_timeouts": counters.get("timeouts", 0),
+        "out_of_order_dropped": counters.get("resp_out_of_order_dropped", 0),
+        "ecn_marked_packets": counters.get("rx_ce", 0) if m.ecn else None,
+        "cnps_sent": counters.get("cnps_sent", 0) if m.cnp else None,
+        "cnps_received": counters.get("cnps_received", 0) if m.cnp else None,
+        "dcqcn_min_rate_mbit": round(min(rates) / 1e6, 3) if rates else None,
+        "rx_socket_drops": counters.get("rx_socket_drops", 0),
+        "rx_invalid": counters.get("rx_invalid", 0),
+        "rx_bad_icrc": counters.get("rx_bad_icrc", 0),
+        "rx_unexpected_messages": counters.get("rx_unexpected_messages", 0),
+        "rx_foreign_qp": counters.get("rx_foreign_qp", 0),
+        "rx_no_timestamp": counters.get("rx_no_timestamp", 0),
+        "nic_backpressure_waits": counters.get("tx_blocked", 0),
+        "agent_loop_lag_us": _pooled_lag(summaries),
+        "collectives": [_workload_figures(i, spec, ctx, packets, iterations)
+                        for i, spec in enumerate(ctx.workloads)],
+        "per_gpu": dict(sorted(per_gpu.items(), key=lambda kv: kv[1]["rank"])),
+    }
+    if len(figures["collectives"]) == 1:  # the usual case: its figures at the top as well
+        only = figures["collectives"][0]
+        for key in ("cct_us", "algbw_gbps_emulated", "busbw_gbps_emulated",
+                    "busbw_gbps_modelled", "straggler_idle_us", "extrapolation"):
+            figures[key] = only[key]
+    return figures, packets
+
+
+MODELLED_TIMES = ("latency_us", "jitter_us", "cct_us", "straggler_idle_us", "pfc_paused_ms")
+NOT_TIMES = ("count", "ipdv_count")  # counts inside the time summaries
+
+
+def modelled(figures: dict, time_scale: float) -> dict:
+    """The time summaries of ``figures`` (``MODELLED_TIMES``) in the modelled fabric's time:
+    every emulated time divided by the time scale, counts as they are."""
+    def scaled(value, key=""):
+        if isinstance(value, dict):
+            return {k: scaled(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [scaled(v) for v in value]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and key not in NOT_TIMES:
+            return _round(value / time_scale, 9)
+        return value
+    return {k: scaled(figures[k]) for k in MODELLED_TIMES if figures.get(k) is not None}
+
+
+def _summaries(records_dir: str) -> List[dict]:
+    out = []
+    for path in sorted(glob.glob(os.path.join(records_dir, "*.summary.json"))):
+        with open(path, encoding="utf-8") as f:
+            out.append(json.load(f))
+    return out
+
+
+def load_packets(records_dir: str) -> Packets:
+    """Every data packet the GPUs received, from the records of one policy's run."""
+    return _load_packets(records_dir, _summaries(records_dir))[0]
+
+
+def _load_packets(records_dir: str, summaries: List[dict]):
+    tx_times = {s["rank"]: load_tx_times(records_dir, s["host"]) for s in summaries}
+    cols: Dict[str, list] = {k: [] for k in Packets.COLUMNS}
+    per_gpu: Dict[str, dict] = {}
+    app_clock = 0
+    for summary in summaries:
+        host = summary["host"]
+        rows = read_csv(os.path.join(records_dir, f"{host}.packets.csv"))
+        sent_at, rx = [], []
+        for r in rows:
+            sent = int(r["sent_ns"])
+            tx = tx_times.get(int(r["src"]), {}).get(sent)
+            if tx is None:
+                app_clock += 1
+                tx = sent
+            sent_at.append(tx)
+            rx.append(int(r["rx_ns"]))
+        latency = metrics.latency_us(sent_at, rx)
+        cols["latency"].append(latency)
+        cols["sent"].append(np.asarray(sent_at, dtype=np.int64))
+        for key, name, kind in (("src", "src", np.int64), ("dst", "dst", np.int64),
+                                ("iteration", "iteration", np.int64),
+                                ("payload", "bytes", np.int64),
+                                ("delivered", "delivered", np.int64),
+                                ("retx", "retx", np.int64)):
+            cols[key].append(np.asarray([int(r.get(name) or 0) for r in rows], dtype=kind))
+        cols["ce"].append(np.asarray([int(r.get("ecn") or 0) == 3 for r in rows],
+                                     dtype=np.int64))
+        lat = metrics.percentiles(latency) or {}
+        mine = summary["counters"]
+        per_gpu[host] = {"rank": summary["rank"],
+                         "packets_sent": mine.get("tx_packets", 0) + mine.get("retransmitted", 0),
+                         "packets_received": len(rows),
+                         "latency_us_p50": lat.get("p50"), "latency_us_p99": lat.get("p99"),
+                         "loop_lag_us_p99": (summary.get("loop_lag") or {}).get("p99_us"),
+                         "rx_foreign_qp": mine.get("rx_foreign_qp", 0)}
+    joined = {k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64))
+              for k, v in cols.items()}
+    joined["latency"] = joined["latency"].astype(float)
+    return Packets(**joined), per_gpu, app_clock
+
+
+def _workload_figures(index: int, spec: WorkloadSpec, ctx: RunContext, packets: Packets,
+                      iterations: List[dict]) -> dict:
+    """The figures of one collective at one size: CCT, bandwidths, latency, stragglers."""
+    rows = [r for r in iterations if int(r["workload"]) == index]
+    its = sorted({int(r["iteration"]) for r in rows})
+    size = spec.size
+    coll = collectives.build(spec.collective, ctx.ranks, size, spec.chunks, spec.group)
+    cct = metrics.cct_summary(metrics.iteration_cct_us(rows))
+    factor = collectives.bus_bandwidth_factor(coll.kind, ctx.ranks)
+    algbw = metrics.algbw_gbps(size, cct["p50"]) if cct else None
+    ready: Dict[int, List[int]] = {}
+    for r in rows:
+        ready.setdefault(int(r["iteration"]), []).append(int(r["start_ns"]))
+    complete = {i: v for i, v in ready.items() if len(v) == ctx.ranks}
+    idle = metrics.straggler_idle(complete)
+    mine = packets.select(np.isin(packets.iteration, its)) if its else packets.select(
+        np.zeros(packets.src.size, dtype=bool))
+    delivered = mine.select(mine.delivered == 1)
+    moved = {}
+    for rank in range(ctx.ranks):
+        total = int(delivered.payload[delivered.src == rank].sum())
+        moved[str(rank)] = round(total / len(its)) if its else None
+    expected = {str(r): coll.bytes_sent(r) for r in range(ctx.ranks)}
+    out = {
+        "collective": coll.name,
+        "size_bytes": size,
+        "iterations": len(its),
+        "ranks": ctx.ranks,
+        "cct_us": cct,
+        "algbw_gbps_emulated": _round(algbw),
+        "busbw_gbps_emulated": _round(algbw * factor if algbw else None),
+        "algbw_gbps_modelled": _round(algbw * ctx.time_scale if algbw else None),
+        "busbw_gbps_modelled": _round(algbw * factor * ctx.time_scale if algbw else None),
+        "busbw_factor": round(factor, 6),
+        "bytes_sent_per_rank": {"expected": expected, "measured": moved},
+        "packets_received": int(mine.src.size),
+        "retransmissions_received": int(mine.retx.sum()),
+        "ecn_marked_packets": int(mine.ce.sum()) if ctx.mechanisms.ecn else None,
+        **mine.latency_figures(),
+        "straggler_idle_us": idle,
+        "extrapolation": (metrics.extrapolate_idle(idle["mean"], ctx.ranks,
+                                                   ctx.extrapolate_gpus, ctx.time_scale)
+                          if idle else None),
+    }
+    out["modelled"] = modelled(out, ctx.time_scale)
+    return out
+
+
+def _pooled_lag(summaries: List[dict]) -> Optional[dict]:
+    """How late the agents woke for their timers, over all agents; ``by_timer``: the same per
+    kind of timer (compute ends, RTOs, DCQCN events, pacing, NAKs), to show which ones lag."""
+    pooled = _pool([(s.get("loop_lag") or {}).get("counts") for s in summaries])
+    if pooled is None:
+        return None
+    d = pooled.to_dict()
+    del d["counts"]
+    first = [s["first_start_lag_us"] for s in summaries if "first_start_lag_us" in s]
+    d["first_start_lag_us_max"] = max(first) if first else None
+    d["scheduling"] = ", ".join(sorted({s.get("scheduling", "normal") for s in summaries}))
+    kinds = sorted({k for s in summaries for k in s.get("loop_lag_by_timer") or {}})
+    d["by_timer"] = {}
+    for kind in kinds:
+        hist = _pool([((s.get("loop_lag_by_timer") or {}).get(kind) or {}).get("counts")
+                      for s in summaries])
+        if hist is not None:
+            k = hist.to_dict()
+            d["by_timer"][kind] = {"count": k["count"], "p50_us": k["p50_us"],
+                                   "p95_us": k["p95_us"], "max_us": k["max_us"]}
+    return d
+
+
+def _pool(counts: List[Optional[List[int]]]) -> Optional[metrics.LagHistogram]:
+    hists = [metrics.LagHistogram(c) for c in counts if c]
+    if not hists:
+        return None
+    pooled = hists[0]
+    for h in hists[1:]:
+        pooled = pooled.merge(h)
+    return pooled
+
+
+def _round(x, digits: int = 6):
+    return None if x is None else round(float(x), digits)

@@ -1,0 +1,206 @@
+"""``report.html``: one self-contained page per run (plots inlined as base64 PNG, no scripts,
+no network access needed to view it), plus the plots as PNG files in ``plots/``.
+
+``write(run_dir)`` reads only what the run left in its directory, so it serves both the end of
+a run and ``python -m testbed report DIR``. The page: status, fidelity verdict, the comparison
+table, the plots, per-GPU and sweep tables, the scenario, capabilities and the files.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import logging
+import os
+from typing import Callable, List, Tuple
+
+import yaml
+
+from ..base.atomic import write_atomic
+from . import report, rundata
+
+LOG = logging.getLogger(__name__)
+REPORT = "report.html"
+PLOTS_DIR = "plots"
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
+max-width:1100px;color:#222;line-height:1.4;padding:0 1em}
+h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;
+margin-top:1.8em}
+table{border-collapse:collapse;margin:.6em 0;font-size:.92em}
+th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
+th:first-child,td:first-child{text-align:left}thead th{background:#f2f4f7}
+tbody tr:nth-child(even){background:#fafafa}
+.meta{color:#555}.ok{color:#1a7f37;font-weight:600}.bad{color:#b42318;font-weight:600}
+.warn{color:#9a6700;font-weight:600}
+.banner{padding:.6em 1em;border-radius:4px;background:#fdecea;border:1px solid #f5c2c0}
+figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}
+figcaption{color:#555;font-size:.9em}
+pre{background:#f6f8fa;padding:.8em;overflow:auto;font-size:.85em}
+"""
+
+
+def write(run_dir: str, progress: Callable[[str], None] = lambda s: None) -> str:
+    """Draw the plots and write ``report.html`` into ``run_dir``; returns its path."""
+    results = rundata.load_results(run_dir)
+    figures, plot_note = _plots(run_dir, results, progress)
+    page = render(results, figures, plot_note)
+    path = os.path.join(run_dir, REPORT)
+    write_atomic(path, page.encode("utf-8"))
+    return path
+
+
+Figure = Tuple[str, str, bytes]  # file name, caption, PNG
+
+
+def _plots(run_dir: str, results: dict, progress) -> Tuple[List[Figure], str]:
+    """Every plot the run's data supports, also saved under ``plots/``."""
+    try:
+        from . import plots
+    except ImportError as e:  # the page is still useful without them
+        return [], f"plots were not drawn: matplotlib is missing ({e}); run scripts/install.sh"
+    policies = list(results.get("policies") or {})
+    out: List[Figure] = []
+    progress(f"drawing plots for {len(policies)} policies")
+    lat = {name: rundata.latencies(run_dir, name) for name in policies}
+    out.append(("latency-cdf.png", "One-way latency of every data packet received, per "
+                "policy (kernel timestamps; dotted lines: p99).", plots.latency_cdf(lat)))
+    out.append(("cct.png", "Collective completion time of every iteration, per policy.",
+                plots.cct_per_iteration(rundata.ccts(results))))
+    for name in policies:
+        tl = rundata.timeline(run_dir, name)
+        if not tl.t_s:
+            continue
+        out.append((f"queues-{name}.png",
+                    f"{name}: peak egress backlog per window of the four busiest switch ports"
+                    + (" and the intervals PFC held each paused queue" if tl.paused else "")
+                    + " (sampled by the queue emulator).",
+                    plots.queue_timeline(name, tl.t_s, plots.busiest(tl.backlogs), tl.paused)))
+    loads = rundata.spine_loads(results)
+    if loads:
+        out.append(("spine-load.png", "Packets forwarded by each spine, per policy (one busy "
+                    "spine: a single tree; even bars: ECMP or spraying).",
+                    plots.spine_load(loads)))
+    folder = os.path.join(run_dir, PLOTS_DIR)
+    os.makedirs(folder, exist_ok=True)
+    for name, _caption, png in out:
+        write_atomic(os.path.join(folder, name), png)
+    return out, ""
+
+
+def _e(value) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _table(header: List[str], rows: List[List[str]], table_id: str = "") -> str:
+    ident = f' id="{_e(table_id)}"' if table_id else ""
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _verdicts(results: dict) -> str:
+    items = []
+    for name, p in (results.get("policies") or {}).items():
+        f = p.get("fidelity") or {}
+        verdict = f.get("verdict")
+        if verdict is None:
+            items.append(f"<li><b>{_e(name)}</b>: no fidelity verdict recorded</li>")
+            continue
+        cls = "ok" if verdict == "ok" else "bad"
+        text = f"<li><b>{_e(name)}</b>: <span class=\"{cls}\">{_e(verdict)}</span>"
+        if f.get("problems"):
+            text += ": " + _e("; ".join(f["problems"]))
+        if f.get("advice") and verdict != "ok":
+            text += f"<br><i>{_e(f['advice'])}</i>"
+        text += f"<br>emulation cost: {_e(report.cost_text(p.get('emulation_cost')))}"
+        items.append(text + "</li>")
+    for name, p in (results.get("policies") or {}).items():
+        for w in p.get("warnings") or []:
+            items.append(f"<li><b>{_e(name)}</b>: <span class=\"warn\">warning</span>: "
+                         f"{_e(w)}</li>")
+    return "<ul id=\"fidelity\">" + "".join(items) + "</ul>"
+
+
+def _capabilities(results: dict) -> str:
+    caps = results.get("capabilities") or {}
+    rows = [[k, _plain(v)] for k, v in caps.items()]
+    rows += [[f"link emulation: {k}", _plain(v)]
+             for k, v in (results.get("link_emulation") or {}).items()]
+    rows += [[f"CPU wake-ups: {k}", _plain(v)]
+             for k, v in (results.get("cpu_wakeup") or {}).items()]
+    return _table(["capability", "value"], rows, "capabilities")
+
+
+def _plain(v) -> str:
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={_plain(x)}" for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_plain(x) for x in v) or "-"
+    return "-" if v is None else str(v)
+
+
+def _files(results: dict) -> str:
+    links = [("results.json", "every figure (schema " + str(results.get("schema")) + ")"),
+             ("records/", "per-packet, per-iteration and per-operation CSV of every GPU"),
+             (PLOTS_DIR + "/", "the plots as PNG")]
+    for name, p in (results.get("policies") or {}).items():
+        for host, entry in (p.get("pcap") or {}).items():
+            links.append((entry["file"], f"{name}: capture on {host} ({entry['bytes']:,} B)"))
+    items = "".join(f"<li><a href=\"{_e(href)}\">{_e(href)}</a>: {_e(what)}</li>"
+                    for href, what in links)
+    return f"<ul>{items}<li>controller-*.log, agent-*.log, switchq-*: the logs of each " \
+           f"policy's controller, agents and queue emulator</li></ul>"
+
+
+def render(results: dict, figures: List[Figure], plot_note: str = "") -> str:
+    """The page as a string (pure: results and PNGs in)."""
+    scenario = results.get("scenario") or {}
+    policies = results.get("policies") or {}
+    status = results.get("status", "unknown")
+    parts = [f"<h1>AI-fabric testbed: {_e(scenario.get('name', 'run'))}</h1>",
+             f"<p class=\"meta\">run {_e(results.get('run_id'))} &middot; status "
+             f"<span id=\"status\" class=\"{'ok' if status == 'complete' else 'bad'}\">"
+             f"{_e(status)}</span> &middot; {_e(results.get('started'))} to "
+             f"{_e(results.get('finished') or '-')} &middot; testbed "
+             f"{_e(results.get('version'))} &middot; policies {_e(', '.join(policies))}</p>"]
+    if status != "complete":
+        parts.append(f"<p class=\"banner\">This run is <b>{_e(status)}</b>"
+                     + (f" ({_e(results['error'])})" if results.get("error") else "")
+                     + ": the figures cover what was gathered before it stopped.</p>")
+    note = report.time_scale_note(results)
+    if note:
+        parts.append(f"<p class=\"meta\">{_e(note)}</p>")
+    parts.append("<h2>Fidelity</h2>" + _verdicts(results))
+    parts.append("<h2>Comparison</h2>" + _table(*report.comparison(results), "comparison"))
+    if report.modelled_time(results):
+        parts.append("<details><summary>The same in emulated time</summary>"
+                     + _table(*report.comparison(results, emulated=True), "comparison-emulated")
+                     + "</details>")
+    parts.append("<h2>Plots</h2>")
+    if plot_note:
+        parts.append(f"<p class=\"warn\">{_e(plot_note)}</p>")
+    for name, caption, png in figures:
+        data = base64.b64encode(png).decode("ascii")
+        parts.append(f"<figure><img src=\"data:image/png;base64,{data}\" alt=\"{_e(caption)}\">"
+                     f"<figcaption>{_e(caption)} <a href=\"{PLOTS_DIR}/{_e(name)}\">"
+                     f"{_e(name)}</a></figcaption></figure>")
+    sweeps = [(n, p["collectives"]) for n, p in policies.items()
+              if len(p.get("collectives") or []) > 1]
+    if sweeps:
+        parts.append("<h2>Message-size sweep</h2>")
+        parts += [_table(*report.sweep(n, entries)) for n, entries in sweeps]
+    parts.append("<h2>Per GPU</h2>")
+    scale = results.get("time_scale") if report.modelled_time(results) else 0.0
+    parts += [_table(*report.per_gpu(n, p, scale)) for n, p in policies.items()]
+    parts.append("<h2>Scenario</h2><pre id=\"scenario\">"
+                 + _e(yaml.safe_dump(scenario, sort_keys=False, default_flow_style=False))
+                 + "</pre>")
+    parts.append("<h2>Machine and emulation</h2>" + _capabilities(results))
+    parts.append("<h2>Files</h2>" + _files(results))
+    title = f"testbed report {results.get('run_id', '')}"
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>\n"
+            + "\n".join(parts) + "\n</body></html>\n")
+

@@ -1,0 +1,159 @@
+"""The report's plots: data in, PNG bytes out (matplotlib's Agg canvas: no display, no pyplot
+state, no network).
+
+Each function takes plain mappings keyed by policy (or port) and returns one PNG. The data is
+gathered from a run directory by ``testbed.results.rundata``; ``testbed.results.htmlreport`` places
+the PNGs.
+"""
+from __future__ import annotations
+
+import io
+from typing import Dict, List, Mapping, Sequence, Tuple
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from controllers.policy import policy_class, policy_names
+
+POLICY_COLOURS = {name: policy_class(name).colour for name in policy_names()}
+OTHER_COLOURS = ["#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+SIZE = (8.0, 4.2)
+DPI = 100
+
+
+def colour(name: str, index: int = 0) -> str:
+    return POLICY_COLOURS.get(name, OTHER_COLOURS[index % len(OTHER_COLOURS)])
+
+
+def _png(fig: Figure) -> bytes:
+    FigureCanvasAgg(fig)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#555")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def latency_cdf(latencies: Mapping[str, Sequence[float]]) -> bytes:
+    """One CDF of per-packet one-way latency (us, log scale) per policy, p99 marked."""
+    fig = Figure(figsize=SIZE)
+    ax = fig.add_subplot()
+    drawn = False
+    for i, (name, values) in enumerate(latencies.items()):
+        v = np.sort(np.asarray(values, dtype=float))
+        v = v[v > 0]
+        if not v.size:
+            continue
+        y = np.arange(1, v.size + 1) / v.size
+        c = colour(name, i)
+        ax.step(v, y, where="post", color=c, label=f"{name} ({v.size:,} packets)")
+        ax.axvline(np.percentile(v, 99), color=c, linestyle=":", linewidth=1)
+        drawn = True
+    if not drawn:
+        _empty(ax, "no packets received")
+    else:
+        ax.set_xscale("log")
+        ax.set_xlabel("one-way latency (us, emulated time; dotted: p99)")
+        ax.set_ylabel("fraction of packets")
+        ax.set_ylim(0, 1.01)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(loc="lower right")
+    ax.set_title("Per-packet latency CDF")
+    return _png(fig)
+
+
+def cct_per_iteration(ccts: Mapping[str, Sequence[float]]) -> bytes:
+    """Collective completion time (ms) of every iteration, one line per series."""
+    fig = Figure(figsize=SIZE)
+    ax = fig.add_subplot()
+    drawn = False
+    for i, (label, values) in enumerate(ccts.items()):
+        if not values:
+            continue
+        ms = np.asarray(values, dtype=float) / 1000.0
+        ax.plot(np.arange(1, ms.size + 1), ms, marker="o", markersize=3,
+                color=colour(label.split(" ")[0], i), label=label)
+        drawn = True
+    if not drawn:
+        _empty(ax, "no completed iterations")
+    else:
+        ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("CCT (ms, emulated time)")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    ax.set_title("Collective completion time per iteration")
+    return _png(fig)
+
+
+def queue_timeline(policy: str, t_s: Sequence[float], backlogs: Mapping[str, Sequence[float]],
+                   paused: Mapping[str, List[Tuple[float, float]]]) -> bytes:
+    """Egress backlog (KB) of the busiest ports over time and, below it, when PFC held which
+    port paused."""
+    fig = Figure(figsize=(SIZE[0], SIZE[1] + (1.2 if paused else 0)))
+    if paused:
+        ax, bx = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    else:
+        ax, bx = fig.add_subplot(), None
+    t = np.asarray(t_s, dtype=float)
+    for i, (port, values) in enumerate(backlogs.items()):
+        ax.plot(t, np.asarray(values, dtype=float) / 1000.0, linewidth=1, color=f"C{i % 10}",
+                label=port)
+    if backlogs:
+        ax.set_ylabel("egress backlog (KB)")
+        ax.legend(loc="upper right", fontsize="small")
+        ax.grid(True, alpha=0.3)
+    else:
+        _empty(ax, "no switch port held a backlog in this run" if t.size else
+               "no queue samples")
+    ax.set_title(f"{policy}: queue occupancy of the busiest ports"
+                 + (" and PFC pauses" if paused else ""))
+    if bx is not None:
+        ports = list(paused)
+        for row, port in enumerate(ports):
+            bx.broken_barh([(a, max(b - a, 1e-4)) for a, b in paused[port]], (row - 0.4, 0.8),
+                           color="#d62728")
+        bx.set_yticks(range(len(ports)))
+        bx.set_yticklabels(ports, fontsize="small")
+        bx.set_ylabel("paused")
+        bx.set_xlabel("time since the first sample (s)")
+    else:
+        ax.set_xlabel("time since the first sample (s)")
+    return _png(fig)
+
+
+def spine_load(loads: Mapping[str, Mapping[str, int]]) -> bytes:
+    """Packets each spine forwarded, grouped bars per policy (one spine = no ECMP)."""
+    fig = Figure(figsize=SIZE)
+    ax = fig.add_subplot()
+    spines = sorted({s for per in loads.values() for s in per})
+    if not spines:
+        _empty(ax, "no spine counters")
+    else:
+        width = 0.8 / max(1, len(loads))
+        x = np.arange(len(spines))
+        for i, (name, per) in enumerate(loads.items()):
+            ax.bar(x + i * width - 0.4 + width / 2, [per.get(s, 0) for s in spines], width,
+                   color=colour(name, i), label=name)
+        ax.set_xticks(x)
+        ax.set_xticklabels(spines)
+        ax.set_ylabel("packets forwarded")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend()
+    ax.set_title("Per-spine load")
+    return _png(fig)
+
+
+def busiest(backlogs: Mapping[str, Sequence[float]], n: int = 4) -> Dict[str, Sequence[float]]:
+    """The ``n`` ports with the highest peak backlog (ports that never queued left out)."""
+    peaks = sorted(((max(v) if len(v) else 0, port) for port, v in backlogs.items()),
+                   reverse=True)
+    return {port: backlogs[port] for peak, port in peaks[:n] if peak > 0}

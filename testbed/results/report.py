@@ -1,0 +1,273 @@
+"""What a run prints: the comparison table, the size sweep, fidelity warnings (pure text).
+
+Times lead in the modelled fabric's time (each policy's ``modelled`` figures: the emulated
+time divided by the time scale); ``emulated=True`` shows the emulated times instead.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Tuple
+
+
+def fmt(value, digits=1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or isinstance(value, str):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}"
+
+
+def sig(value, digits: int = 4) -> str:
+    """A time in the modelled fabric: ``digits`` significant digits, never an exponent."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return fmt(value)
+    if value == 0 or abs(value) >= 10 ** (digits - 1):
+        return f"{value:,.0f}"
+    return f"{value:,.{max(0, digits - 1 - math.floor(math.log10(abs(value))))}f}"
+
+
+def view(p: dict, emulated: bool = False) -> dict:
+    """A policy's figures with its time summaries in modelled time (``emulated``: as run)."""
+    if emulated or not p.get("modelled"):
+        return p
+    return {**p, **p["modelled"]}
+
+
+ROWS = [
+    ("GPUs", lambda p: p.get("gpus")),
+    ("packets sent", lambda p: p.get("packets_sent")),
+    ("packets received", lambda p: p.get("packets_received")),
+    ("drops (sent - received)", lambda p: p.get("drops")),
+    ("  of which switch queue drops", lambda p: p.get("switch_queue_drops")),
+    ("  of which still queued at the end", lambda p: p.get("queued_at_end")),
+    ("ECN-marked packets received", lambda p: p.get("ecn_marked_packets")),
+    ("PFC pause events", lambda p: p.get("pfc_pause_events")),
+    ("PFC paused time (ms)", lambda p: p.get("pfc_paused_ms")),
+    ("latency p50 (us)", lambda p: (p.get("latency_us") or {}).get("p50")),
+    ("latency p99 (us)", lambda p: (p.get("latency_us") or {}).get("p99")),
+    ("latency p99.9 (us)", lambda p: (p.get("latency_us") or {}).get("p999")),
+    ("latency max (us)", lambda p: (p.get("latency_us") or {}).get("max")),
+    ("jitter |IPDV| p99 (us)", lambda p: (p.get("jitter_us") or {}).get("ipdv_abs_p99")),
+    ("latency p99 / p50", lambda p: p.get("tail_ratio_p99_p50")),
+    ("CCT p50 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p50"))),
+    ("CCT p99 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p99"))),
+    ("CCT max (ms)", lambda p: _ms((p.get("cct_us") or {}).get("max"))),
+    ("busbw (Gbit/s, modelled)", lambda p: p.get("busbw_gbps_modelled")),
+    ("straggler idle / iteration (ms)",
+     lambda p: _ms((p.get("straggler_idle_us") or {}).get("mean"))),
+    ("same tail on N GPUs (GPU-s/step)", lambda p: _gpu_s(p.get("extrapolation"))),
+    ("retransmitted packets", lambda p: p.get("retransmitted_packets")),
+    ("NAKs / RTO timeouts", lambda p: _pair(p.get("naks"), p.get("rto_timeouts"))),
+    ("CNPs sent", lambda p: p.get("cnps_sent")),
+    ("per-hop delay, switch port (emulated us)", lambda p: _hop(p.get("per_hop_latency"))),
+    ("latency floor across leaves (emulated us)",
+     lambda p: ((p.get("per_hop_latency") or {}).get("measured_min_us") or {}).get("cross_leaf")),
+    ("ECN marking", lambda p: " ".join(filter(None, (p.get("ecn_marking"),
+                                                     p.get("ecn_marking_via")))) or None),
+    ("rxe ib_write_lat typical (us)", lambda p: _rxe(p, "ib_write_lat", "t_typical_usec")),
+    ("rxe ib_write_bw average (MB/s)", lambda p: _rxe(p, "ib_write_bw", "bw_average_mb_per_sec")),
+    ("fidelity", lambda p: (p.get("fidelity") or {}).get("verdict")),
+    ("CPU per delivered frame (us)",
+     lambda p: (p.get("emulation_cost") or {}).get("total_us_per_frame")),
+    ("  agents / OVS / kernel / rest", lambda p: _cost_split(p.get("emulation_cost"))),
+    ("spine load (packets)", lambda p: " / ".join(
+        f"{v:,}" for v in (p.get("spine_load_packets") or {}).values()) or None),
+]
+"""The comparison: (label, figure of a policy's results) per row."""
+TIME_ROWS = {"PFC paused time (ms)", "latency p50 (us)", "latency p99 (us)",
+             "latency p99.9 (us)", "latency max (us)", "jitter |IPDV| p99 (us)", "CCT p50 (ms)",
+             "CCT p99 (ms)", "CCT max (ms)", "straggler idle / iteration (ms)"}
+"""The rows that are times: in the modelled fabric's time unless emulated ones are asked for."""
+
+
+def _hop(h):
+    """The switch-to-switch delay applied per hop and the forwarding mode."""
+    if not h:
+        return None
+    if not h.get("applied"):
+        return "not applied (no netem)"
+    return f"{h['delay_us_applied']['switch_to_switch']:,.1f} ({h['forwarding'].replace('_', '-')})"
+
+
+def _cost_split(c):
+    """Where the machine went, per delivered frame: the three big shares and the rest."""
+    if not c or c.get("total_us_per_frame") is None:
+        return None
+    us = c["us_per_frame"]
+    big = ("agents", "open_vswitch", "kernel")
+    rest = c["total_us_per_frame"] - sum(us[k] for k in big)
+    return " / ".join(f"{v:,.0f}" for v in [us[k] for k in big] + [rest])
+
+
+def _rxe(p, test, figure):
+    t = ((p.get("rxe") or {}).get("tests") or {}).get(test)
+    if not t:
+        return None
+    return (t.get("results") or {}).get(figure) if not t.get("error") else "failed"
+
+
+def modelled_time(results: dict, emulated: bool = False) -> bool:
+    """Whether the tables show modelled time (every policy has its modelled figures)."""
+    policies = results.get("policies") or {}
+    return not emulated and bool(policies) and all(p.get("modelled") for p in policies.values())
+
+
+def comparison(results: dict, emulated: bool = False) -> Tuple[List[str], List[List[str]]]:
+    """The comparison table as text cells: header (what, then one column per policy), rows."""
+    policies = results.get("policies", {})
+    names = list(policies)
+    w = results.get("scenario", {}).get("workload", {})
+    what = (f"per policy ({w.get('collective')}, {_size(w.get('size_bytes'))})"
+            if w and not w.get("sizes") else "per policy")
+    modelled = modelled_time(results, emulated)
+    what += ", modelled time" if modelled else ", emulated time"
+    views = {n: view(policies[n], not modelled) for n in names}
+    rxe = any(policies[n].get("rxe") for n in names)
+    return ([what] + names,
+            [[label] + [(sig if modelled and label in TIME_ROWS else fmt)(get(views[n]))
+                        for n in names] for label, get in ROWS
+             if rxe or not label.startswith("rxe ")])
+
+
+def per_gpu(name: str, p: dict, time_scale: float = 0.0) -> Tuple[List[str], List[List[str]]]:
+    """One row per GPU; latencies in modelled time given the run's ``time_scale`` (0:
+    emulated)."""
+    def t(us):
+        return sig(us / time_scale) if time_scale and us is not None else fmt(us)
+    return ([f"{name}: per GPU", "rank", "sent", "received", "rx p50 (us)", "rx p99 (us)"],
+            [[host, fmt(g["rank"]), fmt(g["packets_sent"]), fmt(g["packets_received"]),
+              t(g["latency_us_p50"]), t(g["latency_us_p99"])]
+             for host, g in (p.get("per_gpu") or {}).items()])
+
+
+def time_scale_note(results: dict, emulated: bool = False) -> str:
+    scale = results.get("time_scale")
+    if not scale:
+        return ""
+    modelled = results.get("scenario", {}).get("topology", {}).get("modelled_rate_gbit")
+    if modelled_time(results, emulated):
+        shown = (f"latencies and CCTs are the modelled fabric's time (emulated / {scale:,.0f}; "
+                 "emulated figures in results.json, or --emulated)")
+    else:
+        shown = "latencies and CCTs are emulated time"
+    note = (f"time scale: emulated links run {scale:,.0f}x slower than the modelled "
+            f"{modelled:g} Gbit/s fabric; {shown}")
+    choice = results.get("time_scale_choice") or {}
+    if choice.get("chosen_by") == "auto":
+        note += (f" (GPU NICs at {choice['host_rate_mbit']:g} Mbit/s: chosen for this machine, "
+                 f"predicted CPUs {choice['predicted_busy']:.0%} busy)")
+    tried = choice.get("attempts") or []
+    if tried:
+        rates = ", ".join(f"{a['host_rate_mbit']:g}" for a in tried)
+        note += (f"\ntime scale: the fidelity monitor rejected the run at {rates} Mbit/s first "
+                 f"(kept in {', '.join(a['kept_in'] for a in tried)})")
+    if choice.get("warning"):
+        note += f"\nwarning: {choice['warning']}"
+    return note
+
+
+def summary_table(results: dict, emulated: bool = False) -> str:
+    """The comparison printed at the end of a run: one column per policy, then per GPU."""
+    policies = results.get("policies", {})
+    modelled = modelled_time(results, emulated)
+    scale = results.get("time_scale") if modelled else 0.0
+    out = [table(*comparison(results, emulated))]
+    out += [table(*per_gpu(name, p, scale)) for name, p in policies.items()]
+    for name, p in policies.items():
+        if len(p.get("collectives") or []) > 1:
+            out.append(sweep_table(name, p["collectives"], not modelled))
+    note = time_scale_note(results, emulated)
+    if note:
+        out.append(note)
+    return "\n\n".join(out)
+
+
+def table(header: List[str], rows: List[List[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    lines = ["  ".join(str(h).ljust(w) if i == 0 else str(h).rjust(w)
+                       for i, (h, w) in enumerate(zip(header, widths)))]
+    lines.append("-" * len(lines[0]))
+    for r in rows:
+        lines.append("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                               for i, (c, w) in enumerate(zip(r, widths))))
+    return "\n".join(lines)
+
+
+def _pair(a, b):
+    return None if a is None and b is None else f"{fmt(a)} / {fmt(b)}"
+
+
+def _ms(us):
+    return None if us is None else us / 1000.0
+
+
+def _gpu_s(extrapolation):
+    if not extrapolation:
+        return None
+    return f"{extrapolation['gpu_seconds_per_step_modelled']:.3g} @ {extrapolation['gpus']:,}"
+
+
+def sweep(policy: str, entries: List[dict], emulated: bool = False
+          ) -> Tuple[List[str], List[List[str]]]:
+    """nccl-tests style: one row per message size (time = median CCT), in the modelled fabric's
+    time and bandwidths; ``emulated``: as run (entries without modelled figures are)."""
+    name = entries[0]["collective"] if entries else ""
+    if not emulated and entries and all(e.get("modelled") for e in entries):
+        return ([f"{policy}: {name} sweep", "iters", "time (us)", "algbw (Gb/s)",
+                 "busbw (Gb/s)", "lat p99 (us)"],
+                [[_size(e["size_bytes"]), fmt(e["iterations"]),
+                  sig(e["modelled"]["cct_us"]["p50"] if e["modelled"].get("cct_us") else None),
+                  fmt(e.get("algbw_gbps_modelled"), 2), fmt(e.get("busbw_gbps_modelled"), 2),
+                  sig((e["modelled"].get("latency_us") or {}).get("p99"))] for e in entries])
+    rows = []
+    for e in entries:
+        rows.append([_size(e["size_bytes"]), fmt(e["iterations"]),
+                     fmt((e.get("cct_us") or {}).get("p50"), 0),
+                     fmt(_mbit(e.get("algbw_gbps_emulated")), 2),
+                     fmt(_mbit(e.get("busbw_gbps_emulated")), 2),
+                     fmt(e.get("busbw_gbps_modelled"), 2),
+                     fmt((e.get("latency_us") or {}).get("p99"), 0)])
+    return ([f"{policy}: {name} sweep", "iters", "time (us)", "algbw (Mb/s)",
+             "busbw (Mb/s)", "busbw modelled (Gb/s)", "lat p99 (us)"], rows)
+
+
+def sweep_table(policy: str, entries: List[dict], emulated: bool = False) -> str:
+    return table(*sweep(policy, entries, emulated))
+
+
+def fidelity_warnings(results: dict) -> List[str]:
+    """One line per policy whose run was outside the fidelity monitor's tolerances."""
+    out = []
+    for name, p in (results.get("policies") or {}).items():
+        f = p.get("fidelity") or {}
+        if f.get("verdict") == "outside tolerance":
+            out.append(f"warning: {name}: fidelity outside tolerance: "
+                       f"{'; '.join(f.get('problems') or [])}. {f.get('advice', '')}".rstrip())
+    return out
+
+
+def _mbit(gbps):
+    return None if gbps is None else gbps * 1000.0
+
+
+def _size(n) -> str:
+    if n is None:
+        return "-"
+    for unit, div in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return f"{n}B"
+
+
+def cost_text(cost: dict) -> str:
+    """One line: where the machine went (the report's line beside the fidelity verdict)."""
+    if not cost:
+        return "not measured"
+    us = cost["us_per_frame"]
+    if cost["total_us_per_frame"] is None:
+        return "no frames delivered"
+    parts = [f"{name.replace('_', ' ')} {v:,.0f}" for name, v in us.items() if v]
+    return (f"{cost['total_us_per_frame']:,.0f} us CPU per frame ("
+            + ", ".join(parts) + f"); CPUs {cost['busy_share']:.0%} busy")

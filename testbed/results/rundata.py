@@ -1,0 +1,93 @@
+"""What the report draws, read back from a run directory (the files a run leaves behind).
+
+Everything here reads files a run wrote - ``results.json``, the agents' records and the queue
+emulator's timeline - so ``python -m testbed report DIR`` redraws any saved run.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+from ..base.errors import ConfigError
+from .collect import load_packets
+
+
+def load_results(run_dir: str) -> dict:
+    path = os.path.join(run_dir, "results.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise ConfigError(f"{run_dir}: no results.json there ({e.strerror})")
+    except ValueError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})")
+    if not isinstance(data, dict) or "policies" not in data:
+        raise ConfigError(f"{path}: not a testbed results file")
+    return data
+
+
+def latencies(run_dir: str, policy: str):
+    """Per-packet one-way latency (us) of every data packet the GPUs received under
+    ``policy`` (empty when the records are missing)."""
+    records = os.path.join(run_dir, "records", policy)
+    if not os.path.isdir(records):
+        return []
+    return load_packets(records).latency
+
+
+def ccts(results: dict) -> Dict[str, List[float]]:
+    """Series label -> CCT (us) per iteration; a sweep gives one series per size."""
+    out: Dict[str, List[float]] = {}
+    for name, p in (results.get("policies") or {}).items():
+        collectives = p.get("collectives") or []
+        for c in collectives:
+            label = name if len(collectives) == 1 else f"{name} {c.get('size_bytes'):,} B"
+            out[label] = list((c.get("cct_us") or {}).get("per_iteration") or [])
+    return out
+
+
+def spine_loads(results: dict) -> Dict[str, Dict[str, int]]:
+    return {name: dict(p.get("spine_load_packets") or {})
+            for name, p in (results.get("policies") or {}).items()
+            if p.get("spine_load_packets")}
+
+
+@dataclass
+class Timeline:
+    """The queue emulator's timeline of one policy: per-port peak backlog per window, and the
+    intervals in which PFC held each queue paused (seconds since the first window)."""
+
+    t_s: List[float] = field(default_factory=list)
+    backlogs: Dict[str, List[float]] = field(default_factory=dict)
+    paused: Dict[str, List[Tuple[float, float]]] = field(default_factory=dict)
+
+
+def timeline(run_dir: str, policy: str) -> Timeline:
+    path = os.path.join(run_dir, f"switchq-{policy}.timeline.csv")
+    out = Timeline()
+    if not os.path.exists(path):
+        return out
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return out
+    ports = [k for k in rows[0] if k not in ("time_ns", "paused")]
+    t0 = int(rows[0]["time_ns"])
+    out.t_s = [(int(r["time_ns"]) - t0) / 1e9 for r in rows]
+    out.backlogs = {p: [float(r[p] or 0) for r in rows] for p in ports}
+    ends = out.t_s[1:] + [out.t_s[-1] + (out.t_s[-1] - out.t_s[-2] if len(rows) > 1 else 0.005)]
+    open_since: Dict[str, float] = {}
+    for r, start, end in zip(rows, out.t_s, ends):
+        now = set((r.get("paused") or "").split())
+        for q in now - set(open_since):
+            open_since[q] = start
+        for q in set(open_since) - now:
+            out.paused.setdefault(q, []).append((open_since.pop(q), start))
+        last_end = end
+    for q, start in open_since.items():
+        out.paused.setdefault(q, []).append((start, last_end))
+    out.paused = dict(sorted(out.paused.items()))
+    return out

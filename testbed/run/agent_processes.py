@@ -1,0 +1,303 @@
+"""Start the GPU traffic agents and follow them to the end.
+
+``agent_configs`` (pure) says what each GPU does; ``process_groups`` (pure) puts the GPUs of
+each server into a few agent processes (one per CPU unless the scenario says otherwise);
+``AgentGroup`` starts ``python -m traffic.agent`` for each group (it opens every GPU's sockets
+in that host's namespace), waits until all are ready, gives them one common start time,
+reports progress from their ``iter`` lines and fails naming the hosts of a process that dies
+or stalls, with the last line of its log.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Tuple
+
+from traffic.contract import AgentConfig, Compute, GpuConfig, Peer, Straggler, Transport
+
+from ..base.errors import AgentError
+from ..base.ledger import Ledger
+from ..base.procutil import cpu_ticks, log_tail, stop_processes
+from ..base.topology import FabricPlan
+from ..fabric.capabilities import detect
+from ..scenario.config import DEFAULT, Scenario
+from .runplan import PolicyRun, decide
+
+START_MARGIN_S = 0.2  # agents start together this long after the go
+STUCK_CAP = 10  # an agent still working towards "ready" or "done" gets at most 10x the wait
+MAX_RTO_FACTOR = 8  # the retransmission timeout backs off up to this multiple
+
+
+def transport_config(run: PolicyRun) -> Transport:
+    """The NIC settings every agent of a run gets (RC, congestion control, entropy)."""
+    scenario = run.scenario
+    tr = scenario.transport
+    rto_ns = scenario.emulated_ns(tr.rto_us)
+    roce_dscp, cnp_dscp = run.policy.dscp()
+    return Transport(
+        congestion_control=run.congestion_control,
+        qps_per_peer=tr.qps_per_peer, entropy=tr.entropy, ack_every=tr.ack_every,
+        rto_ns=rto_ns, max_rto_ns=MAX_RTO_FACTOR * rto_ns, retry_limit=tr.retry_limit,
+        reorder_ns=rto_ns // 2 if tr.entropy == "per-packet" else 0,
+        dcqcn_timer_ns=scenario.emulated_ns(tr.dcqcn_timer_us),
+        dcqcn_byte_counter=tr.dcqcn_byte_counter, dcqcn_clamp_target=tr.dcqcn_clamp_target,
+        cnp_interval_ns=scenario.emulated_ns(tr.cnp_interval_us),
+        roce_tos=(roce_dscp << 2) | 0b10, ack_tos=roce_dscp << 2, cnp_tos=cnp_dscp << 2,
+        qp_limiter=run.qp_limiter)
+
+
+def reference_transport(policy_name: str = "hyperscale") -> Transport:
+    """What the default scenario's agents get under ``policy_name`` at the reference rate
+    (for benchmarks that drive an agent without a run)."""
+    s = DEFAULT.for_checks()
+    return transport_config(decide(policy_name, FabricPlan.for_topology(s.topology), s,
+                                   detect()))
+
+
+def agent_configs(run: PolicyRun, out_dir: str) -> List[GpuConfig]:
+    scenario, plan = run.scenario, run.plan
+    w = scenario.workload
+    transport = transport_config(run)
+    peers = [Peer(h.rank, h.name, h.ip, h.mac) for h in plan.gpus]
+    st = w.stragglers
+    straggler = Straggler(scenario.emulated_ns(st.delay_us), st.distribution, st.probability)
+    compute = Compute(scenario.emulated_ns(w.compute_us), scenario.emulated_ns(w.compute_jitter_us))
+    return [GpuConfig(rank=h.rank, host=h.name, intf=h.intf, ip=h.ip, mac=h.mac,
+                      ranks=len(plan.gpus), workloads=run.workloads, mtu=w.mtu, compute=compute,
+                      straggler=straggler if h.rank in st.ranks else None, seed=w.seed,
+                      transport=transport,
+                      link_rate_bps=scenario.topology.host_rate_mbit * 1e6, out_dir=out_dir,
+                      peers=tuple(p for p in peers if p.rank != h.rank))
+            for h in plan.gpus]
+
+
+def expected_duration_s(scenario: Scenario) -> float:
+    """Rough time of the whole replay at line rate, compute phases and stragglers included
+    (for timeouts and progress)."""
+    w, t = scenario.workload, scenario.topology
+    n = t.gpus
+    per_byte = (n - 1) / n if w.collective == "all_to_all" else 2 * (n - 1) / n
+    bits = sum(per_byte * size * 8 * 1.1 for size in w.run_sizes) * w.iterations
+    wire = bits / (min(t.host_rate_mbit, t.fabric_rate_mbit) * 1e6)
+    st = w.stragglers
+    late = st.delay_us * (3 if st.distribution == "exponential" else 2) if st.ranks else 0.0
+    compute = scenario.emulated_ns(w.compute_us + w.compute_jitter_us + late) / 1e9
+    return wire + compute * w.iterations * len(w.run_sizes)
+
+
+def finish_timeout_s(scenario: Scenario) -> float:
+    """How long a run waits for its agents: generous for slow emulation (10x the line-rate
+    estimate) plus one QP's worst recovery (every retry at the longest timeout)."""
+    tr = scenario.transport
+    worst_recovery = tr.retry_limit * MAX_RTO_FACTOR * scenario.emulated_ns(tr.rto_us) / 1e9
+    return 30 + 10 * expected_duration_s(scenario) + worst_recovery
+
+
+def process_groups(hosts: List[str], servers: Dict[str, str], loops: int
+                   ) -> List[Tuple[str, List[str]]]:
+    """(server, hosts) of each agent process: a server's GPUs in rank order, cut into
+    ``loops`` contiguous groups of near-equal size (pure)."""
+    by_server: Dict[str, List[str]] = {}
+    for h in hosts:
+        by_server.setdefault(servers.get(h, "localhost"), []).append(h)
+    out = []
+    for server, mine in by_server.items():
+        k = max(1, min(loops, len(mine)))
+        size, extra = divmod(len(mine), k)
+        at = 0
+        for i in range(k):
+            n = size + (1 if i < extra else 0)
+            out.append((server, mine[at:at + n]))
+            at += n
+    return out
+
+
+# GPU NIC line rate one agent process serves (its event loop handles ~20,000 frames a second
+# at the default's 4 KB frames on the 2-core VM in well under one core); fewer processes wake
+# less, and every wake costs the machine
+NIC_MBIT_PER_PROCESS = 400.0
+
+
+def loops_wanted(scenario: Scenario) -> int:
+    """Agent processes per server: the scenario's, or as few as the GPUs' line rate needs
+    (one per ``NIC_MBIT_PER_PROCESS``), at most one per CPU."""
+    if scenario.emulation.agent_processes:
+        return scenario.emulation.agent_processes
+    t = scenario.topology
+    need = -(-t.gpus * t.host_rate_mbit // NIC_MBIT_PER_PROCESS)
+    return int(max(1, min(need, os.cpu_count() or 1)))
+
+
+class AgentGroup:
+    """The agent processes of one policy's run: each serves several GPU hosts."""
+
+    def __init__(self, fabric, run: PolicyRun, records_dir: str, log_dir: str, ledger: Ledger,
+                 tag: str):
+        self.fabric, self.run = fabric, run
+        self.plan, self.scenario = run.plan, run.scenario
+        self.records_dir, self.log_dir, self.ledger, self.tag = records_dir, log_dir, ledger, tag
+        self.procs: Dict[str, subprocess.Popen] = {}  # process name -> its process
+        self.hosts_of: Dict[str, List[str]] = {}
+        self.lines: Dict[str, str] = {}
+        self.remote: Dict[str, tuple] = {}  # host -> (server, records dir there)
+
+    def start(self) -> None:
+        os.makedirs(self.records_dir, exist_ok=True)
+        configs = {c.host: c for c in agent_configs(self.run, self.records_dir)}
+        groups = process_groups(list(configs), self.fabric.where or {},
+                                loops_wanted(self.scenario))
+        for k, (server, hosts) in enumerate(groups, 1):
+            name = f"agent-{self.tag}-{k}"
+            out_dir = self.records_dir
+            if server != "localhost":  # the agent runs there: its files live there
+                out_dir = self.fabric.workspace.dir(server) + "/records"
+                self.remote.update({h: (server, out_dir) for h in hosts})
+            config = AgentConfig(tuple(dataclasses.replace(configs[h],
+                                                           netns_pid=self.fabric.netns_pid(h))
+                                       for h in hosts), out_dir)
+            path = os.path.join(self.ledger.private_dir, f"{name}.json")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(config.to_dict(), f)
+            argv = [sys.executable, "-m", "traffic.agent", path]
+            log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")
+            try:
+                if server == "localhost":  # its own session: Ctrl-C reaches the runner only
+                    proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=log,
+                                            cwd=os.getcwd(), start_new_session=True)
+                else:  # through ssh, attached to the first host it serves
+                    argv[-1] = self.fabric.workspace.put(server, path)
+                    proc = self.fabric.popen(hosts[0], argv, stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=log,
+                                             cwd=os.getcwd())
+            finally:
+                log.close()
+            self.procs[name] = proc
+            self.hosts_of[name] = hosts
+            self.ledger.add_pid(proc.pid)
+        self._expect_all("ready", 30.0 + 0.5 * max(len(h) for h in self.hosts_of.values()))
+
+    def pids(self) -> List[int]:
+        """The agent processes on this machine (for the cost meter)."""
+        return [p.pid for name, p in self.procs.items()
+                if self.hosts_of[name][0] not in self.remote]
+
+    @property
+    def iterations(self) -> int:
+        """Iterations each agent replays (over all sizes of a sweep)."""
+        return self.scenario.workload.iterations * len(self.scenario.workload.run_sizes)
+
+    def go(self) -> int:
+        """Tell every agent when to start; returns that time (ns since the epoch)."""
+        start_ns = time.time_ns() + int(START_MARGIN_S * 1e9)
+        for name, proc in self.procs.items():
+            try:
+                proc.stdin.write(f"go {start_ns}\n".encode())
+                proc.stdin.flush()
+            except BrokenPipeError:
+                self._died(name)
+        return start_ns
+
+    def wait(self, timeout: float, on_iteration: Callable[[int], None] = lambda i: None,
+             alive: Callable[[], None] = lambda: None) -> None:
+        """Follow the agents until all have ``finished``, then ``collect`` their records."""
+        self.wait_finished(timeout, on_iteration, alive)
+        self.collect()
+
+    def wait_finished(self, timeout: float, on_iteration: Callable[[int], None] = lambda i: None,
+                      alive: Callable[[], None] = lambda: None) -> None:
+        """Follow the agents until every GPU has ``finished`` its collectives (they keep
+        answering their peers until told to stop). ``alive`` checks the controller and the
+        queue emulator."""
+        deadline = time.monotonic() + timeout
+        pending = {h for hosts in self.hosts_of.values() for h in hosts}
+        reported = -1
+        iters: Dict[str, int] = dict.fromkeys(pending, -1)
+        while pending:
+            alive()
+            if time.monotonic() > deadline:
+                slow = ", ".join(sorted(pending))
+                raise AgentError(f"agents did not finish within {timeout:.0f} s: {slow}")
+            for _name, line in self._read_lines(self.procs, 0.2):
+                word, _, rest = line.partition(" ")
+                if word == "finished":
+                    pending.discard(rest)
+                elif word == "iter":
+                    host, _, it = rest.partition(" ")
+                    iters[host] = int(it)
+                    slowest = min(iters.values())
+                    if slowest > reported:
+                        reported = slowest
+                        on_iteration(slowest)
+
+    def collect(self) -> None:
+        """Tell the agents to ``stop``; wait until they wrote their records (``done``)."""
+        for name, proc in self.procs.items():
+            try:
+                proc.stdin.write(b"stop\n")
+                proc.stdin.flush()
+            except BrokenPipeError:
+                self._died(name)
+        self._expect_all("done", 60.0)
+        for name, proc in self.procs.items():
+            if proc.wait(timeout=10) != 0:
+                self._died(name)
+        for host, (server, out_dir) in self.remote.items():  # records back to this machine
+            self.fabric.workspace.get(server, f"{out_dir}/{host}.*", self.records_dir)
+
+    def _expect_all(self, word: str, timeout: float) -> None:
+        """Until every agent process said ``word``. ``timeout``: how long one may go without
+        using CPU time before it counts as stuck (a slow machine, such as the VM test's
+        emulated guest, may take longer to start it); never more than STUCK_CAP x that."""
+        start = time.monotonic()
+        pending = set(self.procs)
+        busy = {name: (start, cpu_ticks(self.procs[name].pid)) for name in pending}
+        while pending:
+            now = time.monotonic()
+            for name in pending:
+                ticks = cpu_ticks(self.procs[name].pid)
+                if ticks != busy[name][1]:
+                    busy[name] = (now, ticks)
+            stuck = sorted(n for n in pending if now - busy[n][0] > timeout)
+            if stuck or now - start > STUCK_CAP * timeout:
+                why = (f"no CPU time used for {timeout:.0f} s" if stuck
+                       else f"still busy after {now - start:.0f} s")
+                hosts = [h for name in (stuck or sorted(pending)) for h in self.hosts_of[name]]
+                raise AgentError(f"agents not {word} after {now - start:.0f} s ({why}): "
+                                 f"{', '.join(hosts)}")
+            for name, line in self._read_lines(pending, 0.2):
+                if line == word:
+                    pending.discard(name)
+
+    def _read_lines(self, names, timeout: float):
+        """Yield (process name, line) for complete stdout lines; raise if one exited."""
+        fds = {self.procs[n].stdout.fileno(): n for n in names}
+        ready, _, _ = select.select(list(fds), [], [], timeout)
+        for fd in ready:
+            name = fds[fd]
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                self._died(name)
+            buf = self.lines.get(name, "") + chunk.decode(errors="replace")
+            *complete, rest = buf.split("\n")
+            self.lines[name] = rest
+            for line in complete:
+                yield name, line.strip()
+
+    def _died(self, name: str) -> None:
+        proc = self.procs[name]
+        try:
+            code = proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            code = None
+        last = log_tail(os.path.join(self.log_dir, f"{name}.log"))
+        raise AgentError(f"traffic agent of {', '.join(self.hosts_of[name])} died "
+                         f"(exit code {code}): {last}")
+
+    def stop(self) -> None:
+        stop_processes(list(self.procs.values()))

@@ -1,0 +1,301 @@
+"""Background and adversarial traffic on the fabric while the collectives run.
+
+* **noisy neighbour**: every neighbour host (``topology.neighbours_per_leaf``: non-GPU hosts, a
+  tenant of their own) sends UDP at ``rate_gbit`` (the modelled fabric's rate) to the
+  neighbour with the same position on
+  the next leaf - with the project's flow tool (kernel receive timestamps, so its loss and
+  latency are reported) or with ``iperf3 -u``;
+* **incast**: several senders burst ``burst_bytes`` of RoCE frames (the RoCE DSCP, another job's
+  queue pair) at one target at the same instants, every ``period_us`` of modelled time.
+
+``background_plan`` (pure) decides who sends what; ``Background`` starts the processes inside
+the hosts' namespaces, records every PID in the run's ledger, and stops them when the
+collectives end. Every flow is also bounded in time by itself (``background.max_s``). Traffic
+goes only between emulated hosts.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from ..base.errors import AgentError, CapabilityError, ConfigError
+from ..base.procutil import read_line, stop_processes
+from ..base.topology import FabricPlan, Host
+
+IPERF_PORT = 5201
+IPERF_GRACE_S = 0.5  # the server listens before the client starts
+
+
+@dataclass(frozen=True)
+class Flow:
+    kind: str  # "noisy" | "incast"
+    src: str
+    dst: str
+
+
+@dataclass
+class BackgroundPlan:
+    noisy: List[Flow] = field(default_factory=list)
+    incast: List[Flow] = field(default_factory=list)
+    incast_target: Optional[str] = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.noisy and not self.incast
+
+
+def background_plan(plan: FabricPlan, scenario) -> BackgroundPlan:
+    """Who sends to whom; ``ConfigError`` when the scenario asks for what the fabric lacks."""
+    bg = scenario.background
+    out = BackgroundPlan()
+    if bg.noisy_neighbour.rate_gbit > 0:
+        if len(plan.neighbours) < 2:
+            raise ConfigError("background.noisy_neighbour: needs at least two neighbour hosts "
+                              "(set topology.neighbours_per_leaf)")
+        m, leaves = plan.neighbours_per_leaf, plan.n_leaves
+        for h in plan.neighbours:
+            j = h.index - plan.gpus_per_leaf  # 1..m on its leaf
+            if leaves > 1:
+                peer_leaf, peer_j = h.leaf % leaves + 1, j
+            else:
+                peer_leaf, peer_j = h.leaf, j % m + 1
+            peer = next(p for p in plan.neighbours
+                        if p.leaf == peer_leaf and p.index - plan.gpus_per_leaf == peer_j)
+            out.noisy.append(Flow("noisy", h.name, peer.name))
+    inc = bg.incast
+    if inc.period_us > 0:
+        names = {h.name for h in plan.hosts}
+        target = inc.target or plan.gpus[-1].name
+        if target not in names:
+            raise ConfigError(f"background.incast.target: no host named {target!r}")
+        senders = list(inc.senders) or _default_senders(plan, plan.host(target))
+        for s in senders:
+            if s not in names:
+                raise ConfigError(f"background.incast.senders: no host named {s!r}")
+            if s == target:
+                raise ConfigError(f"background.incast.senders: {s} is the target")
+        if not senders:
+            raise ConfigError("background.incast: no host left to send to the target")
+        out.incast = [Flow("incast", s, target) for s in senders]
+        out.incast_target = target
+    return out
+
+
+def _default_senders(plan: FabricPlan, target: Host) -> List[str]:
+    if plan.neighbours:
+        return [h.name for h in plan.neighbours if h.name != target.name]
+    far = [h.name for h in plan.gpus if h.leaf != target.leaf]
+    return far or [h.name for h in plan.gpus if h.name != target.name]
+
+
+class Background:
+    """The background processes of one policy's run."""
+
+    def __init__(self, fabric, plan: FabricPlan, scenario, policy, work_dir: str, ledger):
+        self.fabric, self.plan, self.scenario = fabric, plan, scenario
+        self.roce_dscp = policy.dscp()[0]
+        self.work_dir = work_dir
+        self.ledger = ledger
+        self.bg = background_plan(plan, scenario)
+        self.procs: List[dict] = []  # {"role", "flow", "proc", "out", "flows"}
+        self.duration_s = scenario.background.max_s
+        # the neighbours' rate as the emulated links run it
+        nn = scenario.background.noisy_neighbour
+        self.rate_mbit = round(scenario.emulated_mbit(nn.rate_gbit), 6) if nn.rate_gbit else 0.0
+
+    @property
+    def empty(self) -> bool:
+        return self.bg.empty
+
+    def describe(self) -> str:
+        parts = []
+        nn, inc = self.scenario.background.noisy_neighbour, self.scenario.background.incast
+        if self.bg.noisy:
+            parts.append(f"noisy neighbour: {len(self.bg.noisy)} flows of {nn.rate_gbit:g} "
+                         f"Gbit/s modelled, {self.rate_mbit:g} Mbit/s emulated ({nn.tool})")
+        if self.bg.incast:
+            parts.append(f"incast: {len(self.bg.incast)} senders -> {self.bg.incast_target}, "
+                         f"{inc.burst_bytes:,} B each, one burst every {inc.period_us:g} us "
+                         f"modelled ({self.scenario.emulated_ns(inc.period_us) / 1e6:g} ms "
+                         "emulated)")
+        return "; ".join(parts)
+
+    def start_receivers(self) -> None:
+        """Sinks that must listen before the traffic starts."""
+        os.makedirs(self.work_dir, exist_ok=True)
+        nn = self.scenario.background.noisy_neighbour
+        if nn.tool == "iperf3" and self.bg.noisy and not shutil.which("iperf3"):
+            raise CapabilityError("iperf3 is not installed: run scripts/install.sh")
+        for f in self.bg.noisy:
+            dst = self.plan.host(f.dst)
+            if nn.tool == "iperf3":
+                out = self._out("iperf3-server", f.dst)
+                self._popen("noisy-receiver", f, f.dst,
+                            ["iperf3", "-s", "-1", "-B", dst.ip, "-p", str(IPERF_PORT), "-J"],
+                            out, stdout_to_out=True)
+            else:
+                self._flows("noisy-receiver", f, f.dst, "recv",
+                            {"ip": dst.ip, "duration_s": self.scenario.background.max_s + 60})
+        target = self.bg.incast_target
+        if target and not self.plan.host(target).is_gpu:  # a GPU's agent counts them itself
+            self._flows("incast-receiver", Flow("incast", "", target), target, "recv",
+                        {"ip": self.plan.host(target).ip,
+                         "duration_s": self.scenario.background.max_s + 60})
+        for p in self.procs:
+            if p["role"].endswith("receiver") and p.get("flows"):
+                _expect_ready(p["proc"])
+
+    def start_senders(self, duration_s: float) -> None:
+        """Load the flow-tool senders (they wait for ``go``); each stops by itself after
+        ``duration_s`` (at most ``background.max_s``)."""
+        bg = self.scenario.background
+        self.duration_s = min(duration_s, bg.max_s)
+        nn = bg.noisy_neighbour
+        if nn.tool == "flows":
+            for f in self.bg.noisy:
+                src, dst = self.plan.host(f.src), self.plan.host(f.dst)
+                self._flows("noisy-sender", f, f.src, "send",
+                            {"kind": "udp", "src_ip": src.ip, "dst_ip": dst.ip,
+                             "payload": nn.packet_bytes, "rate_mbit": self.rate_mbit,
+                             "dscp": nn.dscp, "start": "stdin",
+                             "duration_s": self.duration_s})
+        inc = bg.incast
+        mtu = self.scenario.workload.mtu
+        for f in self.bg.incast:
+            src, dst = self.plan.host(f.src), self.plan.host(f.dst)
+            self._flows("incast-sender", f, f.src, "send", {
+                "kind": "roce", "intf": src.intf, "src_mac": src.mac, "src_ip": src.ip,
+                "dst_mac": dst.mac, "dst_ip": dst.ip, "dscp": self.roce_dscp, "ecn": 2,
+                "payload": mtu, "dqpn": 0xFFFF00,  # another job's QP: no agent QP matches
+                "start": "stdin",
+                "bursts": {"duration_s": self.duration_s,
+                           "period_us": self.scenario.emulated_ns(inc.period_us) / 1000,
+                           "packets": max(1, math.ceil(inc.burst_bytes / mtu))}})
+        for p in self.procs:
+            if p["role"].endswith("sender"):
+                _expect_ready(p["proc"])
+
+    def go(self, start_ns: int) -> None:
+        """Start the background traffic at ``start_ns`` + ``background.start_us`` (modelled)."""
+        bg = self.scenario.background
+        start_ns += self.scenario.emulated_ns(bg.start_us)
+        for p in self.procs:
+            if p["role"].endswith("sender"):
+                p["proc"].stdin.write(f"go {start_ns}\n".encode())
+                p["proc"].stdin.flush()
+        nn = bg.noisy_neighbour
+        if nn.tool == "iperf3":  # a C program starts at once: launched at the go
+            for f in self.bg.noisy:
+                src, dst = self.plan.host(f.src), self.plan.host(f.dst)
+                delay = max(IPERF_GRACE_S, (start_ns - time.time_ns()) / 1e9)
+                cmd = (f"sleep {delay:.3f} && exec iperf3 -c {dst.ip} -B {src.ip} "
+                       f"-p {IPERF_PORT} -u -b {self.rate_mbit:g}M -l {nn.packet_bytes} "
+                       f"-t {max(1, math.ceil(self.duration_s))} -S {nn.dscp << 2} -J")
+                self._popen("noisy-sender", f, f.src, ["sh", "-c", cmd],
+                            self._out("iperf3-client", f.src), stdout_to_out=True)
+
+    def stop(self) -> dict:
+        """Stop every background process (senders first) and gather what they reported."""
+        for role in ("sender", "receiver"):
+            stop_processes([p["proc"] for p in self.procs if p["role"].endswith(role)])
+        return self.report()
+
+    def report(self) -> dict:
+        out: Dict[str, object] = {}
+        nn = self.scenario.background.noisy_neighbour
+        if self.bg.noisy:
+            flows = []
+            for f in self.bg.noisy:
+                sender = self._result("noisy-sender", f)
+                receiver = self._result("noisy-receiver", f)
+                flows.append(_noisy_figures(nn.tool, f, sender, receiver,
+                                            self.plan.host(f.src).ip))
+            out["noisy_neighbour"] = {"tool": nn.tool, "rate_gbit": nn.rate_gbit,
+                                      "rate_mbit": self.rate_mbit,
+                                      "flows": flows}
+        if self.bg.incast:
+            sent = [self._result("incast-sender", f) or {} for f in self.bg.incast]
+            got = self._result("incast-receiver", Flow("incast", "", self.bg.incast_target))
+            out["incast"] = {"target": self.bg.incast_target,
+                             "senders": [f.src for f in self.bg.incast],
+                             "packets_sent": sum(s.get("sent", 0) for s in sent),
+                             "bursts": max((s.get("bursts", 0) for s in sent), default=0),
+                             # a GPU target's agent counts them (filled in by the runner)
+                             "packets_received": (sum(f["packets"] for f in got["flows"].values())
+                                                  if got else None)}
+        return out
+
+    # --- processes --------------------------------------------------------------------------
+    def _out(self, what: str, host: str) -> str:
+        return os.path.join(self.work_dir, f"{what}-{host}.json")
+
+    def _flows(self, role: str, flow: Flow, host: str, mode: str, cfg: dict) -> None:
+        path = os.path.join(self.work_dir, f"{role}-{host}.json")
+        cfg = dict(cfg, out=path + ".out")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(cfg, f)
+        self._popen(role, flow, host, [sys.executable, "-m", "traffic.flows", mode, path],
+                    cfg["out"], flows=True)
+
+    def _popen(self, role: str, flow: Flow, host: str, cmd: List[str], out: str,
+               stdout_to_out: bool = False, flows: bool = False) -> None:
+        log = open(os.path.join(self.work_dir, f"{role}-{host}.log"), "ab")
+        sink = open(out, "wb") if stdout_to_out else None
+        try:
+            proc = self.fabric.host(host).popen(
+                cmd, stdout=sink if sink else subprocess.PIPE, stderr=log, cwd=os.getcwd(),
+                stdin=subprocess.PIPE if flows else subprocess.DEVNULL)
+        finally:
+            log.close()
+            if sink:
+                sink.close()
+        self.ledger.add_pid(proc.pid)
+        self.procs.append({"role": role, "flow": flow, "proc": proc, "out": out, "flows": flows})
+
+    def _result(self, role: str, flow: Flow) -> Optional[dict]:
+        for p in self.procs:
+            if p["role"] == role and p["flow"] == flow:
+                try:
+                    with open(p["out"], encoding="utf-8") as f:
+                        return json.load(f)
+                except (OSError, ValueError):
+                    return None
+        return None
+
+
+def _noisy_figures(tool: str, f: Flow, sender: Optional[dict], receiver: Optional[dict],
+                   src_ip: str) -> dict:
+    row = {"src": f.src, "dst": f.dst}
+    if tool == "iperf3":  # the client says what it sent, the server what arrived
+        sent = (sender or {}).get("end", {}).get("sum") or {}
+        got = (receiver or {}).get("end", {}).get("sum") or {}
+        row.update({"sent": sent.get("packets"),
+                    "sent_mbit_s": _r(sent["bits_per_second"] / 1e6) if sent else None,
+                    "received": (got["packets"] - got.get("lost_packets", 0)) if got else None,
+                    "jitter_ms": _r(got.get("jitter_ms")) if got else None})
+        return row
+    sent = (sender or {}).get("sent")
+    got = ((receiver or {}).get("flows") or {}).get(f"udp {src_ip}") or {}
+    lat = sorted(got.get("latency_us") or [])
+    row.update({"sent": sent, "received": got.get("packets", 0) if receiver else None,
+                "latency_us_p50": _r(lat[len(lat) // 2]) if lat else None,
+                "latency_us_p99": _r(lat[min(len(lat) - 1, int(0.99 * len(lat)))])
+                if lat else None})
+    return row
+
+
+def _r(x):
+    return None if x is None else round(float(x), 3)
+
+
+def _expect_ready(proc, timeout: float = 20.0) -> None:
+    line = read_line(proc.stdout, timeout)
+    if line != "ready":
+        raise AgentError(f"a background traffic receiver did not start (said {line!r})")

@@ -1,0 +1,262 @@
+"""Fidelity monitor: does a run keep the timing invariants its numbers rely on?
+
+Mininet-HiFi (Handigol et al., CoNEXT 2012): trust an emulation only where the network's
+invariants hold, and report the deviations. Every run checks itself:
+
+* **inter-dequeue**: while a GPU NIC's link is busy, consecutive frames must leave it one
+  serialization time apart at the configured rate (frame bytes x 8 / rate). Measured from the
+  agents' kernel transmit timestamps (taken when the veth driver takes the frame, after the
+  HTB-shaped queue); a gap is *busy* when the next frame reached the NIC before the previous
+  one would have left the wire. A token bucket runs ahead of an ideal link by up to its burst
+  after an idle spell (reported as a bound). Errors are counted in MTU-frame times, so
+  microseconds on a small ACK weigh little;
+* **idle-path latency**: the lowest one-way latency seen on each GPU pair, against what the links
+  add when idle (the per-hop delays applied, testbed.base.hops: zero without netem); the excess is
+  the emulator's forwarding cost and must be small against one MTU frame's serialization time at the
+  host rate - the finest time step the emulated fabric resolves;
+* **CPU headroom**: the machine's CPUs, sampled during the traffic (``/proc/stat``); a saturated
+  CPU delays packets outside any emulated queue;
+* **agent loop lag**: how late the agents acted on their timers (ends of compute phases,
+  pacing, retransmission timeouts), from a log histogram each agent keeps; the lag of the
+  very first start is reported beside it (all ranks start at once and compete for the CPUs;
+  it skews iteration 0 only);
+* **emulator drops**: packets lost outside every emulated buffer (docs/DESIGN.md).
+
+``evaluate`` returns the checks, their measured values and tolerances, and a verdict; the CLI
+prints a warning for a run outside tolerance and suggests lower rates.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..base.hops import path_delay_us
+from ..fabric.shaping import burst_bytes
+from .cost import machine_cpu_s
+
+VERDICT_OK = "ok"
+VERDICT_BAD = "outside tolerance"
+ADVICE = ("Numbers from this run may reflect the emulator rather than the fabric: rerun with "
+          "lower link rates (topology.host_rate_mbit: auto chooses one this machine holds, "
+          "or e.g. {rate:g}), fewer GPUs, or on a machine with more cores.")
+
+
+def serialization_us(frame_bytes, rate_bps: float):
+    return np.asarray(frame_bytes, dtype=float) * 8e6 / rate_bps
+
+
+def busy_gap_deviation(sent_ns: Sequence[int], tx_ns: Sequence[int], frame_bytes: Sequence[int],
+                       rate_bps: float, unit_us: float) -> np.ndarray:
+    """(gap - serialization) / ``unit_us`` for every gap during which the NIC stayed busy.
+
+    Frames in transmit order. Frame k occupies the wire for its serialization time after it
+    leaves the shaped queue at ``tx_ns[k]``; if frame k+1 reached the NIC (``sent_ns``) before
+    the wire was free again, the link was busy and an ideal link sends frame k+1 exactly one
+    serialization time after frame k. Deviations are in units of ``unit_us`` (one MTU frame's
+    serialization time), so a 10 us error on a 12 us ACK weighs what it costs."""
+    sent = np.asarray(sent_ns, dtype=np.int64)
+    tx = np.asarray(tx_ns, dtype=np.int64)
+    size = np.asarray(frame_bytes, dtype=np.int64)
+    if tx.size < 2:
+        return np.zeros(0)
+    order = np.argsort(tx, kind="stable")
+    sent, tx, size = sent[order], tx[order], size[order]
+    ser_us = serialization_us(size[:-1], rate_bps)
+    busy = sent[1:] < tx[:-1] + (ser_us * 1000).astype(np.int64)
+    gaps_us = (tx[1:] - tx[:-1])[busy] / 1000.0
+    return (gaps_us - ser_us[busy]) / unit_us
+
+
+def inter_dequeue_check(deviations: Sequence[float], tolerance: float, within: float) -> dict:
+    d = np.asarray(deviations, dtype=float)
+    if d.size == 0:
+        return {"ok": None, "busy_gaps": 0, "note": "no busy gaps measured"}
+    share = float(np.mean(np.abs(d) <= tolerance))
+    p10, p50, p90 = np.percentile(d, [10, 50, 90])
+    return {"ok": share >= within, "busy_gaps": int(d.size),
+            "share_within_tolerance": round(share, 4), "tolerance": tolerance,
+            "required_share": within, "deviation_p10": round(float(p10), 4),
+            "deviation_p50": round(float(p50), 4), "deviation_p90": round(float(p90), 4)}
+
+
+def idle_path_check(minima_us: Dict[tuple, float], expected_us: Dict[tuple, float],
+                    allowed_us: float) -> dict:
+    """Lowest latency per GPU pair minus what idle links add on that path (propagation)."""
+    if not minima_us:
+        return {"ok": None, "paths": 0, "note": "no packets"}
+    over = np.asarray([v - expected_us.get(k, 0.0) for k, v in minima_us.items()], dtype=float)
+    minima = np.asarray(list(minima_us.values()), dtype=float)
+    median = float(np.median(over))
+    return {"ok": median <= allowed_us, "paths": int(over.size),
+            "min_latency_us_median": round(float(np.median(minima)), 3),
+            "min_latency_us_worst": round(float(minima.max()), 3),
+            "overhead_us": round(median, 3), "overhead_us_worst": round(float(over.max()), 3),
+            "allowed_overhead_us": round(allowed_us, 3)}
+
+
+def expected_idle_us(plan, delays_us: dict) -> Dict[tuple, float]:
+    """(src rank, dst rank) -> delay the path adds after the sender's stamp (``testbed.base.hops``,
+    as applied: zeros without netem)."""
+    out = {}
+    for a in plan.gpus:
+        for b in plan.gpus:
+            if a.rank != b.rank:
+                out[(a.rank, b.rank)] = path_delay_us(delays_us, a.leaf == b.leaf)
+    return out
+
+
+def cpu_check(samples: Sequence[float], busy_max: float) -> dict:
+    a = np.asarray(samples, dtype=float)
+    if a.size == 0:
+        return {"ok": None, "samples": 0, "note": "not sampled"}
+    p90 = float(np.percentile(a, 90))
+    return {"ok": p90 <= busy_max, "samples": int(a.size), "busy_mean": round(float(a.mean()), 3),
+            "busy_p90": round(p90, 3), "busy_max": round(float(a.max()), 3),
+            "allowed_busy_p90": busy_max, "headroom_p90": round(1 - p90, 3),
+            "cpus": os.cpu_count()}
+
+
+def lag_check(lag: Optional[dict], allowed_us: float) -> dict:
+    """95% of the agents' timed actions (compute-phase ends, pacing, retransmission timers)
+    must happen within ``allowed_us`` of their time."""
+    if not lag or not lag.get("count"):
+        return {"ok": None, "note": "no timer wake-ups measured"}
+    return {"ok": lag["p95_us"] <= allowed_us, "p50_us": lag["p50_us"], "p95_us": lag["p95_us"],
+            "p99_us": lag["p99_us"], "max_us": lag["max_us"], "samples": lag["count"],
+            "allowed_p95_us": round(allowed_us, 3),
+            "first_start_lag_us_max": lag.get("first_start_lag_us_max"),
+            "scheduling": lag.get("scheduling"), "by_timer": lag.get("by_timer") or {}}
+
+
+def drops_check(unexplained: int) -> dict:
+    return {"ok": unexplained == 0, "unexplained_drops": unexplained}
+
+
+def verdict(checks: Dict[str, dict], host_rate_mbit: float) -> dict:
+    problems = []
+    labels = {"inter_dequeue": "busy NICs did not pace frames at the configured rate",
+              "idle_path_latency": "the emulator adds too much latency on idle paths",
+              "cpu": "the CPUs were saturated",
+              "agent_loop_lag": "the traffic agents woke late for their timers",
+              "emulator_drops": "packets were lost outside the emulated buffers"}
+    for name, c in checks.items():
+        if c.get("ok") is False:
+            problems.append(f"{labels.get(name, name)} ({_detail(name, c)})")
+    out = {"verdict": VERDICT_BAD if problems else VERDICT_OK, "problems": problems,
+           "checks": checks}
+    if problems:
+        out["advice"] = ADVICE.format(rate=max(1.0, round(host_rate_mbit / 2, 1)))
+    return out
+
+
+def _detail(name: str, c: dict) -> str:
+    if name == "inter_dequeue":
+        return (f"{c['share_within_tolerance']:.0%} of {c['busy_gaps']:,} gaps within "
+                f"{c['tolerance']:.0%} of a frame time, need {c['required_share']:.0%}")
+    if name == "idle_path_latency":
+        return f"{c['overhead_us']:,.0f} us over idle, allowed {c['allowed_overhead_us']:,.0f} us"
+    if name == "cpu":
+        return f"p90 busy {c['busy_p90']:.0%}, allowed {c['allowed_busy_p90']:.0%}"
+    if name == "agent_loop_lag":
+        text = f"p95 {c['p95_us']:,.0f} us, allowed {c['allowed_p95_us']:,.0f} us"
+        late = {k: v for k, v in (c.get("by_timer") or {}).items()
+                if v.get("p95_us") is not None}
+        if late:  # the kind of timer with the latest tail, and how many of them there were
+            kind, worst = max(late.items(), key=lambda kv: kv[1]["p95_us"])
+            text += f"; latest: {kind} timers (p95 {worst['p95_us']:,.0f} us of {worst['count']:,})"
+        return text
+    if name == "emulator_drops":
+        return f"{c['unexplained_drops']:,} packets"
+    return ""
+
+
+def read_tx_log(path: str):
+    """(reached the NIC ns, tx_ns, bytes) of every frame in an agent's tx file. A frame a
+    DCQCN rate limiter held reached the NIC's shaper when the limiter let it go
+    (``ready_ns``), not when the agent handed it over (``sent_ns``)."""
+    sent, tx, size = [], [], []
+    if not os.path.exists(path):
+        return sent, tx, size
+    with open(path, encoding="utf-8") as f:
+        header = f.readline().strip().split(",")
+        if "bytes" not in header:
+            return sent, tx, size
+        i_s, i_t, i_b = header.index("sent_ns"), header.index("tx_ns"), header.index("bytes")
+        i_r = header.index("ready_ns") if "ready_ns" in header else None
+        for line in f:
+            parts = line.rstrip("\n").split(",")
+            sent.append(int(parts[i_r] if i_r is not None and parts[i_r] else parts[i_s]))
+            tx.append(int(parts[i_t]))
+            size.append(int(parts[i_b]))
+    return sent, tx, size
+
+
+def evaluate(records_dir: str, plan, figures: dict, path_minima_us: Dict[tuple, float],
+             delays_us: dict, cpu_samples: Sequence[float], scenario) -> dict:
+    """The fidelity section of one policy's results."""
+    t, f = scenario.topology, scenario.fidelity
+    rate = t.host_rate_mbit * 1e6
+    frame = scenario.workload.mtu + 62 + 14  # RoCE headers and Ethernet: a full data frame
+    unit = float(serialization_us(frame, rate))
+    deviations = [busy_gap_deviation(*read_tx_log(os.path.join(records_dir, f"{h.name}.tx.csv")),
+                                     rate_bps=rate, unit_us=unit) for h in plan.gpus]
+    d = np.concatenate(deviations) if deviations else np.zeros(0)
+    allowed = f.overhead_share * unit
+    inter = inter_dequeue_check(d, f.inter_dequeue_tolerance, f.inter_dequeue_within)
+    burst = burst_bytes(t.host_rate_mbit, scenario.workload.mtu, nic=True)
+    inter["shaper_burst_bytes"] = burst
+    inter["shaper_run_ahead_us_max"] = round(float(serialization_us(burst, rate)), 3)
+    checks = {
+        "inter_dequeue": inter,
+        "idle_path_latency": idle_path_check(path_minima_us, expected_idle_us(plan, delays_us),
+                                             allowed),
+        "cpu": cpu_check(cpu_samples, f.cpu_busy_max),
+        "agent_loop_lag": lag_check(figures.get("agent_loop_lag_us"), allowed),
+        "emulator_drops": drops_check(figures.get("unexplained_drops", 0)),
+    }
+    return verdict(checks, t.host_rate_mbit)
+
+
+def cpu_counters() -> Tuple[float, float]:
+    """The machine's CPU time so far (s): (all, idle + iowait)."""
+    cpu = machine_cpu_s()
+    return sum(cpu.values()), cpu["idle"] + cpu["iowait"]
+
+
+def busy_between(last: Tuple[float, float], now: Tuple[float, float]) -> Optional[float]:
+    """The CPUs' busy share between two ``cpu_counters`` readings (None: no time passed)."""
+    total, idle = now[0] - last[0], now[1] - last[1]
+    return 1.0 - idle / total if total > 0 else None
+
+
+class CpuSampler:
+    """Samples the machine's CPU busy share from /proc/stat in a thread."""
+
+    def __init__(self, interval_s: float = 0.1):
+        self.interval_s = interval_s
+        self.samples: List[float] = []
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def _run(self):
+        last = cpu_counters()
+        while not self._stop.wait(self.interval_s):
+            now = cpu_counters()
+            share = busy_between(last, now)
+            if share is not None:
+                self.samples.append(share)
+            last = now
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=2)
+        return False

@@ -1,0 +1,673 @@
+"""Run a scenario: for each policy, a fresh fabric, its controller, the agents, the figures.
+
+The runner owns every resource through one ``ExitStack`` per policy and one ``Ledger`` per run,
+so an error, Ctrl-C or SIGTERM at any point tears down exactly what was created; the results
+gathered so far stay on disk, marked with the run's status.
+
+Why one module over 400 lines: it is the one place where a run's resources are opened and
+closed - each policy's ``ExitStack`` spans the controller, the fabric, the emulator, the agents
+and the figures gathered from them; split, that lifetime would be read across files.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import secrets
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
+
+from controllers.policy import make_policy, policy_names
+from traffic.collectives import ScheduleError
+from traffic.collectives import build as build_collective
+
+from .. import __version__
+from ..base.atomic import write_json_atomic
+from ..base.errors import ConfigError
+from ..base.hops import path_floor_us
+from ..base.ledger import Ledger
+from ..base.topology import FabricPlan
+from ..fabric.capabilities import Capabilities, detect
+from ..fabric.capture import PacketCapture
+from ..fabric.network import Fabric
+from ..fabric.ovs_buffers import needed_bytes, ovs_socket_buffers, raised_socket_defaults
+from ..fabric.placement import by_server
+from ..fabric.queues import drain, egress_stats, queue_drops, queued_frames, spine_load
+from ..fabric.rxe import RxeTraffic, endpoints as rxe_endpoints, require as require_rxe
+from ..results import htmlreport
+from ..results.collect import RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled
+from ..scenario import capacity, timescale
+from ..scenario.config import Scenario
+from ..switchq.handle import EmulatorProcess, merge_reports
+from . import calibrate, cost
+from .agent_processes import AgentGroup, expected_duration_s, finish_timeout_s
+from .background import Background, background_plan
+from .controller_process import ControllerProcess
+from .fidelity import CpuSampler, evaluate
+from .runplan import PolicyRun, cluster_placement, cluster_servers, decide, workload_specs
+from .wakeup import cpus_kept_awake
+
+LOG = logging.getLogger(__name__)
+DRAIN_LIMIT_S = 3.0  # after the collectives: at most this long for queued frames to arrive
+CLOCK_WARN_US = 20.0  # servers' clocks further apart make cross-server one-way latency suspect
+Progress = Callable[[str], None]
+
+
+def new_run_id() -> str:
+    return datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+def validate(scenario: Scenario, available_mb: Optional[int] = None) -> FabricPlan:
+    """Checks that need more than one key; raises ConfigError before anything starts. With
+    ``available_mb`` (the machine's available memory) a fabric too large for it is refused
+    first, before its schedules are built (they grow with the square of the GPUs). A rate
+    still ``auto`` is checked at the reference rate (``Scenario.for_checks``)."""
+    scenario = scenario.for_checks()
+    known = policy_names()
+    for p in scenario.policies:
+        if p not in known:
+            raise ConfigError(f"policies: unknown policy {p!r} (known: {', '.join(known)})")
+    if len(set(scenario.policies)) != len(scenario.policies):
+        raise ConfigError("policies: each policy may appear once")
+    plan = FabricPlan.for_topology(scenario.topology)
+    if available_mb is not None:
+        capacity.check(plan, available_mb)
+    n = len(plan.gpus)
+    if n < 2:
+        raise ConfigError("topology: a collective needs at least 2 GPUs "
+                          f"(leaves x gpus_per_leaf = {n})")
+    _validate_workload(scenario, plan)
+    background_plan(plan, scenario)  # ConfigError for impossible background traffic
+    for name in scenario.policy_params:
+        if name not in scenario.policies:
+            raise ConfigError(f"policy_params.{name}: {name} is not among the policies run "
+                              f"({', '.join(scenario.policies)})")
+    if cluster_placement(scenario, plan):  # ConfigError for an impossible placement
+        if scenario.measurement.pcap or not background_plan(plan, scenario).empty:
+            raise ConfigError("cluster: packet capture and background traffic run on one "
+                              "server only for now; drop measurement.pcap and background "
+                              "from a split scenario")
+    if scenario.rxe.enabled:
+        ends = rxe_endpoints(plan)  # ConfigError without two leaves
+        if scenario.cluster.servers and len(scenario.cluster.servers) > 1:
+            raise ConfigError("rxe: real verbs traffic runs on one server only for now; drop "
+                              "cluster.servers or rxe")
+        if not background_plan(plan, scenario).empty:
+            raise ConfigError("rxe: the rxe endpoints are neighbour hosts, which background "
+                              "traffic also uses; drop one of them")
+    for name in scenario.policies:
+        policy = make_policy(name, plan, scenario)  # parameters that need the plan
+        if scenario.rxe.enabled and not policy.may_reach(ends[0].name, ends[1].name):
+            raise ConfigError(f"policy_params.{name}: the rxe endpoints {ends[0].name} and "
+                              f"{ends[1].name} are in different tenants")
+        ring = [h.name for h in plan.gpus]
+        apart = [(a, b) for a, b in zip(ring, ring[1:] + ring[:1]) if not policy.may_reach(a, b)]
+        if apart:
+            raise ConfigError(f"policy_params.{name}: {apart[0][0]} may not reach {apart[0][1]} "
+                              "(tenants), but the collective runs over all GPUs; put them in "
+                              "one tenant")
+    return plan
+
+
+def _validate_workload(scenario: Scenario, plan: FabricPlan) -> None:
+    w, n = scenario.workload, len(plan.gpus)
+    where = "workload.sizes" if w.sizes else "workload.size_bytes"
+    for size in w.run_sizes:
+        if size < n:
+            raise ConfigError(f"{where}: must be >= the number of GPUs ({n}), got {size}")
+    if len(set(w.sizes)) != len(w.sizes):
+        raise ConfigError("workload.sizes: each size may appear once")
+    for spec in workload_specs(scenario, plan):
+        try:
+            build_collective(spec.collective, n, spec.size, spec.chunks, spec.group)
+        except ScheduleError as e:
+            raise ConfigError(f"workload.collective: {e}")
+    names = {h.name for h in plan.hosts}
+    for host in scenario.measurement.pcap_hosts:
+        if host not in names:
+            raise ConfigError(f"measurement.pcap_hosts: no host named {host!r}")
+    for r in w.stragglers.ranks:
+        if not 0 <= r < n:
+            raise ConfigError(f"workload.stragglers.ranks: rank {r} does not exist "
+                              f"(ranks 0..{n - 1})")
+
+
+def choose_time_scale(scenario: Scenario, progress: Progress,
+                      calibration=None) -> Tuple[Scenario, Optional[timescale.Choice]]:
+    """``scenario`` at the GPU NIC rate it runs at, and how that rate was chosen: ``auto``
+    from this machine's calibration (measured first if there is none), an explicit rate
+    checked against it where one exists (a warning if it exceeds the budget)."""
+    t = scenario.topology
+    auto = t.host_rate_mbit == timescale.AUTO
+    cal = calibration or (calibrate.calibration(progress) if auto else calibrate.load())
+    if cal is None:
+        return scenario, None
+    cap = (timescale.learned_cap(calibrate.learned(scenario, cal), scenario.policies)
+           if auto else None)
+    choice = timescale.choose(t.host_rate_mbit, scenario.policies, t.gpus, cal, cap)
+    if auto:
+        scenario = scenario.with_host_rate(choice.host_rate_mbit)
+    progress(timescale.describe(choice, t.modelled_rate_gbit))
+    note = timescale.warning(choice)
+    if note:
+        progress(f"warning: {note}")
+    return scenario, choice
+
+
+def run(scenario: Scenario, out_root: str = "results", progress: Progress = lambda s: None,
+        caps: Optional[Capabilities] = None, calibrated: bool = True):
+    """Run every policy of ``scenario``; returns (results dict, run directory). ``calibrated``:
+    choose (``auto``) or check the GPU NIC rate against this machine's calibration first."""
+    plan = validate(scenario, capacity.mem_available_mb())
+    caps = caps or detect()
+    caps.require_run()
+    for name in scenario.policies:  # ConfigError for a marking this machine cannot do
+        decide(name, plan, scenario.for_checks(), caps)
+    if scenario.rxe.enabled:
+        require_rxe(caps)
+    asked = scenario  # what this machine learns of a scenario is kept under it as given
+    choice = None  # what is wrong with the scenario or the machine is said before calibrating
+    if calibrated:
+        scenario, choice = choose_time_scale(scenario, progress)
+    timescale.require_rate(scenario.topology.host_rate_mbit)
+    unscaled = _say_unscaled(scenario, progress)
+    run_id = new_run_id()
+    run_dir = os.path.abspath(os.path.join(out_root, run_id))
+    os.makedirs(run_dir, mode=0o755)
+    results = {
+        "schema": RESULTS_SCHEMA, "version": __version__, "run_id": run_id,
+        "status": "running", "started": _now(), "finished": None,
+        "scenario": scenario.to_dict(), "time_scale": round(scenario.time_scale, 1),
+        "capabilities": caps.to_dict(), "policies": {},
+    }
+    if choice is not None:
+        results["time_scale_choice"] = choice.to_dict()
+    results["time_scale_not_scaled"] = unscaled
+    path = os.path.join(run_dir, "results.json")
+    write_json_atomic(path, results)
+    ledger = Ledger(run_id)
+    try:
+        ledger.acquire(run_dir)
+    except Exception:  # e.g. another run holds the machine: this run never started
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    try:
+        with cpus_kept_awake(scenario.emulation.keep_cpus_awake) as wakeup:
+            if wakeup["held"] and len(cluster_servers(scenario)) > 1:
+                wakeup["note"] = "; ".join(filter(None, [
+                    wakeup.get("note"), "held on this machine only, not on the cluster's other "
+                                        "servers"]))
+            results["cpu_wakeup"] = wakeup
+            progress(wakeup_text(wakeup))
+            while True:
+                for i, name in enumerate(scenario.policies, 1):
+                    say = _prefixed(progress, f"[{name} {i}/{len(scenario.policies)}]")
+                    results["policies"][name] = run_policy(decide(name, plan, scenario, caps),
+                                                           caps, run_dir, ledger, say, results)
+                    write_json_atomic(path, results)
+                again = run_again(asked, scenario, choice, results, run_dir, progress)
+                if again is None:
+                    break
+                scenario, choice = again
+                results.update({"scenario": scenario.to_dict(), "policies": {},
+                                "time_scale": round(scenario.time_scale, 1),
+                                "time_scale_choice": choice.to_dict(),
+                                "time_scale_not_scaled": _say_unscaled(scenario, progress)})
+                write_json_atomic(path, results)
+        results["status"] = "complete"
+    except KeyboardInterrupt:
+        results["status"] = "incomplete"
+        results["error"] = "interrupted"
+        raise
+    except Exception as e:
+        results["status"] = "failed"
+        results["error"] = str(e)
+        raise
+    finally:
+        with shielded():
+            leftovers = ledger.teardown()
+            if leftovers:
+                results["teardown_leftovers_removed"] = leftovers
+            ledger.close()
+            results["finished"] = _now()
+            write_json_atomic(path, results)
+        try:
+            _write_report(run_dir, progress)  # also for a failed or interrupted run
+        except KeyboardInterrupt:
+            with shielded():
+                if results["status"] == "complete":
+                    results["status"] = "incomplete"
+                    results["error"] = ("interrupted while writing report.html; the "
+                                        "measurements are complete: python -m testbed report "
+                                        f"{run_dir} draws it")
+                    write_json_atomic(path, results)
+            raise
+    return results, run_dir
+
+
+def _say_unscaled(scenario: Scenario, progress: Progress) -> List[str]:
+    notes = scenario.unscaled_constants()
+    for note in notes:
+        progress(f"not scaled: {note}")
+    return notes
+
+
+def run_again(asked_scenario: Scenario, scenario: Scenario,
+              choice: Optional[timescale.Choice], results: dict, run_dir: str,
+              progress: Progress) -> Optional[Tuple[Scenario, timescale.Choice]]:
+    """After all policies ran at a rate chosen by ``auto``: keep what the attempt taught on
+    this machine (``calibrate.remember``) and, if the fidelity monitor rejected some policies
+    and attempts and slower rates are left, move this attempt's files into ``rejected/`` and
+    return the scenario and choice to run every policy again with (None: done)."""
+    if choice is None or choice.chosen_by != "auto":
+        return None
+    rate = scenario.topology.host_rate_mbit
+    fidelity = {name: p.get("fidelity") or {} for name, p in results["policies"].items()}
+    wants = {name: timescale.retry_rate(rate, {name: section})
+             for name, section in fidelity.items()}
+    calibrate.remember(asked_scenario, choice.calibration, wants, first=not choice.attempts,
+                       capped=rate == choice.learned_cap_mbit)
+    asks = {name: r for name, r in wants.items() if r is not None}
+    if not asks or len(choice.attempts) + 1 >= timescale.MAX_ATTEMPTS:
+        return None
+    slower = min(asks.values())
+    attempt = timescale.Attempt(
+        rate, {name: list(fidelity[name].get("problems") or []) for name in asks},
+        kept_in=os.path.join("rejected", f"{len(choice.attempts) + 1}-at-{rate:g}-mbit"))
+    keep_attempt(run_dir, attempt.kept_in, dict(
+        results, superseded=(f"the fidelity monitor rejected this run; it ran again at "
+                             f"{slower:g} Mbit/s (the run directory's results.json)")))
+    progress(timescale.retry_text(attempt, slower))
+    choice = timescale.retried(choice, slower, attempt, scenario.policies,
+                               scenario.topology.gpus)
+    return asked_scenario.with_host_rate(slower), choice
+
+
+def keep_attempt(run_dir: str, rel: str, results: dict) -> None:
+    """Move everything a rejected attempt wrote into ``run_dir/rel``, with its results."""
+    dest = os.path.join(run_dir, rel)
+    os.makedirs(dest)
+    top = rel.split(os.sep)[0]
+    for entry in os.listdir(run_dir):
+        if entry not in ("results.json", top):
+            shutil.move(os.path.join(run_dir, entry), dest)
+    write_json_atomic(os.path.join(dest, "results.json"), results)
+
+
+def wakeup_text(wakeup: dict) -> str:
+    if wakeup["held"]:
+        note = f"; {wakeup['note']}" if wakeup.get("note") else ""
+        return (f"idle CPUs kept ready to wake (PM QoS 0 us, cpuidle "
+                f"{wakeup['cpuidle_driver']}) while the run lasts{note}")
+    return f"CPU wake-ups: {wakeup.get('note')}"
+
+
+def _write_report(run_dir: str, progress: Progress) -> None:
+    """report.html and the plots; results.json is already safe, so a failure here is only
+    reported (``python -m testbed report DIR`` retries it), and Ctrl-C stops it at once."""
+    try:
+        progress("writing report.html")
+        htmlreport.write(run_dir, progress)
+    except Exception as e:  # never let the report cost the run its results
+        LOG.warning("report.html was not written: %s", e)
+        progress(f"report.html was not written ({e}); retry: python -m testbed report "
+                 f"{run_dir}")
+
+
+@dataclass
+class Session:
+    """A running fabric under its controller (what ``fabric_up`` yields)."""
+
+    controller: ControllerProcess
+    fabric: Fabric
+    warnings: List[str]
+
+
+def latency_by_path(packets, plan: FabricPlan, where: dict) -> dict:
+    """Latency percentiles of packets between GPUs on one server and across servers."""
+    import numpy as np
+
+    from traffic import metrics
+
+    names = sorted(set(where.values()))
+    server = np.array([names.index(where[h.name])
+                       for h in sorted(plan.gpus, key=lambda h: h.rank)])
+    cross = server[packets.src] != server[packets.dst] if packets.src.size else np.zeros(0, bool)
+    return {"same_server": metrics.percentiles(packets.latency[~cross]),
+            "cross_server": metrics.percentiles(packets.latency[cross])}
+
+
+@contextlib.contextmanager
+def fabric_up(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
+              say: Progress = lambda s: None):
+    """Controller started, fabric built and shaped, switches programmed, connectivity checked.
+
+    Everything is torn down on exit, whatever happened inside.
+    """
+    t, plan, classes = run.scenario.topology, run.plan, run.classes
+    with contextlib.ExitStack() as stack:
+        ctl = ControllerProcess(run.policy, run_dir, ledger.private_dir, ledger)
+        stack.callback(_shielded_call, ctl.stop)
+        say("starting the controller")
+        ctl.start()
+        say(f"controller on 127.0.0.1:{ctl.port}")
+        fabric = Fabric(run, caps, ctl.port, ledger, events_path=ctl.events_path)
+        if run.placement:
+            say("placement: " + "; ".join(
+                f"{server}: {len(nodes)} nodes" for server, nodes in
+                by_server(run.placement, cluster_servers(run.scenario)).items()))
+        stack.callback(_shielded_call, fabric.stop)
+        extra = f" + {len(plan.neighbours)} neighbour hosts" if plan.neighbours else ""
+        say(f"building fabric: {t.spines} spines, {t.leaves} leaves, {len(plan.gpus)} GPUs{extra}, "
+            f"{t.host_rate_mbit:g}/{t.fabric_rate_mbit:g} Mbit/s host/fabric links, "
+            f"OVS {caps.datapath} datapath, classes {', '.join(c.name for c in classes)}")
+        # Userspace OVS sizes its packet sockets when it creates them: during the build and
+        # on the first forwarded packets (see testbed.fabric.ovs_buffers).
+        need = needed_bytes(switch_buffer_total(plan, classes))
+        sized = (raised_socket_defaults(need, record=ledger.add_sysctl)
+                 if caps.datapath == "user" else contextlib.nullcontext())
+        with sized:
+            built = time.monotonic()
+            fabric.start()
+            say(f"fabric up ({time.monotonic() - built:.1f} s); the controller programs "
+                f"{len(plan.switches)} switches")
+            took = ctl.wait_programmed([s.dpid for s in plan.switches],
+                                       explain=fabric.controller_links)
+            say(f"{len(plan.switches)} switches programmed ({took:.1f} s)")
+            fabric.check_connectivity(run.policy.may_reach)
+        warnings = ovs_buffer_warnings(caps, need)
+        for w in warnings:
+            say(f"warning: {w}")
+        yield Session(ctl, fabric, warnings)
+
+
+@contextlib.contextmanager
+def rxe_attached(run: PolicyRun, session: Session, caps: Capabilities, run_dir: str,
+                 ledger: Ledger, say: Progress):
+    """The rxe endpoints of ``--traffic rxe`` attached to the fabric (None without it);
+    detached on exit, whatever happened inside."""
+    if not run.scenario.rxe.enabled:
+        yield None
+        return
+    rxe = RxeTraffic(session.fabric, run.plan, run.scenario, run.policy, ledger, caps,
+                     os.path.join(run_dir, "rxe", run.name))
+    try:
+        say(f"rxe: attaching {rxe.a.name} and {rxe.b.name} in the root namespace "
+            f"(rdma_rxe, perftest)")
+        rxe.start()
+        yield rxe
+    finally:
+        with shielded():
+            failed = rxe.stop()
+            if failed:
+                session.warnings.append("rxe: could not undo: " + "; ".join(failed))
+
+
+def rxe_warnings(report: Optional[dict]) -> List[str]:
+    if not report:
+        return []
+    return [f"rxe: {t['error']}" for t in report["tests"].values() if t.get("error")]
+
+
+@contextlib.contextmanager
+def queue_emulation(run: PolicyRun, session: Session, run_dir: str, ledger: Ledger):
+    """The switch-queue emulator running beside the fabric; yields a dict that receives its
+    report when it stops."""
+    emu = Emulators([EmulatorProcess(run, session, run_dir, ledger.private_dir, ledger, server)
+                     for server in session.fabric.servers()])
+    report: dict = {}
+    try:
+        emu.start()
+        yield emu, report
+    finally:
+        with shielded():
+            report.update(emu.stop() or {})
+
+
+class Emulators:
+    """The queue emulators of a fabric: one, or one per server of a split fabric."""
+
+    def __init__(self, procs: List[EmulatorProcess]):
+        self.procs = procs
+
+    def start(self) -> None:
+        for p in self.procs:
+            p.start()
+
+    def check_alive(self) -> None:
+        for p in self.procs:
+            p.check_alive()
+
+    def describe(self) -> str:
+        p = self.procs[0]
+        if p.acting:
+            return (f"switch-queue emulator sampling every {p.interval_us:,} us "
+                    f"(class {', '.join(p.acting)} acts on samples)")
+        return (f"switch-queue emulator sampling every {p.interval_us:,} us (nothing acts on "
+                "samples: the queue timeline only)")
+
+    def local_pids(self) -> List[int]:
+        """The emulators running on this machine (for the cost meter)."""
+        return [p.proc.pid for p in self.procs if p.proc is not None and p.server == "localhost"]
+
+    def stop(self) -> dict:
+        return merge_reports([p.stop() or {} for p in self.procs])
+
+
+def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
+               say: Progress, results: dict) -> dict:
+    """One policy's run: its fabric up, the collective replayed, the figures gathered."""
+    policy, scenario, plan, name = run.policy, run.scenario, run.plan, run.name
+    records = os.path.join(run_dir, "records", name)
+    t0 = time.monotonic()
+    cpu = CpuSampler()
+    background_report: dict = {}
+    pcaps = rxe_report = None
+    in_flight = 0  # frames still queued in the fabric when the agents stopped
+    with fabric_up(run, caps, run_dir, ledger, say) as session:
+        results.setdefault("link_emulation", session.fabric.applied())
+        if not caps.nic_in_c:
+            session.warnings.append(
+                "the GPU agents' C extension (traffic/_nicio.c) is not built: they handle "
+                "packets in Python at a few times the CPU per packet (run scripts/install.sh)")
+        split = session.fabric.cluster_report()
+        if split:
+            results["cluster"] = split
+            worst = max(abs(c["offset_us"]) + c["uncertainty_us"]
+                        for c in split["clock_offsets"].values())
+            say(f"split over {len(split['servers'])} servers, "
+                f"{len(split['cross_links'])} cross-server links; clocks within {worst:g} us")
+            # measured apart beyond what the exchange can resolve
+            if any(abs(c["offset_us"]) - c["uncertainty_us"] > CLOCK_WARN_US
+                   for c in split["clock_offsets"].values()):
+                session.warnings.append(
+                    f"the servers' clocks differ by up to {worst:g} us: one-way latency of "
+                    "packets between servers includes that offset (synchronise them with "
+                    "PTP or chrony); same-server latencies are unaffected")
+        with rxe_attached(run, session, caps, run_dir, ledger, say) as rxe, \
+                queue_emulation(run, session, run_dir, ledger) as (emu, queues):
+            say(emu.describe())
+
+            def alive():
+                session.controller.check_alive()
+                emu.check_alive()
+
+            agents = AgentGroup(session.fabric, run, records, run_dir, ledger, name)
+            capture = (PacketCapture(session.fabric, plan, scenario.measurement,
+                                     os.path.join(run_dir, "pcap", name), ledger)
+                       if scenario.measurement.pcap else None)
+            background = Background(session.fabric, plan, scenario, policy,
+                                    os.path.join(run_dir, "background", name), ledger)
+            expected = expected_duration_s(scenario)
+
+            def snapshot() -> cost.Snapshot:
+                return cost.Snapshot.take({
+                    "agents": agents.pids(), "open_vswitch": cost.ovs_pids(),
+                    "switch_queue_emulator": emu.local_pids(),
+                    "controller": session.controller.pids(), "runner": [os.getpid()]})
+            try:
+                before = snapshot()
+                agents.start()
+                started = snapshot()
+                if not background.empty:
+                    background.start_receivers()
+                    background.start_senders(30 + 10 * expected)
+                    say(f"background traffic: {background.describe()}")
+                if capture:
+                    capture.start()
+                    say(f"capturing on {len(capture.procs)} GPU NICs into pcap/{name}/")
+                say(f"replaying {_workload_text(scenario, len(plan.gpus))} "
+                    f"(about {expected:.1f} s at line rate)")
+                start_ns = agents.go()
+                if not background.empty:
+                    background.go(start_ns)
+                t_traffic = time.monotonic()
+                total = agents.iterations
+                with cpu:  # while the traffic runs
+                    agents.wait_finished(timeout=finish_timeout_s(scenario),
+                                         on_iteration=lambda i: say(
+                                             f"iteration {i + 1}/{total} "
+                                             f"({time.monotonic() - t_traffic:.1f} s)"),
+                                         alive=alive)
+                finished = snapshot()
+                if not background.empty:
+                    with shielded():
+                        background_report = background.stop()
+                in_flight = queued_frames(drain(session.fabric, DRAIN_LIMIT_S, say))
+                agents.collect()
+                if rxe:
+                    rxe_report = rxe.run(say)
+            finally:
+                if not background.empty:
+                    with shielded():
+                        background_report = background.stop()
+                if capture:
+                    with shielded():
+                        pcaps = capture.stop()
+                _shielded_call(agents.stop)
+        stats = egress_stats(session.fabric)
+        hops = session.fabric.hop_delays()
+        say("tearing down the fabric")
+    where, classes, cc = run.placement, run.classes, run.congestion_control
+    ctx = RunContext(ranks=len(plan.gpus), workloads=run.workloads, time_scale=run.time_scale,
+                     extrapolate_gpus=scenario.workload.extrapolate_gpus,
+                     mechanisms=Mechanisms(ecn=any(c.ecn for c in classes),
+                                           pfc=any(c.pfc for c in classes),
+                                           cnp=cc == "dcqcn"))
+    figures, packets = collect(records, ctx)
+    figures["emulation_cost"] = dict(
+        cost.cost_report(before, finished, figures["packets_received"], os.cpu_count() or 1),
+        agents_start_cpu_s=round(cost.breakdown(before, started)["agents"], 3))
+    if where:  # cross-server latency depends on the servers' clocks: never mixed silently
+        figures["latency_us_by_path"] = latency_by_path(packets, plan, where)
+    incast = (background_report or {}).get("incast")
+    if incast and incast["target"] in figures["per_gpu"]:
+        incast["packets_received"] = figures["per_gpu"][incast["target"]]["rx_foreign_qp"]
+    switch_drops, nic_drops, per_port = queue_drops(plan, stats)
+    pfc = ctx.mechanisms.pfc
+    figures.update({
+        "gpus": len(plan.gpus),
+        "params": policy.params_dict(),
+        "traffic_classes": [c.name for c in classes],
+        "congestion_control": cc,
+        "switch_queue_drops": switch_drops,
+        "nic_queue_drops": nic_drops,
+        "drops_by_port": per_port,
+        "queued_at_end": in_flight,
+        "unexplained_drops": max(0, figures["drops"] - switch_drops - nic_drops
+                                 - figures["rx_socket_drops"] - in_flight),
+        "spine_load_packets": spine_load(plan, stats),
+        "pfc_pause_events": queues.get("pfc_pause_events", 0) if pfc else None,
+        "pfc_paused_ms": queues.get("pfc_paused_ms", 0.0) if pfc else None,
+        "switch_queues": queues,
+        "ecn_marking": run.marking,
+        "ecn_marking_via": run.marking_via,
+        "red_marked_by_port": ({k: v["marked"] for k, v in sorted(stats.items()) if v["marked"]}
+                               if run.marking == "red" else None),
+        "reaction_time_us": scenario.sample_interval_us,
+        "background": background_report or None,
+        "pcap": pcaps,
+        "rxe": rxe_report,
+        "warnings": session.warnings + rxe_warnings(rxe_report),
+        "duration_s": round(time.monotonic() - t0, 2),
+    })
+    figures["modelled"] = modelled(figures, ctx.time_scale)
+    minima = packets.path_minima_us()
+    figures["per_hop_latency"] = dict(hops, measured_min_us=path_floor_us(plan, minima))
+    figures["fidelity"] = evaluate(records, plan, figures, minima, hops["delay_us_applied"],
+                                   cpu.samples, scenario)
+    say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "
+        f"received, {figures['drops']:,} dropped, {_count(figures['ecn_marked_packets'])} "
+        f"ECN-marked, {_count(figures['pfc_pause_events'])} PFC pauses; fidelity "
+        f"{figures['fidelity']['verdict']}")
+    return figures
+
+
+def _count(value) -> str:
+    return "no" if value is None else f"{value:,}"
+
+
+def _workload_text(scenario: Scenario, gpus: int) -> str:
+    w = scenario.workload
+    sizes = (", ".join(f"{s:,}" for s in w.sizes) + " B") if w.sizes else f"{w.size_bytes:,} B"
+    extra = []
+    if w.compute_us:
+        extra.append(f"{w.compute_us:g} us compute")
+    if w.stragglers.ranks:
+        extra.append(f"stragglers {', '.join(map(str, w.stragglers.ranks))} "
+                     f"+{w.stragglers.delay_us:g} us ({w.stragglers.distribution})")
+    return (f"{w.iterations} x {w.collective} of {sizes} on {gpus} GPUs"
+            + (f" ({'; '.join(extra)})" if extra else ""))
+
+
+def switch_buffer_total(plan: FabricPlan, classes) -> int:
+    """Bytes all switch egress buffers hold when full."""
+    return len(plan.switch_interfaces()) * sum(c.buffer_bytes for c in classes)
+
+
+def ovs_buffer_warnings(caps: Capabilities, need: int) -> list:
+    """Say so when userspace OVS could drop packets outside the emulated buffers."""
+    if caps.datapath != "user":
+        return []
+    buffers = ovs_socket_buffers()
+    if not buffers or not buffers.get("tx_sndbuf"):
+        return ["could not read the send buffer of Open vSwitch's packet socket"]
+    if buffers["tx_sndbuf"] < need:
+        return [f"Open vSwitch's packet socket was created before this run with a "
+                f"{buffers['tx_sndbuf']:,} B send buffer (this scenario needs {need:,} B): "
+                "packets may be dropped inside OVS, outside the emulated buffers. Restart "
+                "Open vSwitch so that the next run can size it."]
+    return []
+
+
+def _prefixed(progress: Progress, prefix: str) -> Progress:
+    return lambda msg: progress(f"{prefix} {msg}")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+@contextlib.contextmanager
+def shielded():
+    """Hold off SIGINT/SIGTERM while tearing down, then deliver a pending one."""
+    pending = []
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in old:
+        signal.signal(s, lambda sig, _f: pending.append(sig))
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if pending:
+            raise KeyboardInterrupt
+
+
+def _shielded_call(fn) -> None:
+    with shielded():
+        fn()

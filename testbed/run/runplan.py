@@ -1,0 +1,113 @@
+"""A policy's run, decided once (pure): ``decide`` builds the policy as it runs on this machine
+and settles everything the fabric, the switch-queue emulator, the agents, the controller and
+the results take from it - traffic classes, who marks ECN and how, link MTU, per-hop latency,
+congestion control and DCQCN's rate limiters, placement over servers, the collectives, the time
+scale. Each of them reads the frozen ``PolicyRun`` it is handed; none works these out again,
+and no policy is changed after it is built.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from controllers.classes import TrafficClass, default_class
+from controllers.policy import Policy, make_policy
+from traffic.contract import QpLimiter, WorkloadSpec
+
+from ..base.hops import HopModel, hop_model
+from ..base.topology import FabricPlan
+from ..fabric.capabilities import Capabilities
+from ..fabric.placement import place
+from ..fabric.shaping import limiter_qdisc, link_mtu, marking_method, marking_via
+from ..scenario.config import Scenario
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One policy's run at one time scale, as decided before its fabric is built."""
+
+    policy: Policy
+    scenario: Scenario  # at the GPU NIC rate this run goes at
+    classes: Tuple[TrafficClass, ...]  # of every switch egress queue and GPU NIC queue
+    marking: Optional[str]  # ECN: "red" (the kernel's RED) | "sampled" | None (no ECN class)
+    marking_via: Optional[str]  # who applies sampled marking: "bpf" | "openflow" | None
+    link_mtu: int  # Ethernet MTU of every link
+    hops: HopModel
+    congestion_control: str  # what the GPUs' NICs run: "dcqcn" | "none"
+    qp_limiter: Optional[QpLimiter]  # DCQCN's per-QP rate limiters (None without DCQCN)
+    placement: Optional[Dict[str, str]]  # node -> server of a split fabric (None: one server)
+    workloads: Tuple[WorkloadSpec, ...]  # the collectives every GPU replays, one per size
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    @property
+    def plan(self) -> FabricPlan:
+        return self.policy.plan
+
+    @property
+    def time_scale(self) -> float:
+        return self.scenario.time_scale
+
+
+def decide(name: str, plan: FabricPlan, scenario: Scenario, caps: Capabilities) -> PolicyRun:
+    """Policy ``name``'s run of ``scenario`` on a machine with ``caps``."""
+    draft = make_policy(name, plan, scenario)
+    marking = ecn_marking(scenario, draft.traffic_classes(), caps)
+    via = marking_via(marking, caps.bpf_marking)
+    # who marks is part of the policy's context (OpenFlow marking changes its pipeline), and
+    # the classes that decide it do not depend on it: built once more with it, never changed
+    policy = (make_policy(name, plan, scenario, openflow_marking=True) if via == "openflow"
+              else draft)
+    classes = tuple(policy.traffic_classes())
+    cc = congestion_control(scenario, policy)
+    return PolicyRun(
+        policy=policy, scenario=scenario, classes=classes, marking=marking, marking_via=via,
+        link_mtu=link_mtu(scenario.workload.mtu), hops=hop_model(scenario, policy.params),
+        congestion_control=cc,
+        qp_limiter=qp_limiter(scenario, policy, classes) if cc == "dcqcn" else None,
+        placement=cluster_placement(scenario, plan), workloads=workload_specs(scenario, plan))
+
+
+def ecn_marking(scenario: Scenario, classes, caps: Capabilities) -> Optional[str]:
+    """How switches with these classes mark ECN here: "red", "sampled" or None (ConfigError
+    for a marking this machine cannot do)."""
+    return marking_method(scenario.emulation.ecn_marking, caps.red, classes, caps.datapath)
+
+
+def congestion_control(scenario: Scenario, policy: Policy) -> str:
+    """``dcqcn`` or ``none``: the scenario's choice, or the policy's default for ``auto``."""
+    cc = scenario.transport.congestion_control
+    return policy.default_congestion_control if cc == "auto" else cc
+
+
+def qp_limiter(scenario: Scenario, policy: Policy, classes) -> QpLimiter:
+    """Where DCQCN's per-QP rate limiters live on every GPU NIC: the HTB qdisc of the class
+    RoCE data travels in (its handle is that class's minor) and the settings of the QP classes
+    the agents add to it (``traffic.ratelimit``)."""
+    roce = policy.dscp()[0]
+    cls = next((c for c in classes if roce in c.dscp), default_class(classes))
+    return QpLimiter(major=cls.minor, **limiter_qdisc(scenario.topology.host_rate_mbit,
+                                                      link_mtu(scenario.workload.mtu)))
+
+
+def workload_specs(scenario: Scenario, plan: FabricPlan) -> Tuple[WorkloadSpec, ...]:
+    """The collectives each agent replays: one entry per size (a sweep has several)."""
+    w = scenario.workload
+    return tuple(WorkloadSpec(w.collective, size, w.iterations, w.chunks, plan.gpus_per_leaf)
+                 for size in w.run_sizes)
+
+
+def cluster_servers(scenario: Scenario) -> List[str]:
+    """The scenario's servers, this machine named ``localhost``."""
+    servers = list(scenario.cluster.servers)
+    return ["localhost"] + servers[1:] if servers else []
+
+
+def cluster_placement(scenario: Scenario, plan: FabricPlan) -> Optional[Dict[str, str]]:
+    """Node -> server when the fabric is split over several servers, else None."""
+    servers = cluster_servers(scenario)
+    if len(servers) < 2:
+        return None
+    return place(plan, servers, scenario.cluster.placement)

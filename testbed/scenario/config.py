@@ -1,0 +1,550 @@
+"""Scenario configuration: typed, validated, with declared defaults and units.
+
+A scenario is a tree of frozen dataclasses. ``Scenario.from_dict`` validates a plain mapping
+(from YAML or the CLI) in one pass: unknown keys and bad values raise one ``ConfigError`` that
+names the path (``topology.leaves: must be >= 1, got 0``); nothing is started before that.
+
+Scaled time (docs/DESIGN.md): userspace Open vSwitch forwards tens of thousands of packets per
+second on a small machine, so links run at tens of Mbit/s. Buffers and thresholds are in bytes
+at that rate; ``Scenario.time_scale`` states how much slower than the modelled fabric the
+emulation runs.
+
+Why one module over 400 lines: it is the whole scenario schema - every key with its default,
+bounds, unit and help text in one tree, from which docs/scenario-reference.md is generated.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Tuple, Union
+
+from controllers.policy import policy_names
+from traffic import collectives
+
+from ..base.errors import ConfigError
+from ..base.schema import build, plain
+from .timescale import AUTO, REFERENCE_RATE_MBIT, require_rate
+
+MBIT = 1_000_000
+
+
+SAMPLING_MODELLED_US = 0.4  # the switches' reaction time in the modelled fabric
+SAMPLING_FLOOR_US = 200  # the switch-queue emulator cannot sample faster (emulated us)
+
+
+@dataclass(frozen=True)
+class TopologyConfig:
+    spines: int = field(default=2, metadata={"min": 1, "max": 255, "doc": "spine switches"})
+    leaves: int = field(default=4, metadata={"min": 1, "max": 255, "doc": "leaf switches"})
+    gpus_per_leaf: int = field(default=2, metadata={"min": 1, "max": 254,
+                                                    "doc": "GPU hosts under each leaf"})
+    host_rate_mbit: Union[float, str] = field(default=AUTO, metadata={
+        "auto": True, "min": 0.1, "max": 1000.0, "unit": "Mbit/s",
+        "doc": "GPU NIC and leaf downlink rate; auto: the fastest rate this machine holds "
+               "faithfully, from its calibration (python -m testbed calibrate)"})
+    fabric_rate_mbit: Union[float, str] = field(default=AUTO, metadata={
+        "auto": True, "min": 0.1, "max": 1000.0, "unit": "Mbit/s",
+        "doc": "leaf-spine link rate; auto: from oversubscription, else the host rate"})
+    nic_queue_bytes: int = field(default=256_000, metadata={
+        "min": 3000, "max": 64_000_000, "unit": "B", "doc": "GPU NIC transmit queue"})
+    oversubscription: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 64.0,
+        "doc": "leaf uplink oversubscription (1 = full bisection, 2 = 2:1); sets "
+               "fabric_rate_mbit = host rate x GPUs per leaf / (spines x this); 0 = off"})
+    neighbours_per_leaf: int = field(default=0, metadata={
+        "min": 0, "max": 253, "doc": "non-GPU hosts under each leaf: a noisy-neighbour tenant "
+                                      "(see background)"})
+    link_delay_us: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 1_000_000.0, "unit": "us",
+        "doc": "extra one-way delay per link in emulated time, on top of the modelled cable "
+               "and switch latency (netem; only where the kernel has it)"})
+    cable_m: float = field(default=10.0, metadata={
+        "min": 0.0, "max": 100_000.0, "unit": "m",
+        "doc": "cable length per link in the modelled fabric: 5 ns/m of propagation, emulated "
+               "as that times the time scale (netem; only where the kernel has it)"})
+    modelled_rate_gbit: float = field(default=100.0, metadata={
+        "min": 1.0, "max": 1600.0, "unit": "Gbit/s",
+        "doc": "link rate of the real fabric being modelled (sets the time scale)"})
+
+    def __post_init__(self):
+        if self.host_rate_mbit != AUTO and self.fabric_rate_mbit == AUTO:
+            object.__setattr__(self, "fabric_rate_mbit", self.uplink_rate_mbit())
+
+    @property
+    def gpus(self) -> int:
+        return self.leaves * self.gpus_per_leaf
+
+    def uplink_rate_mbit(self) -> float:
+        """The leaf-spine rate the host rate implies: by ``oversubscription``, else equal."""
+        host = require_rate(self.host_rate_mbit)
+        if not self.oversubscription:
+            return host
+        return host * self.gpus_per_leaf / (self.spines * self.oversubscription)
+
+
+COLLECTIVE_NAMES = tuple(collectives.ALGORITHMS) + tuple(collectives.ALIASES)
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    ranks: Tuple[int, ...] = field(default=(), metadata={
+        "item": int, "doc": "ranks (0-based) whose compute phase runs late"})
+    delay_us: float = field(default=2.0, metadata={
+        "min": 0.0, "max": 600_000_000.0, "unit": "us (modelled)",
+        "doc": "how late: the delay itself (fixed), or the mean of the distribution"})
+    distribution: str = field(default="fixed", metadata={
+        "choices": ("fixed", "uniform", "exponential"),
+        "doc": "fixed: delay_us every time; uniform: 0..2 x delay_us; exponential: mean delay_us"})
+    probability: float = field(default=1.0, metadata={
+        "min": 0.0, "max": 1.0, "doc": "chance that a straggler rank is late in an iteration"})
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    collective: str = field(default="ring", metadata={
+        "choices": COLLECTIVE_NAMES,
+        "doc": "ring, halving_doubling (power-of-two GPUs), double_binary_tree, hierarchical "
+               "(rail-aligned), all_to_all (MoE); ring_allreduce is ring's old name"})
+    size_bytes: int = field(default=1 << 20, metadata={
+        "min": 1, "max": 1 << 30, "unit": "B", "doc": "buffer size per GPU"})
+    sizes: Tuple[int, ...] = field(default=(), metadata={
+        "item": int, "unit": "B",
+        "doc": "message-size sweep (like nccl-tests): run the iterations at each size in turn; "
+               "replaces size_bytes"})
+    iterations: int = field(default=10, metadata={
+        "min": 1, "max": 100_000, "doc": "training iterations (at each size of a sweep)"})
+    chunks: int = field(default=4, metadata={
+        "min": 1, "max": 64,
+        "doc": "pipelining: each ring block / tree half is sent in this many pieces"})
+    mtu: int = field(default=4096, metadata={
+        "choices": (256, 512, 1024, 2048, 4096), "unit": "B", "doc": "RoCE path MTU"})
+    compute_us: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 600_000_000.0, "unit": "us (modelled)",
+        "doc": "compute phase before each collective"})
+    compute_jitter_us: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 600_000_000.0, "unit": "us (modelled)",
+        "doc": "each rank's compute phase varies uniformly by up to this much either way"})
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+    seed: int = field(default=1, metadata={"min": 0, "max": 2**31,
+                                           "doc": "seed of the jitter and straggler draws"})
+    extrapolate_gpus: int = field(default=10_000, metadata={
+        "min": 2, "max": 10_000_000,
+        "doc": "cluster size for the 'same tail on N GPUs' GPU-seconds extrapolation"})
+
+    @property
+    def run_sizes(self) -> Tuple[int, ...]:
+        return self.sizes or (self.size_bytes,)
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    congestion_control: str = field(default="auto", metadata={
+        "choices": ("auto", "dcqcn", "none"),
+        "doc": "sender rate control; auto: the policy's default (lossless: dcqcn, else none)"})
+    qps_per_peer: int = field(default=1, metadata={
+        "min": 1, "max": 64, "doc": "queue pairs per peer; a message is split over them"})
+    entropy: str = field(default="per-qp", metadata={
+        "choices": ("per-qp", "per-packet"),
+        "doc": "UDP source port: derived from the QP, or a new one per packet (spraying)"})
+    ack_every: int = field(default=16, metadata={
+        "min": 1, "max": 4096, "unit": "packets", "doc": "responder ACK coalescing"})
+    rto_us: float = field(default=100.0, metadata={
+        "min": 0.001, "max": 600_000_000.0, "unit": "us (modelled)",
+        "doc": "retransmission timeout (doubles per retry, up to 8x); longer than the deepest "
+               "emulated queues take to drain"})
+    retry_limit: int = field(default=7, metadata={
+        "min": 1, "max": 64, "doc": "retransmissions of one PSN before the QP fails"})
+    dcqcn_timer_us: float = field(default=8.0, metadata={
+        "min": 0.001, "max": 60_000_000.0, "unit": "us (modelled)",
+        "doc": "DCQCN alpha-update and rate-increase timers (paper: 55 us, about ten base "
+               "RTTs of its fabric)"})
+    dcqcn_byte_counter: int = field(default=256_000, metadata={
+        "min": 1000, "max": 1 << 30, "unit": "B",
+        "doc": "DCQCN rate-increase byte counter (paper: 10 MB, scaled like the ECN "
+               "thresholds)"})
+    dcqcn_clamp_target: bool = field(default=False, metadata={
+        "doc": "every CNP also lowers the rate a QP recovers to (the paper's rule); false: only "
+               "after a timer increase since the previous cut, as ConnectX does by default "
+               "(clamp_tgt_rate 0)"})
+    cnp_interval_us: float = field(default=8.0, metadata={
+        "min": 0.001, "max": 60_000_000.0, "unit": "us (modelled)",
+        "doc": "a receiver sends at most one CNP per QP per interval (ConnectX: ~50 us)"})
+
+
+@dataclass(frozen=True)
+class NoisyNeighbourConfig:
+    rate_gbit: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 1600.0, "unit": "Gbit/s (modelled)",
+        "doc": "per neighbour host; 0 = off. Each neighbour host sends to one on the next leaf"})
+    tool: str = field(default="flows", metadata={
+        "choices": ("flows", "iperf3"), "doc": "the agents' own UDP flows, or iperf3 -u"})
+    packet_bytes: int = field(default=1400, metadata={
+        "min": 64, "max": 8900, "unit": "B", "doc": "UDP payload per packet"})
+    dscp: int = field(default=0, metadata={"min": 0, "max": 63, "doc": "DSCP of its packets"})
+
+
+@dataclass(frozen=True)
+class IncastConfig:
+    period_us: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 600_000_000.0, "unit": "us (modelled)",
+        "doc": "time between synchronised bursts; 0 = off"})
+    burst_bytes: int = field(default=64_000, metadata={
+        "min": 1000, "max": 64_000_000, "unit": "B", "doc": "what each sender sends per burst"})
+    senders: Tuple[str, ...] = field(default=(), metadata={
+        "item": str, "doc": "hosts that burst (default: the neighbour hosts, else the GPUs "
+                            "on other leaves than the target)"})
+    target: str = field(default="", metadata={
+        "empty": True, "doc": "host that receives (default: the last GPU)"})
+
+
+@dataclass(frozen=True)
+class BackgroundConfig:
+    """Other traffic on the same fabric, only between the emulated hosts, only while the
+    collectives run (and never longer than ``max_s``)."""
+
+    noisy_neighbour: NoisyNeighbourConfig = field(default_factory=NoisyNeighbourConfig)
+    incast: IncastConfig = field(default_factory=IncastConfig)
+    start_us: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 3_600_000_000.0, "unit": "us (modelled)",
+        "doc": "after the collectives start"})
+    max_s: float = field(default=600.0, metadata={
+        "min": 0.1, "max": 86_400.0, "unit": "s",
+        "doc": "hard bound on background traffic (the machine's own time)"})
+
+    @property
+    def enabled(self) -> bool:
+        return self.noisy_neighbour.rate_gbit > 0 or self.incast.period_us > 0
+
+
+@dataclass(frozen=True)
+class FidelityConfig:
+    """Tolerances of the fidelity monitor (Mininet-HiFi: trust a result only where the
+    emulator kept its timing invariants)."""
+
+    inter_dequeue_tolerance: float = field(default=0.1, metadata={
+        "min": 0.0, "max": 10.0,
+        "doc": "a busy NIC's gap between frames may differ from the frame's serialization time "
+               "by this fraction of one MTU frame's serialization time"})
+    inter_dequeue_within: float = field(default=0.9, metadata={
+        "min": 0.0, "max": 1.0, "doc": "... for at least this share of the gaps"})
+    overhead_share: float = field(default=0.25, metadata={
+        "min": 0.0, "max": 10.0,
+        "doc": "idle-path latency overhead and agent timer lag may each be at most this share "
+               "of one MTU frame's serialization time at the host rate"})
+    cpu_busy_max: float = field(default=0.9, metadata={
+        "min": 0.1, "max": 1.0, "doc": "the machine's CPUs may be at most this busy (p90)"})
+
+
+@dataclass(frozen=True)
+class EmulationConfig:
+    sample_interval_us: Union[float, str] = field(default=AUTO, metadata={
+        "auto": True, "min": SAMPLING_FLOOR_US, "max": 100_000, "unit": "us (emulated)",
+        "doc": "how often the switch-queue emulator samples every egress queue: the emulated "
+               "switches' reaction time for ECN marking, PFC and adaptive routing; auto: "
+               f"{SAMPLING_MODELLED_US:g} us of modelled time (1 ms at 40 Mbit/s), at least "
+               f"{SAMPLING_FLOOR_US} us (the emulator's floor)"})
+    switch_rate_headroom: float = field(default=0.02, metadata={
+        "min": 0.0, "max": 0.2,
+        "doc": "switch ports send this much faster than their nominal rate, so that the "
+               "emulator's bursty forwarding does not pile up as queueing on busy equal-rate "
+               "links (measured: 2% halved the largest backlogs of a ring); 0 disables"})
+    switch_latency: bool = field(default=True, metadata={
+        "doc": "delay every switch egress by the policy's per-hop latency (pipeline, plus one "
+               "serialization when store-and-forward) and every link by its cable, scaled by "
+               "the time scale; needs netem, recorded as not applied where it is missing"})
+    agent_processes: int = field(default=0, metadata={
+        "min": 0, "max": 1024,
+        "doc": "processes the GPU agents run in per server, each one event loop serving "
+               "several GPU hosts; 0 = as few as the GPUs' line rate needs (one per 400 Mbit/s "
+               "of GPU NICs, at most one per CPU)"})
+    keep_cpus_awake: bool = field(default=True, metadata={
+        "doc": "while the run lasts, hold a PM QoS request of 0 us (/dev/cpu_dma_latency) so "
+               "idle CPUs wake for timers and packets at once instead of from deep idle "
+               "(testbed.run.wakeup); costs power, not CPU time; recorded in results"})
+    ecn_marking: str = field(default="auto", metadata={
+        "choices": ("auto", "red", "sampled"),
+        "doc": "how switches set CE: red = the kernel's RED qdisc marks per packet; sampled = "
+               "the switch-queue emulator samples backlogs and toggles marking; auto = red "
+               "where the kernel has it, else sampled"})
+
+
+ALL_POLICIES = tuple(policy_names())  # the policy registry, in name order
+
+
+@dataclass(frozen=True)
+class MeasurementConfig:
+    """What is recorded besides the agents' records (kernel timestamps of every packet)."""
+
+    pcap: bool = field(default=False, metadata={
+        "doc": "capture every GPU NIC's RoCE traffic with tcpdump into pcap/<policy>/"})
+    pcap_snaplen: int = field(default=128, metadata={
+        "min": 64, "max": 65535, "unit": "B", "doc": "bytes kept of each captured frame"})
+    pcap_hosts: Tuple[str, ...] = field(default=(), metadata={
+        "item": str, "doc": "hosts to capture on (default: every GPU)"})
+
+
+@dataclass(frozen=True)
+class RxeConfig:
+    """Real RoCE verbs traffic (``run --traffic rxe``): soft-RoCE (rdma_rxe) endpoints on the
+    neighbour hosts of the first and last leaf run perftest across the fabric after the
+    collective, under the same policy (testbed.fabric.rxe)."""
+
+    enabled: bool = field(default=False, metadata={
+        "doc": "run ib_write_lat and ib_write_bw over rdma_rxe (needs the rdma_rxe module and "
+               "perftest: the Vagrant VM has both); adds a neighbour host per leaf if none"})
+    size_bytes: int = field(default=4096, metadata={
+        "min": 2, "max": 1 << 20, "unit": "B", "doc": "message size of both tests"})
+    lat_iterations: int = field(default=200, metadata={
+        "min": 5, "max": 1_000_000, "doc": "ib_write_lat exchanges"})
+    bw_iterations: int = field(default=200, metadata={
+        "min": 5, "max": 1_000_000, "doc": "ib_write_bw messages"})
+    timeout_s: int = field(default=300, metadata={
+        "min": 10, "max": 36_000, "unit": "s", "doc": "limit for each test"})
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Splitting the fabric over several machines (Mininet Cluster Edition)."""
+
+    servers: Tuple[str, ...] = field(default=(), metadata={
+        "item": str, "doc": "machines that hold the fabric, this one first (e.g. [localhost, "
+                            "10.9.0.2]); empty: this machine alone"})
+    placement: str = field(default="by-leaf", metadata={
+        "choices": ("by-leaf", "spread"),
+        "doc": "by-leaf: each leaf with its hosts on one server, spines where the cross-server "
+               "links are fewest; spread: leaves and spines round-robin"})
+    link: str = field(default="auto", metadata={
+        "choices": ("auto", "vxlan", "ssh"),
+        "doc": "cross-server links: vxlan, or ssh tap tunnels (sshd needs PermitTunnel yes); "
+               "auto: vxlan where the kernel has it"})
+    ssh_user: str = field(default="root", metadata={"doc": "user for ssh to the servers"})
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str = field(default="default", metadata={"doc": "a label for the run"})
+    policies: Tuple[str, ...] = field(default=ALL_POLICIES, metadata={
+        "doc": "policies to compare, each on a fresh fabric: enterprise, hyperscale, lossless"})
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    emulation: EmulationConfig = field(default_factory=EmulationConfig)
+    background: BackgroundConfig = field(default_factory=BackgroundConfig)
+    measurement: MeasurementConfig = field(default_factory=MeasurementConfig)
+    fidelity: FidelityConfig = field(default_factory=FidelityConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    rxe: RxeConfig = field(default_factory=RxeConfig)
+    policy_params: Dict[str, Dict[str, Any]] = field(default_factory=dict, metadata={
+        "doc": "per policy, parameters that replace its defaults (see the policy reference)"})
+
+    @property
+    def time_scale(self) -> float:
+        """How many times slower than the modelled fabric the emulated links run."""
+        return self.topology.modelled_rate_gbit * 1000 / require_rate(self.topology.host_rate_mbit)
+
+    def emulated_ns(self, modelled_us: float) -> int:
+        """A modelled-time constant as the emulation runs it, in ns."""
+        return int(round(modelled_us * 1000 * self.time_scale))
+
+    def emulated_mbit(self, modelled_gbit: float) -> float:
+        """A modelled-fabric rate as the emulation runs it, in Mbit/s."""
+        return modelled_gbit * 1000 / self.time_scale
+
+    @property
+    def sample_interval_us(self) -> float:
+        """How often the switch-queue emulator samples (emulated us): ``auto`` scales the
+        modelled reaction time, down to the emulator's floor."""
+        given = self.emulation.sample_interval_us
+        if given != AUTO:
+            return float(given)
+        return max(float(SAMPLING_FLOOR_US), round(SAMPLING_MODELLED_US * self.time_scale, 1))
+
+    def unscaled_constants(self) -> List[str]:
+        """The time constants the run cannot scale to the modelled fabric, and what they are
+        in modelled time here."""
+        out = []
+        wanted = SAMPLING_MODELLED_US * self.time_scale
+        if self.emulation.sample_interval_us == AUTO and wanted < SAMPLING_FLOOR_US:
+            out.append(f"the switch-queue emulator samples every {SAMPLING_FLOOR_US} us (its "
+                       f"floor), {SAMPLING_FLOOR_US / self.time_scale:.3g} us modelled instead "
+                       f"of {SAMPLING_MODELLED_US:g}: ECN, PFC and adaptive routing react that "
+                       "much later than the modelled switches")
+        if "lossless" in self.policies:
+            gap = self.policy_params.get("lossless", {}).get("flowlet_gap_s", 1)
+            out.append(f"lossless: the flowlet gap is an OpenFlow idle timeout of {gap:g} s "
+                       f"of the machine's time, {gap * 1e6 / self.time_scale:,.0f} us "
+                       "modelled: adaptive routing moves a flow only after that long idle")
+        return out
+
+    def for_checks(self) -> "Scenario":
+        """This scenario, or while its rate is still ``auto`` a copy at the rate the byte
+        defaults are stated for: what is valid does not depend on the rate chosen later."""
+        if self.topology.host_rate_mbit != AUTO:
+            return self
+        return self.with_host_rate(REFERENCE_RATE_MBIT)
+
+    def with_host_rate(self, host_rate_mbit: float) -> "Scenario":
+        """A copy whose GPU NICs run at ``host_rate_mbit`` (the fabric rate derived again)."""
+        t = dataclasses.replace(self.topology, host_rate_mbit=float(host_rate_mbit))
+        return _derive(dataclasses.replace(self, topology=t), {})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Scenario":
+        params = None
+        _no_renamed_keys(data)
+        if isinstance(data, Mapping) and "policy_params" in data:
+            data = dict(data)
+            params = data.pop("policy_params")
+        scenario = _derive(build(cls, data), data)
+        if params is not None:
+            scenario = dataclasses.replace(scenario, policy_params=_policy_params(params))
+        return scenario
+
+    def to_dict(self) -> dict:
+        return plain(self)
+
+    def with_policies(self, policies) -> "Scenario":
+        """A copy running ``policies``; parameters of policies no longer run are dropped."""
+        policies = tuple(policies)
+        params = {k: v for k, v in self.policy_params.items() if k in policies}
+        return dataclasses.replace(self, policies=policies, policy_params=params)
+
+    def override(self, changes: Mapping[str, Any]) -> "Scenario":
+        """A copy with ``changes`` (a partial scenario mapping) applied and validated."""
+        return Scenario.from_dict(_merge(self.to_dict(), changes))
+
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``64K`` -> 65536 (K, M, G are powers of 1024, as in nccl-tests)."""
+    t = text.strip().upper()
+    unit = t[-1] if t and t[-1] in "KMGB" else ""
+    number = t[:-1] if unit else t
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        raise ConfigError(f"--sizes: {text!r} is not a size (like 64K, 1M or 4096)")
+    if value < 1 or value != int(value):
+        raise ConfigError(f"--sizes: {text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def parse_sizes(text: str) -> Tuple[int, ...]:
+    """``64K:4M`` -> 64K, 128K, ..., 4M (doubling, like nccl-tests -b 64K -e 4M -f 2);
+    ``64K,1M`` -> exactly those."""
+    if ":" in text:
+        lo_text, _, hi_text = text.partition(":")
+        lo, hi = parse_size(lo_text), parse_size(hi_text)
+        if hi < lo:
+            raise ConfigError(f"--sizes: {text!r} ends below where it starts")
+        sizes = [lo]
+        while sizes[-1] * 2 <= hi:
+            sizes.append(sizes[-1] * 2)
+        return tuple(sizes)
+    sizes = tuple(parse_size(p) for p in text.split(",") if p.strip())
+    if not sizes:
+        raise ConfigError("--sizes: give sizes like 64K:4M or 64K,1M")
+    return sizes
+
+
+def load_file(path: str) -> Scenario:
+    """A scenario from a YAML file (safe loading: plain data only), validated."""
+    import yaml
+
+    try:
+        with open(path, "rb") as f:  # bytes: PyYAML decodes them and reports bad encodings
+            data = yaml.safe_load(f.read())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it: {e.strerror}")
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}")
+    if data is None:
+        data = {}
+    try:
+        return Scenario.from_dict(data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}")
+
+
+# Keys that were emulated time or rate and are now the modelled fabric's: (section path, old
+# key) -> (new key, what the default old value becomes at the reference 2,500x time scale).
+RENAMED = {
+    ("transport", "rto_ms"): ("rto_us", "250 ms -> 100 us"),
+    ("transport", "dcqcn_timer_ms"): ("dcqcn_timer_us", "20 ms -> 8 us"),
+    ("transport", "cnp_interval_ms"): ("cnp_interval_us", "20 ms -> 8 us"),
+    ("workload", "compute_ms"): ("compute_us", "20 ms -> 8 us"),
+    ("workload", "compute_jitter_ms"): ("compute_jitter_us", "1 ms -> 0.4 us"),
+    ("workload.stragglers", "delay_ms"): ("delay_us", "5 ms -> 2 us"),
+    ("background", "start_ms"): ("start_us", "10 ms -> 4 us"),
+    ("background.incast", "bursts_per_s"): ("period_us", "5 per s -> 80 us"),
+    ("background.noisy_neighbour", "rate_mbit"): ("rate_gbit", "15 Mbit/s -> 37.5 Gbit/s"),
+}
+
+
+def _no_renamed_keys(data) -> None:
+    """A scenario written for the emulated units is refused with the key that replaced it."""
+    for (path, old), (new, example) in RENAMED.items():
+        section = data
+        for part in path.split("."):
+            section = section.get(part) if isinstance(section, Mapping) else None
+        if isinstance(section, Mapping) and old in section:
+            raise ConfigError(
+                f"{path}.{old}: was emulated time or rate; it is now {path}.{new} in the "
+                f"modelled fabric's units (divide by the time scale: at 40 Mbit/s, 2,500x, "
+                f"{example})")
+
+
+def _derive(scenario: "Scenario", data: Mapping[str, Any]) -> "Scenario":
+    """Settings computed from others: the uplink rate from an oversubscription ratio (once the
+    host rate is known); a neighbour host per leaf for the rxe endpoints."""
+    t = scenario.topology
+    if scenario.rxe.enabled and not t.neighbours_per_leaf:
+        t = dataclasses.replace(t, neighbours_per_leaf=1)
+    given = (data.get("topology") or {}).get("fabric_rate_mbit", AUTO)
+    if t.oversubscription and t.host_rate_mbit == AUTO and given != AUTO:
+        raise ConfigError(f"topology: fabric_rate_mbit {given:g} and oversubscription "
+                          f"{t.oversubscription:g} both set the uplink rate (host_rate_mbit is "
+                          "auto); set one of them")
+    if t.oversubscription and t.host_rate_mbit != AUTO:
+        rate = t.uplink_rate_mbit()
+        if given != AUTO and abs(given - rate) > 1e-6 * rate:
+            raise ConfigError(f"topology: fabric_rate_mbit {given:g} contradicts "
+                              f"oversubscription {t.oversubscription:g} (which gives {rate:g}); "
+                              "set one of them")
+        if not 0.1 <= rate <= 1000.0:
+            raise ConfigError(f"topology.oversubscription: gives a fabric rate of {rate:g} "
+                              "Mbit/s, outside 0.1..1000")
+        t = dataclasses.replace(t, fabric_rate_mbit=rate)
+    return dataclasses.replace(scenario, topology=t)
+
+
+def _policy_params(params) -> Dict[str, Dict[str, Any]]:
+    """Check per-policy overrides against each policy's declared parameters."""
+    from controllers.params import params_class  # the policies own their parameters
+
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"policy_params: must be a mapping, got {type(params).__name__}")
+    out = {}
+    for name, values in params.items():
+        cls = params_class(name)  # ConfigError for an unknown policy
+        build(cls, values, f"policy_params.{name}")
+        out[name] = dict(values)
+    return out
+
+
+def _merge(base: dict, changes: Mapping[str, Any]) -> dict:
+    out = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+DEFAULT = Scenario()

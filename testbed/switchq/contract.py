@@ -1,0 +1,61 @@
+"""What the runner tells the switch-queue emulator process: the fabric, the classes it acts
+for, the rates, how marking is applied, where to report. A frozen dataclass, JSON on the wire;
+built by ``testbed.switchq.handle``, read by ``testbed.switchq.emulator``."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
+
+from controllers.classes import TrafficClass, class_from_dict, class_to_dict
+
+from ..base.topology import FabricPlan
+
+
+@dataclass(frozen=True)
+class EmulatorConfig:
+    plan: FabricPlan
+    classes: Tuple[TrafficClass, ...]
+    interval_us: float  # the sample interval: the emulated reaction time
+    mtu: int  # the links' MTU
+    host_rate_mbit: float
+    fabric_rate_mbit: float
+    nic_queue_bytes: int
+    out: str  # the report (JSON)
+    timeline: str = ""  # the queue timeline (CSV); "" for none
+    host_pids: Dict[str, int] = field(default_factory=dict)  # host -> its namespace's pid
+    events: str = ""  # the controller's event socket; "" for none
+    switch_rate_headroom: float = 0.0
+    delayed: Tuple[str, ...] = ()  # interfaces with a netem delay line (their backlog lags)
+    ecn_marking: Optional[str] = "sampled"  # sampled (here), red (the kernel), None (no ECN)
+    marking_via: str = "openflow"  # sampled marking applied by bpf or openflow
+    queue_counting: str = "netlink"  # the acting class's backlog from bpf counters or netlink
+    watch: Optional[Dict[int, Tuple[int, ...]]] = None  # adaptive routing: dpid -> ports
+    seed: int = 1
+    # a split fabric: this server's nodes, who owns each node, and the PFC relay's sockets
+    nodes: Tuple[str, ...] = ()
+    server: str = ""
+    owner: Dict[str, str] = field(default_factory=dict)
+    pfc_listen: str = ""
+    pfc_peers: Dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d.update(plan=self.plan.to_dict(), classes=[class_to_dict(c) for c in self.classes],
+                 watch={str(k): list(v) for k, v in self.watch.items()} if self.watch else None,
+                 delayed=list(self.delayed), nodes=list(self.nodes))
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EmulatorConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise TypeError(f"EmulatorConfig: unknown keys {sorted(unknown)}")
+        d = dict(data)
+        d.update(plan=FabricPlan.from_dict(data["plan"]),
+                 classes=tuple(class_from_dict(c) for c in data["classes"]),
+                 delayed=tuple(data.get("delayed", ())), nodes=tuple(data.get("nodes", ())))
+        if data.get("watch"):
+            d["watch"] = {int(k): tuple(v) for k, v in data["watch"].items()}
+        return cls(**d)

@@ -1,0 +1,508 @@
+"""The switch-queue emulator: what real switches do from their egress queue state.
+
+``python -m testbed.switchq.emulator CONFIG.json`` runs beside a fabric. Every sample interval it
+reads the backlog of every traffic-class buffer of every switch port (one netlink dump,
+``testbed.base.netlink.QdiscSampler``) and acts as the policy's classes ask:
+
+* ECN: a class with an ``EcnRule`` marks while its rule says so (step: above K; RED-like:
+  with probability p(q), drawn once per sample). A change is one map update of the marking
+  program on the switch ports (``testbed.fabric.bpfmark``), which sets CE on the class's ECT packets
+  leaving that port; where the kernel cannot run it, the change goes to the controller,
+  which switches the port's OpenFlow marking group.
+* PFC: a class with a ``PfcRule`` pauses the queues that feed its switch above XOFF and
+  resumes them below XON (``controllers.pfc``); a pause closes the fed queue's PFC gate (a
+  tbf, see ``testbed.fabric.shaping``) with a prebuilt netlink message, in the root namespace for
+  switch ports and in the GPU's namespace for NICs. After a resume the interface is sent one
+  small frame (EtherType 0x88B5, local experimental; every policy drops it at the next
+  switch): changing a tbf does not reschedule the device, and HTB would otherwise look at the
+  reopened class only when its own timer fires - up to a second later (measured).
+* Load: for adaptive routing, the backlog of the watched ports goes to the controller when it
+  changed by a frame or more.
+
+The sample interval is the emulated reaction time; it is recorded with the results, with the
+sampling cost and lateness, the largest backlog seen per queue, marking time per port, and
+pause events and paused time per paused queue (the recording: ``testbed.switchq.record``).
+Prints ``ready <interval us> <acting classes, comma-separated, or ->`` when set up; SIGTERM
+stops it, resumes anything paused and writes the report.
+
+Why one module over 400 lines: one sample decides ECN, PFC and adaptive routing's load from one
+pass over the queues, with the set-up each needs; what it tells others and what it records live
+beside it (``switchq_messages``, ``switchq_record``).
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+import signal
+import socket
+import sys
+import time
+from typing import Dict, List, Optional, Tuple
+
+from controllers.classes import TrafficClass, class_dscps
+from controllers.pfc import PfcState, Queue
+
+from ..base.atomic import write_json_atomic
+from ..base.errors import FabricError
+from ..base.netlink import (QdiscSampler, QueueStats, send_and_check, socket_in_netns, tbf_message,
+                      tc_handle)
+from ..base.procutil import die_with_parent, react_first
+from ..fabric.bpf import Clsact
+from ..fabric.bpfmark import Marker
+from ..fabric.bpfqueue import QueueCounters
+from ..fabric.shaping import gate_handle, gate_params, gate_parent
+from .contract import EmulatorConfig
+from .messages import Outbox, PfcRelay
+from .record import SampleCost, Timeline, peaks, spread
+
+
+QUEUE_GONE = QueueStats(0, 0, 0, 0)
+# The queue timeline's resolution in full frames' times at the GPU NIC rate (10 ms at the
+# default 40 Mbit/s); where nothing acts on samples, also the sampling interval.
+TIMELINE_FRAMES = 12
+FULL_SAMPLE_FRAMES = 24  # every class's backlog, between the acting classes' samples
+LOAD_EVERY_NS = 5_000_000  # adaptive routing needs the trend, not every sample
+QUIET_SPACING = 2  # intervals between samples while every queue is far from a threshold
+PAUSE, RESUME = 1, 2  # what happens to a queue: the index of its message in ``pause_msgs``
+# Broadcast, from a MAC no GPU has, local experimental EtherType: dropped by every policy.
+KICK_FRAME = (b"\xff" * 6 + bytes.fromhex("020000000000") + b"\x88\xb5"
+              + b"testbed: resume".ljust(46, b"\0"))
+
+
+class Emulator:
+    def __init__(self, cfg: EmulatorConfig):
+        self.cfg = cfg
+        self.plan = cfg.plan
+        self.classes: Tuple[TrafficClass, ...] = cfg.classes
+        self.interval_ns = int(cfg.interval_us * 1000)
+        self.frame = cfg.mtu + 14
+        self.rng = random.Random(cfg.seed)
+        # Every switch egress port: interface -> (switch, dpid, OpenFlow port).
+        self.ports: Dict[str, Tuple[str, int, int]] = {}
+        for link in self.plan.links:
+            for node, port, intf in ((link.node1, link.port1, link.intf1),
+                                     (link.node2, link.port2, link.intf2)):
+                if not self.plan.is_host(node) and (not cfg.nodes
+                                                    or node in cfg.nodes):
+                    dpid = next(s.dpid for s in self.plan.switches if s.name == node)
+                    self.ports[intf] = (node, dpid, port)  # on this server (split fabrics)
+        self.ecn_class = next((c for c in self.classes if c.ecn), None)
+        self.pfc_class = next((c for c in self.classes if c.pfc), None)
+        self.load_class = self.pfc_class or self.ecn_class or self.classes[0]
+        # the class this emulator marks; none where the kernel's RED marks (testbed.fabric.shaping)
+        self.marks = self.ecn_class if cfg.ecn_marking == "sampled" else None
+        self.watch: Optional[Dict[int, List[int]]] = (
+            {d: list(ports) for d, ports in cfg.watch.items()} if cfg.watch else None)
+        # The classes a sample acts on (marking, PFC, adaptive routing's load): sampled every
+        # interval; every class, for the timeline and the largest backlogs, every window.
+        # Where nothing acts, only the window's samples are taken.
+        acting = {c.minor: c for c in (self.marks, self.pfc_class) if c}
+        if self.watch:
+            acting[self.load_class.minor] = self.load_class
+        self.acting = tuple(acting.values())
+        frame_ns = self.frame * 8e9 / (cfg.host_rate_mbit * 1e6)
+        self.window_ns = int(TIMELINE_FRAMES * frame_ns)
+        self.tick_ns = self.interval_ns if self.acting else self.window_ns
+        # every class (largest backlogs, the counters' check): each window where nothing
+        # acts, else every FULL_SAMPLE_FRAMES
+        self.full_ns = int(FULL_SAMPLE_FRAMES * frame_ns) if self.acting else self.window_ns
+        self.last_full_ns = 0
+        self.port_order = sorted(self.ports)
+        # the acting classes' queues, class by class, each in port order
+        self.subset = [(intf, c.minor << 16) for c in self.acting for intf in self.port_order]
+        self.sampler = QdiscSampler([(intf, c.minor << 16) for intf in self.port_order
+                                     for c in self.classes], subset=self.subset)
+        # who applies it: the kernel program on the ports (testbed.fabric.bpfmark), or the
+        # controller
+        self.marker: Optional[Marker] = None
+        self.clsact: Optional[Clsact] = None
+        self.counters_bpf: Optional[QueueCounters] = None  # the acting class, in the kernel
+        self.counting = "netlink"  # how fast samples read the acting class's backlog
+        self.bias: List[int] = [0] * len(self.ports)  # counted - true, after a queue dropped
+        self.last_drops: Dict[str, int] = {}
+        self.counter_errors: List[int] = []  # counted - true, per port and full sample
+        self.via = cfg.marking_via
+        self.marking: Dict[str, bool] = {}
+        self.marking_since: Dict[str, int] = {}
+        self.marking_ns: Dict[str, int] = {}
+        self.toggles: Dict[str, int] = {}
+        self.pfc = PfcState(self.plan, self.pfc_class.pfc) if self.pfc_class else None
+        self.queue_of = {intf: Queue(node, intf) for intf, (node, _d, _p) in self.ports.items()}
+        self.queues = [self.queue_of[intf] for intf in self.port_order]
+        self.pause_msgs: Dict[Queue, Tuple[socket.socket, bytes, bytes]] = {}
+        self.kick_socks: Dict[Queue, socket.socket] = {}
+        self.last_load: Dict[int, Dict[int, int]] = {}
+        self.last_load_ns = 0
+        self.quiet = False  # the last sample found every acting queue far below its thresholds
+        self.low_water = self._low_water(cfg)
+        self.max_backlog: Dict[Tuple[str, int], int] = {}  # (interface, qdisc handle)
+        self.counters = {"samples": 0, "late": 0, "ecn_events": 0, "load_events": 0,
+                         "pauses_sent": 0, "resumes_sent": 0, "events_deferred": 0,
+                         "quiet": 0}
+        self.cost = SampleCost()
+        self.scheduling = "normal"  # how ``main`` got the CPU (``ahead_of_traffic``)
+        self.events = None
+        self.relay: Optional[PfcRelay] = None  # split fabrics: PFC to other servers' queues
+        self.sockets = []
+        self.timeline = Timeline(self.port_order, self.window_ns)
+
+    # --- set-up -----------------------------------------------------------------------------
+    def open(self) -> None:
+        self.nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+        self.nl.bind((0, 0))
+        self.sockets.append(self.nl)
+        self.clsact = Clsact(self.nl)  # the switch ports', for both programs
+        if self.cfg.queue_counting == "bpf" and len(self.acting) == 1:
+            self._open_counters()
+        if self.marks and self.via == "bpf":
+            self.marker = Marker(self.port_order, class_dscps(self.marks, self.classes),
+                                 clsact=self.clsact)
+            try:
+                self.marker.open()
+            except (OSError, LookupError) as e:
+                self.marker.close()
+                raise FabricError(f"the ECN marking program could not be attached: {e}")
+        openflow_marks = self.marks and self.via == "openflow"
+        if self.cfg.events and (openflow_marks or self.watch):
+            self.events = Outbox(self.cfg.events)
+        if self.pfc_class and self.cfg.pfc_listen:
+            self.relay = PfcRelay(self.cfg)
+        if self.pfc_class:
+            self._prepare_pauses()
+
+    def _open_counters(self) -> None:
+        """Count the acting class's queue bytes in the kernel (``testbed.fabric.bpfqueue``); where
+        the kernel refuses, the samples ask the kernel for the qdiscs instead."""
+        peers = {}
+        for link in self.plan.links:
+            for mine, far_node, far in ((link.intf1, link.node2, link.intf2),
+                                        (link.intf2, link.node1, link.intf1)):
+                if mine in self.ports:
+                    peers[mine] = ((self.cfg.host_pids[far_node]
+                                    if self.plan.is_host(far_node) else None), far)
+        counters = QueueCounters(self.port_order, class_dscps(self.acting[0], self.classes),
+                                 peers, self.clsact)
+        try:
+            counters.open()
+        except (OSError, LookupError, KeyError) as e:
+            counters.close()
+            self.counting = f"netlink (the kernel counters could not be set up: {e})"
+            return
+        self.counters_bpf = counters
+        self.counting = "bpf"
+
+    def _prepare_pauses(self) -> None:
+        """Prebuild the pause and resume message of every queue PFC may pause."""
+        root = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+        root.bind((0, 0))
+        root_index = {name: idx for idx, name in socket.if_nameindex()}
+        root_kick = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+        self.sockets += [root, root_kick]
+        host_socks, host_kicks = {}, {}
+        if self.relay:  # every queue of this server that feeds any switch of the fabric
+            every = [Queue(n, i) for link in self.plan.links
+                     for n, i in ((link.node1, link.intf1), (link.node2, link.intf2))
+                     if not self.plan.is_host(n)]
+            fed = {f for q in every for f in self.pfc.feeders_of(q) if self.relay.local(f)}
+        else:
+            fed = {f for intf, (node, _d, _p) in self.ports.items()
+                   for f in self.pfc.feeders_of(Queue(node, intf))}
+        c, mtu = self.pfc_class, self.cfg.mtu
+        handle = gate_handle(c) << 16
+        delayed = set(self.cfg.delayed)
+        for q in sorted(fed, key=lambda q: (q.node, q.intf)):
+            parent = tc_handle(gate_parent(c, q.intf in delayed))
+            if self.plan.is_host(q.node):
+                if q.node not in host_socks:
+                    pid = self.cfg.host_pids[q.node]
+                    host_socks[q.node] = socket_in_netns(pid)
+                    host_kicks[q.node] = socket_in_netns(pid, socket.AF_PACKET)[0]
+                    self.sockets += [host_socks[q.node][0], host_kicks[q.node]]
+                sock, index = host_socks[q.node]
+                self.kick_socks[q] = host_kicks[q.node]
+                rate, buffer = self.cfg.host_rate_mbit, self.cfg.nic_queue_bytes
+            else:
+                sock, index = root, root_index
+                self.kick_socks[q] = root_kick
+                rate, buffer = self._rate(q.intf), c.buffer_bytes
+            msgs = [tbf_message(index[q.intf], handle, parent, g.rate_bytes, g.burst, g.limit)
+                    for g in (gate_params(rate, mtu, buffer, paused=True),
+                              gate_params(rate, mtu, buffer, paused=False))]
+            self.pause_msgs[q] = (sock, msgs[0], msgs[1])  # [PAUSE], [RESUME]
+
+    def _low_water(self, cfg: EmulatorConfig) -> int:
+        """The backlog below which an acting queue cannot cross its lowest threshold within
+        ``QUIET_SPACING`` + 1 intervals: at most every other port of the switch at line rate
+        (plus the switch headroom) fills it while it drains at its own rate."""
+        thresholds = [t for c in self.acting for t in
+                      ([c.ecn.kmin] if c.ecn and c is self.marks else [])
+                      + ([c.pfc.xoff] if c.pfc else [])]
+        if not thresholds:
+            return -1  # nothing to cross: never quiet (the load is reported every sample)
+        ports: Dict[str, int] = {}
+        for node, _d, _p in self.ports.values():
+            ports[node] = ports.get(node, 0) + 1
+        fast = max(cfg.host_rate_mbit, cfg.fabric_rate_mbit) * (1 + cfg.switch_rate_headroom)
+        slow = min(cfg.host_rate_mbit, cfg.fabric_rate_mbit)
+        fill_bps = max(0.0, (max(ports.values()) - 1) * fast - slow) * 1e6
+        grow = fill_bps / 8 * self.interval_ns * (QUIET_SPACING + 1) / 1e9
+        return int(min(thresholds) - grow)
+
+    def _rate(self, intf: str) -> float:
+        for link in self.plan.links:
+            if intf in (link.intf1, link.intf2):
+                return (self.cfg.host_rate_mbit if link.kind == "host"
+                        else self.cfg.fabric_rate_mbit)
+        raise KeyError(intf)
+
+    # --- one sample ---------------------------------------------------------------------------
+    def step(self, now: int) -> None:
+        """One sample: every class's backlog each window (also for the largest backlogs),
+        the acting classes' in between; then marking, PFC, load and the timeline."""
+        order = self.port_order
+        if now - self.last_full_ns >= self.full_ns or not self.acting:
+            self.last_full_ns = now
+            stats = self.sampler.sample()
+            top = self.max_backlog
+            for key, st in stats.items():
+                if st.backlog > top.get(key, 0):
+                    top[key] = st.backlog
+            zero = QUEUE_GONE
+            by_class = {c.minor: [stats.get((i, c.minor << 16), zero).backlog for i in order]
+                        for c in self.classes}
+            if self.counters_bpf:
+                self._check_counters(stats, by_class[self.acting[0].minor])
+        else:
+            if self.counters_bpf:
+                values = [max(0, b - e) for b, e in zip(self.counters_bpf.backlogs(),
+                                                        self.bias)]
+            else:
+                values = self.sampler.sample_subset()
+            n = len(order)
+            by_class = {c.minor: values[k * n:(k + 1) * n] for k, c in enumerate(self.acting)}
+            top = self.max_backlog
+            for key, b in zip(self.subset, values):
+                if b > top.get(key, 0):
+                    top[key] = b
+        # quiet: every acting queue too far below its thresholds for marking or PFC to act
+        self.quiet = self._quiet(by_class)
+        if self.marks and not self.quiet:
+            self._ecn(by_class[self.marks.minor], now)
+        if self.pfc and not self.quiet:
+            self._pfc(by_class[self.pfc_class.minor], now)
+        if self.relay:  # pauses and resumes other servers decided for queues here
+            for q, action in self.relay.receive():
+                self._apply([q], action)
+            self.relay.flush()
+        if self.watch and self.events:
+            self._load(by_class[self.load_class.minor], now)
+        if self.events:
+            self.counters["events_deferred"] += not self.events.flush()
+        self.timeline.add(by_class[self.load_class.minor],
+                          (q.intf for q in self.pfc.paused_since) if self.pfc else (), now)
+
+    def _quiet(self, by_class) -> bool:
+        """Whether no acting queue can reach a threshold before the sample after next: each
+        is below its lowest threshold by more than it can grow in that time (every other
+        port of its switch sending into it at line rate), and nothing marks or is paused."""
+        if not self.acting or self.marking_since or (self.pfc and (self.pfc.paused_since
+                                                                   or self.pfc.congested)):
+            return False
+        low = self.low_water
+        return all(b <= low for c in self.acting for b in by_class[c.minor])
+
+    def _check_counters(self, stats, true: List[int]) -> None:
+        """At a full sample: the kernel counters against the qdiscs' own backlogs. A queue
+        that dropped packets since the last one counts them still (they never reached the
+        peer): its correction is redone."""
+        handle = self.acting[0].minor << 16
+        counted = self.counters_bpf.backlogs()
+        for k, intf in enumerate(self.port_order):
+            drops = stats.get((intf, handle), QUEUE_GONE).drops
+            if drops != self.last_drops.get(intf, 0):
+                self.last_drops[intf] = drops
+                self.bias[k] = counted[k] - true[k]
+            error = counted[k] - self.bias[k] - true[k]
+            self.counter_errors.append(error)
+
+    def _ecn(self, backlog: List[int], now: int) -> None:
+        rule = self.marks.ecn
+        low, marking = rule.kmin, self.marking
+        for intf, b in zip(self.port_order, backlog):
+            if b < low and not marking.get(intf):
+                continue  # below the lowest threshold and not marking: nothing to decide
+            p = rule.probability(b)
+            want = p >= 1.0 or (p > 0.0 and self.rng.random() < p)
+            if want == marking.get(intf, False):
+                continue
+            _node, dpid, port = self.ports[intf]
+            self.marking[intf] = want
+            self.toggles[intf] = self.toggles.get(intf, 0) + 1
+            if want:
+                self.marking_since[intf] = now
+            else:
+                self.marking_ns[intf] = (self.marking_ns.get(intf, 0) + now
+                                         - self.marking_since.pop(intf, now))
+            if self.marker:
+                self.marker.set(intf, want)
+            elif self.events:
+                self.events.ecn[(dpid, port)] = want
+            self.counters["ecn_events"] += 1
+
+    def _pfc(self, backlog: List[int], now: int) -> None:
+        pause, resume = self.pfc.update(dict(zip(self.queues, backlog)), now)
+        self._apply(pause, PAUSE)
+        self._apply(resume, RESUME)
+        self.counters["pauses_sent"] += len(pause)
+        self.counters["resumes_sent"] += len(resume)
+
+    def _apply(self, queues: List[Queue], which: int) -> None:
+        if self.relay:
+            for q in [q for q in queues if not self.relay.local(q)]:
+                self.relay.send(q, which)
+            queues = [q for q in queues if self.relay.local(q)]
+        by_socket: Dict[socket.socket, List[bytes]] = {}
+        for q in queues:
+            entry = self.pause_msgs.get(q)
+            if entry:
+                by_socket.setdefault(entry[0], []).append(entry[which])
+        for sock, messages in by_socket.items():
+            send_and_check(sock, messages)
+        if which == RESUME:  # make the kernel look at the queue now
+            for q in queues:
+                if q in self.kick_socks:
+                    self.kick_socks[q].sendto(KICK_FRAME, (q.intf, 0))
+
+    def _load(self, values: List[int], now: int) -> None:
+        if now - self.last_load_ns < LOAD_EVERY_NS:
+            return
+        self.last_load_ns = now
+        backlog = dict(zip(self.port_order, values))
+        load = {dpid: {port: backlog[intf]
+                       for intf, (_n, d, port) in self.ports.items() if d == dpid and
+                       port in ports}
+                for dpid, ports in self.watch.items()}
+        changed = any(abs(b - self.last_load.get(d, {}).get(p, -10 * self.frame)) >= self.frame
+                      for d, ports in load.items() for p, b in ports.items())
+        if changed:
+            self.last_load = load
+            self.events.load = load
+            self.counters["load_events"] += 1
+
+    # --- the loop -----------------------------------------------------------------------------
+    def run(self, stop) -> None:
+        interval = self.tick_ns
+        next_at = last = time.monotonic_ns()
+        cost = 0  # a sample's usual cost (moving average)
+        while not stop():
+            t0 = time.monotonic_ns()
+            if self.counters["samples"]:
+                self.cost.gap_ns.append(t0 - last)
+            last = t0
+            if t0 - next_at > interval:
+                self.counters["late"] += 1
+                next_at = t0
+            self.step(time.time_ns())
+            self.counters["samples"] += 1
+            took = time.monotonic_ns() - t0
+            self.cost.took_ns.append(took)
+            # quiet (no queue can reach a threshold before the one after it): skip a sample
+            next_at += interval * (QUIET_SPACING if self.quiet else 1)
+            if self.quiet:
+                self.counters["quiet"] += QUIET_SPACING - 1
+            # leave the CPU to the traffic: sleep at least as long as a sample usually takes
+            # (the VM test's TCG guest needs up to 3 ms per sample, against 1 ms intervals);
+            # one slow sample (the CPU taken away meanwhile) does not delay the next
+            cost = took if not cost else (15 * cost + took) // 16
+            time.sleep(max(next_at - time.monotonic_ns(), cost) / 1e9)
+
+    def finish(self) -> dict:
+        now = time.time_ns()
+        if self.pfc:
+            self._apply(list(self.pfc.paused_since), RESUME)  # leave nothing paused
+            self.pfc.finish(now)
+        for intf in list(self.marking_since):
+            self.marking_ns[intf] = self.marking_ns.get(intf, 0) + now - self.marking_since[intf]
+        pfc = self.pfc.report() if self.pfc else {}
+        if self.relay:
+            self.relay.flush()  # the resumes above, to the other servers
+            self.counters.update(self.relay.counters)
+        return {
+            "interval_us": self.tick_ns / 1000,
+            "acting_classes": [c.name for c in self.acting],
+            "acting_backlog_from": self.counting,
+            "quiet_below_bytes": self.low_water,
+            "quiet_samples_skipped": self.counters["quiet"],
+            "counter_error_bytes": spread(self.counter_errors) if self.counters_bpf else None,
+            "all_classes_every_us": self.full_ns / 1000,
+            "scheduling": self.scheduling,
+            "counters": self.counters,
+            "sample_ms": self.cost.report(self.tick_ns),
+            "max_backlog": peaks(self.max_backlog,
+                                 {c.minor << 16: c.name for c in self.classes}),
+            "ecn": {intf: {"toggles": self.toggles[intf],
+                           "marking_ms": round(self.marking_ns.get(intf, 0) / 1e6, 3)}
+                    for intf in sorted(self.toggles)},
+            "pfc": pfc,
+            "pfc_pause_events": sum(v["events"] for v in pfc.values()),
+            "pfc_paused_ms": round(sum(v["paused_ms"] for v in pfc.values()), 3),
+        }
+
+    def close(self) -> None:
+        if self.marker:  # nothing marks once the emulator is gone (also after an error)
+            self.marker.close()
+        if self.counters_bpf:
+            self.counters_bpf.close()
+        if self.clsact:
+            self.clsact.close()
+        for s in self.sockets + [self.sampler.sock] + ([self.events.sock] if self.events else []):
+            s.close()
+        if self.relay:
+            self.relay.close()
+
+
+def ahead_of_traffic() -> str:
+    """Real switches react in hardware: the emulator samples on time, ahead of the traffic.
+    Real-time (SCHED_FIFO, the lowest priority): as a fair-class task, even at nice -20, a
+    sample due while an agent or ovs-vswitchd runs waits out their scheduler slice, up to
+    3-5 ms (docs/emulation-cost.md, "Scheduling"); a sample is short and the loop sleeps at
+    least as long as one usually takes, so it never holds a CPU. Without the privilege:
+    nice -10 and a short slice. Returns what it got."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        return "SCHED_FIFO 1"
+    except (OSError, AttributeError):
+        return react_first(-10) or "normal"
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    die_with_parent()
+    with open(argv[0], encoding="utf-8") as f:
+        cfg = EmulatorConfig.from_dict(json.load(f))
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+    emu = Emulator(cfg)
+    emu.scheduling = ahead_of_traffic()
+    try:
+        emu.open()
+        print(f"ready {emu.tick_ns // 1000} {','.join(c.name for c in emu.acting) or '-'}",
+              flush=True)
+        # the loop makes no reference cycles: no collector pauses between samples
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        emu.run(lambda: bool(stopping))
+        write_json_atomic(cfg.out, emu.finish())
+        if cfg.timeline:
+            emu.timeline.write(cfg.timeline)
+    finally:
+        emu.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

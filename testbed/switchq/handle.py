@@ -1,0 +1,157 @@
+"""The runner's side of the switch-queue emulator (``testbed.switchq.emulator``, its own process):
+its configuration, start and stop, here or on a server of a split fabric, and the merged
+report of a split fabric's emulators."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from typing import List, Optional
+
+from ..base.errors import FabricError
+from ..base.procutil import log_tail, read_line, stop_process
+from .contract import EmulatorConfig
+
+
+def merge_reports(reports: List[dict]) -> dict:
+    """One report from the emulators of a split fabric (one per server, each with its own
+    ports): counters and pause figures add up, per-port figures join, sampling cost is the
+    worst server's (pure)."""
+    reports = [r for r in reports if r]
+    if len(reports) <= 1:
+        return reports[0] if reports else {}
+    out = {"interval_us": reports[0]["interval_us"], "counters": {}, "max_backlog": {},
+           "ecn": {}, "pfc": {}, "pfc_pause_events": 0, "pfc_paused_ms": 0.0,
+           "sample_ms": {k: max(r["sample_ms"].get(k, 0.0) for r in reports)
+                         for k in ("mean", "p99", "max", "max_gap")},
+           "scheduling": ", ".join(sorted({r.get("scheduling", "normal") for r in reports})),
+           "servers": len(reports)}
+    for r in reports:
+        for k, v in r["counters"].items():
+            out["counters"][k] = out["counters"].get(k, 0) + v
+        for key in ("max_backlog", "ecn", "pfc"):
+            out[key].update(r.get(key) or {})
+        out["pfc_pause_events"] += r.get("pfc_pause_events", 0)
+        out["pfc_paused_ms"] = round(out["pfc_paused_ms"] + r.get("pfc_paused_ms", 0.0), 3)
+    return out
+
+
+class EmulatorProcess:
+    """The runner's handle on one ``python -m testbed.switchq.emulator`` process: here, or on
+    a remote server of a split fabric (started over ssh, its files in that server's
+    workspace)."""
+
+    def __init__(self, run, session, run_dir: str, private_dir: str, ledger,
+                 server: str = "localhost"):
+        scenario, policy, plan = run.scenario, run.policy, run.plan
+        t = scenario.topology
+        fabric = session.fabric
+        self.server, self.fabric = server, fabric
+        at = "" if server == "localhost" else f"@{server}"
+        self.report_path = os.path.join(run_dir, f"switchq-{run.name}{at}.json")
+        self.timeline_path = os.path.join(run_dir, f"switchq-{run.name}{at}.timeline.csv")
+        self.log_path = os.path.join(run_dir, f"switchq-{run.name}{at}.log")
+        watch = policy.watched_ports() if policy.wants_queue_load else None
+        self.cfg = EmulatorConfig(
+            plan=plan, classes=run.classes,
+            host_pids={h.name: fabric.netns_pid(h.name) for h in plan.hosts},
+            interval_us=scenario.sample_interval_us, events=session.controller.events_path,
+            out=self.report_path, timeline=self.timeline_path,
+            host_rate_mbit=t.host_rate_mbit, fabric_rate_mbit=t.fabric_rate_mbit,
+            nic_queue_bytes=t.nic_queue_bytes,
+            switch_rate_headroom=scenario.emulation.switch_rate_headroom,
+            delayed=tuple(fabric.delayed_interfaces()), ecn_marking=run.marking,
+            # the acting class's backlog from kernel counters, where the kernel runs them,
+            # every queue's far end is on this server and no delay line holds frames
+            # between the counted ends
+            queue_counting=("bpf" if fabric.caps.bpf_marking and not run.placement
+                            and not fabric.delayed_interfaces() else "netlink"),
+            marking_via=run.marking_via or "openflow", mtu=run.link_mtu,
+            watch={d: tuple(p) for d, p in watch.items()} if watch else None)
+        if run.placement:  # a split fabric: this server's switches and hosts only
+            mine = tuple(n for n, s in run.placement.items() if s == server)
+            listen, peers = fabric.pfc_sockets(server)
+            self.cfg = dataclasses.replace(
+                self.cfg, nodes=mine,
+                host_pids={h: p for h, p in self.cfg.host_pids.items() if h in mine},
+                server=server, owner=dict(run.placement), pfc_listen=listen, pfc_peers=peers)
+        self.cfg_path = os.path.join(private_dir, f"switchq-{run.name}{at}.json")
+        self.ledger = ledger
+        self.proc = None
+        self.remote_pid = None
+        self.interval_us = 0  # what it samples, once started: how often, for which classes
+        self.acting: List[str] = []
+
+    def start(self, timeout: float = 20.0) -> None:
+        remote = self.server != "localhost"
+        if remote:  # its files live in the server's workspace; events reach the controller
+            ws = self.fabric.workspace  # through the socket the reverse tunnel forwards
+            base = ws.dir(self.server)
+            self.cfg = dataclasses.replace(self.cfg,
+                                           events=self.fabric.remote_events(self.server),
+                                           out=f"{base}/switchq.json",
+                                           timeline=f"{base}/switchq.csv")
+        with open(self.cfg_path, "w", encoding="utf-8") as f:
+            json.dump(self.cfg.to_dict(), f)
+        argv = [sys.executable, "-m", "testbed.switchq.emulator", self.cfg_path]
+        if remote:
+            from ..fabric.cluster import ssh_command
+            path = self.fabric.workspace.put(self.server, self.cfg_path)
+            argv = ssh_command(self.fabric.ssh_user, self.server) + [
+                f"echo $$; exec {sys.executable} -m testbed.switchq.emulator {path}"]
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=log, start_new_session=True)
+        finally:
+            log.close()
+        self.ledger.add_pid(self.proc.pid)
+        if remote:
+            first = read_line(self.proc.stdout, timeout)
+            self.remote_pid = int(first) if first.isdigit() else None
+        line = read_line(self.proc.stdout, timeout).split()
+        if len(line) != 3 or line[0] != "ready":
+            self.stop()
+            raise FabricError(f"the switch-queue emulator did not start: {self.tail()}")
+        self.interval_us = int(line[1])
+        self.acting = [] if line[2] == "-" else line[2].split(",")
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise FabricError(f"the switch-queue emulator died (exit code "
+                                  f"{self.proc.returncode}): {self.tail()}")
+
+    def tail(self) -> str:
+        return log_tail(self.log_path)
+
+    def stop(self) -> Optional[dict]:
+        """Stop it; returns its report (None if it wrote none)."""
+        if self.proc is None:
+            return None
+        if self.remote_pid and self.proc.poll() is None:  # SIGTERM there: it writes its files
+            from ..fabric.cluster import ssh_command
+            subprocess.run(ssh_command(self.fabric.ssh_user, self.server)
+                           + [f"kill -TERM {self.remote_pid}"], capture_output=True, timeout=30)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
+        stop_process(self.proc, timeout=10)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        if self.remote_pid:
+            try:
+                base = self.fabric.workspace.dir(self.server)
+                self.fabric.workspace.get(self.server, f"{base}/switchq.json",
+                                          self.report_path)
+                self.fabric.workspace.get(self.server, f"{base}/switchq.csv",
+                                          self.timeline_path)
+            except FabricError:
+                return None
+        try:
+            with open(self.report_path, encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
