@@ -2,11 +2,17 @@
 """Benchmark: DCQCN on against PFC alone, on an incast-heavy lossless collective.
 
 The published behaviour (Zhu et al., SIGCOMM 2015) is fewer PFC pauses and shorter queues at
-about the same throughput. This runs an all-to-all of 1 MiB per GPU over 2:1 oversubscribed
+about the same throughput. This runs an all-to-all of 4 MiB per GPU over 2:1 oversubscribed
 uplinks (8 GPUs, 4 leaves, 2 spines) under the lossless policy, DCQCN on and off, interleaved
 for ``--rounds`` rounds, and prints each run and the medians: modelled CCT p50, PFC pauses and
 paused time, the largest switch queue, the p99 of the queue timeline at the busiest port,
 latency p99, the lowest DCQCN rate, and the fidelity verdict.
+
+4 MiB: each pair of GPUs exchanges 512 KiB, about 40 us at the modelled 100 Gbit/s - several
+of DCQCN's control loops (a marked frame waits behind the queue it was marked in, then the
+CNP comes back: about 20 us). At 1 MiB (128 KiB a pair, one loop) a flow is over before a
+cut can pay off and DCQCN can only cost (``--set workload.size_bytes=1048576``;
+docs/time-scale.md, "DCQCN").
 
     sudo .venv/bin/python benchmarks/dcqcn.py [--rounds 3] [--rate 10] [--set KEY=VALUE ...]
 
@@ -34,7 +40,7 @@ SCENARIO = {
     "name": "dcqcn-incast",
     "policies": ["lossless"],
     "topology": {"spines": 2, "leaves": 4, "gpus_per_leaf": 2, "oversubscription": 2},
-    "workload": {"collective": "all_to_all", "size_bytes": 1 << 20, "iterations": 5},
+    "workload": {"collective": "all_to_all", "size_bytes": 4 << 20, "iterations": 5},
 }
 
 
