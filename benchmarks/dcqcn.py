@@ -10,7 +10,7 @@ latency p99, the lowest DCQCN rate, and the fidelity verdict.
 
 4 MiB: each pair of GPUs exchanges 512 KiB, about 40 us at the modelled 100 Gbit/s - several
 of DCQCN's control loops (a marked frame waits behind the queue it was marked in, then the
-CNP comes back: about 20 us). At 1 MiB (128 KiB a pair, one loop) a flow is over before a
+CNP comes back: about 20 us, estimated from the queue at XOFF, not measured). At 1 MiB (128 KiB a pair, one loop) a flow is over before a
 cut can pay off and DCQCN can only cost (``--set workload.size_bytes=1048576``;
 docs/time-scale.md, "DCQCN").
 

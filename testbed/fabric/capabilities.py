@@ -14,10 +14,8 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Dict, Optional
 
+from .. import PROJECT_ROOT
 from ..base.errors import CapabilityError
-
-# the checkout or installation holding the testbed, controllers and traffic packages
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # qdisc name -> tc arguments that create it on a veth
 QDISC_PROBES = {

@@ -109,7 +109,6 @@ class Fabric:
         plan, topo = run.plan, run.scenario.topology
         self.plan, self.topo, self.caps = plan, topo, caps
         self.hops = run.hops
-        self.marking, self.marking_via = run.marking, run.marking_via  # testbed.run.runplan
         self.moved_to_root: set = set()  # hosts whose NIC is in the root namespace (rxe)
         self.where = run.placement  # split over servers (testbed.fabric.cluster)
         self.ssh_user = run.scenario.cluster.ssh_user
@@ -123,10 +122,10 @@ class Fabric:
         self.controller_port = controller_port
         self.ledger = ledger
         self.net: Optional[Mininet] = None
-        self.headroom = headroom = run.scenario.emulation.switch_rate_headroom
+        self.headroom = run.scenario.emulation.switch_rate_headroom
         self.delays_us = self.hops.delays_us(topo.host_rate_mbit, topo.fabric_rate_mbit,
                                              frame_bytes(self.mtu))
-        self.shapes = egress_shapes(plan, topo, run.classes, headroom, self.delays_us,
+        self.shapes = egress_shapes(plan, topo, run.classes, self.headroom, self.delays_us,
                                     red=run.marking == "red",
                                     qp_limiters=run.qp_limiter.major if run.qp_limiter else None)
 

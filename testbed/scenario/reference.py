@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
+from .. import PROJECT_ROOT
 from ..base.schema import default_of
 from .config import Scenario
 
@@ -156,8 +157,7 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["results"]:
         sys.exit("usage: python -m testbed.scenario.reference results  "
                  "(rewrites docs/results.md's end)")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = os.path.join(root, "docs", "results.md")
+    path = os.path.join(PROJECT_ROOT, "docs", "results.md")
     with open(path, encoding="utf-8") as f:
         text = f.read()
     head = text.split(f"<!-- {RESULTS_GENERATED} -->")[0]
