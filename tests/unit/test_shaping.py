@@ -17,19 +17,20 @@ def test_single_class_htb_rate_and_bfifo_buffer():
     cmds = tc_commands("lf1-eth3", Shape(40, ONE), netem=False, mtu=4196)
     assert cmds[0] == "tc qdisc replace dev lf1-eth3 root handle 1: htb default 10"
     assert "rate 40000kbit ceil 40000kbit" in cmds[1]
-    assert "classid 1:10 htb rate 40000000bit ceil 40000000bit" in cmds[2]
+    assert "classid 1:10 htb rate 8bit ceil 40000000bit" in cmds[2]
     assert "quantum 4210 prio 0" in cmds[2]
     assert cmds[3].endswith("parent 1:10 handle 10: pfifo_head_drop limit 15")  # 64000 / 4210
     assert not any("netem" in c or "filter" in c for c in cmds)
 
 
-def test_priority_classes_get_dscp_filters_and_strict_shares():
+def test_priority_classes_get_dscp_filters_and_all_borrow_the_link():
     cmds = tc_commands("x", Shape(40, TWO), netem=False, mtu=1500)
     assert "htb default 11" in cmds[0]
     top = next(c for c in cmds if "classid 1:10 " in c)
     low = next(c for c in cmds if "classid 1:11 " in c)
-    assert "rate 40000000bit" in top and "prio 0" in top
-    assert "rate 400000bit ceil 40000000bit" in low and "prio 1" in low
+    # no class has a rate of its own (HTB would send it without asking 1:1, the link)
+    assert "rate 8bit ceil 40000000bit burst 1 " in top and "prio 0" in top
+    assert "rate 8bit ceil 40000000bit burst 1 " in low and "prio 1" in low
     assert "match ip dsfield 0xb8 0xfc flowid 1:10" in cmds[-1] or any(
         "match ip dsfield 0xb8 0xfc flowid 1:10" in c for c in cmds)
 
@@ -113,9 +114,12 @@ def test_a_gpu_nic_runs_ahead_of_an_ideal_link_by_a_twentieth_of_a_frame_at_most
     nic = tc_commands("gpu1-eth0", Shape(40, TWO, nic_queue_bytes=256000), netem=False,
                       mtu=4096)
     switch = tc_commands("lf1-eth1", Shape(40, TWO), netem=False, mtu=4096)
-    htb = [c for c in nic if " htb rate " in c]
-    assert len(htb) == 3 and all("burst 205 cburst 205 " in c for c in htb)
-    assert all("burst 4110 cburst 4110 " in c for c in switch if " htb rate " in c)
+    link, *classes = [c for c in nic if " htb rate " in c]
+    assert "burst 205 cburst 205 " in link
+    assert len(classes) == 2 and all("burst 1 cburst 205 " in c for c in classes)
+    link, *classes = [c for c in switch if " htb rate " in c]
+    assert "burst 4110 cburst 4110 " in link
+    assert all("burst 1 cburst 4110 " in c for c in classes)
 
 
 def test_an_ecn_class_gets_a_red_buffer_where_asked():
