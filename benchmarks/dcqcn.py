@@ -128,8 +128,9 @@ def main() -> int:
         rows.append([f"{cc} median"] + [sig(medians[cc][k]) if medians[cc][k] is not None
                                         else "-" for _, k in COLUMNS] + [""])
     base, on = medians["none"], medians["dcqcn"]
-    print(f"lossless all-to-all, 1 MiB per GPU, 8 GPUs over 2:1 uplinks at {args.rate:g} "
-          f"Mbit/s; modelled time")
+    size = scenario("none", args.rate, sets).workload.size_bytes
+    print(f"lossless all-to-all, {size / 2 ** 20:g} MiB per GPU, 8 GPUs over 2:1 uplinks at "
+          f"{args.rate:g} Mbit/s; modelled time")
     print(table(["run"] + [c for c, _ in COLUMNS] + ["fidelity"], rows))
     print(f"DCQCN / PFC alone (medians): CCT {on['cct_us'] / base['cct_us']:.2f}x, pauses "
           f"{on['pauses'] / base['pauses']:.2f}x, peak queue "

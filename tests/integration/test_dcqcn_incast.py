@@ -1,33 +1,50 @@
-"""DCQCN on an incast-heavy lossless collective pauses less than PFC alone without throttling
-the collective: an all-to-all over 2:1 uplinks (``benchmarks/dcqcn.py``'s scenario at 1 MiB per
-GPU, where DCQCN has the least room), two interleaved rounds each way at 10 Mbit/s.
+"""DCQCN on an incast-heavy lossless collective, against PFC alone: fewer pauses, a lower peak
+queue, and the collective's pace kept (Zhu et al., SIGCOMM 2015). ``benchmarks/dcqcn.py``'s
+scenario - an all-to-all of 4 MiB per GPU over 2:1 uplinks, lossless, at 10 Mbit/s - two
+interleaved rounds each way.
 
-With every CNP lowering the rate a QP recovers to (the paper's rule), PFC held the uplink
-queues above Kmax, every frame was marked, and the targets ratcheted down: CCT 1.47-2.03x PFC
-alone in single pairs of runs, 1.87x in medians of three. With ConnectX's rule (the target
-follows the rate down only after a timer increase) 0.87-1.36x in single pairs, 0.93x in
-medians of three, and pauses 0.16-0.26x (docs/time-scale.md, "DCQCN"). One pair of runs is
-too noisy to tell the two apart; two rounds' sums are not."""
+4 MiB: each GPU pair's flow outlasts several DCQCN control loops, the regime the published
+result is about. At 1 MiB a flow is over within about one loop, cuts land after the flow
+that caused them, and the CCT varies 0.87-1.47x PFC alone's between single pairs of runs
+(docs/time-scale.md, "DCQCN"); at 4 MiB the medians were 0.81-0.96x.
+"""
 import pytest
 
 from benchmarks.dcqcn import figures, scenario
 from testbed.run import runner
 
 pytestmark = pytest.mark.integration
-SHORT = ("workload.size_bytes", str(1 << 20))  # 1 MiB per GPU: one DCQCN loop per flow
+ROUNDS = 2
 
 
-def test_dcqcn_pauses_less_than_pfc_alone_and_keeps_the_collective_s_pace(tmp_path):
-    got = {"none": [], "dcqcn": []}
-    for r in range(2):
-        for cc in got:
-            results, run_dir = runner.run(scenario(cc, 10.0, [SHORT]),
-                                          out_root=str(tmp_path / f"{cc}-{r}"))
-            got[cc].append(figures(results, run_dir))
-            assert got[cc][-1]["fidelity"] == "ok", got
+@pytest.fixture(scope="module")
+def got(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dcqcn")
+    runs = {"none": [], "dcqcn": []}
+    for r in range(ROUNDS):
+        for cc in runs:
+            results, run_dir = runner.run(scenario(cc, 10.0, []), out_root=str(out / f"{cc}-{r}"))
+            runs[cc].append(figures(results, run_dir))
+            print(cc, runs[cc][-1])  # shown with a failure, or with -s
+    return runs
 
-    def total(cc, key):
-        return sum(f[key] for f in got[cc])
-    assert total("none", "pauses") > 0, got
-    assert total("dcqcn", "pauses") < 0.5 * total("none", "pauses"), got
-    assert total("dcqcn", "cct_us") < 1.4 * total("none", "cct_us"), got
+
+def total(runs, cc, key):
+    return sum(f[key] for f in runs[cc])
+
+
+def test_every_run_is_within_the_fidelity_tolerances(got):
+    assert all(f["fidelity"] == "ok" for fs in got.values() for f in fs), got
+
+
+def test_dcqcn_pauses_less_than_half_as_often(got):
+    assert total(got, "none", "pauses") > 0, got
+    assert total(got, "dcqcn", "pauses") < 0.5 * total(got, "none", "pauses"), got
+
+
+def test_dcqcn_keeps_every_peak_queue_below_pfc_alone_s(got):
+    assert max(f["peak_kb"] for f in got["dcqcn"]) < min(f["peak_kb"] for f in got["none"]), got
+
+
+def test_dcqcn_keeps_the_collective_within_10_percent_of_pfc_alone(got):
+    assert total(got, "dcqcn", "cct_us") <= 1.1 * total(got, "none", "cct_us"), got
