@@ -60,6 +60,7 @@ class PfcState:
     paused_since: Dict[Queue, int] = field(default_factory=dict)
     pause_events: Dict[Queue, int] = field(default_factory=dict)
     paused_ns: Dict[Queue, int] = field(default_factory=dict)
+    spans: Dict[Queue, List[Tuple[int, int]]] = field(default_factory=dict)  # (paused, resumed)
     _feeders: Dict[Queue, List[Queue]] = field(default_factory=dict)
 
     def feeders_of(self, q: Queue) -> List[Queue]:
@@ -85,13 +86,27 @@ class PfcState:
             self.paused_since[f] = now_ns
             self.pause_events[f] = self.pause_events.get(f, 0) + 1
         for f in resume:
-            self.paused_ns[f] = self.paused_ns.get(f, 0) + now_ns - self.paused_since.pop(f)
+            self._close(f, now_ns)
         return sorted(pause, key=_key), sorted(resume, key=_key)
 
     def finish(self, now_ns: int) -> None:
         """Close the open pause intervals (at the end of a run)."""
         for f in list(self.paused_since):
-            self.paused_ns[f] = self.paused_ns.get(f, 0) + now_ns - self.paused_since.pop(f)
+            self._close(f, now_ns)
+
+    def _close(self, f: Queue, now_ns: int) -> None:
+        since = self.paused_since.pop(f)
+        self.paused_ns[f] = self.paused_ns.get(f, 0) + now_ns - since
+        self.spans.setdefault(f, []).append((since, now_ns))
+
+    def spans_of(self, nodes) -> Dict[str, List[Tuple[int, int]]]:
+        """{node: [(paused ns, resumed ns), ...]} of the queues of ``nodes`` (a GPU has one:
+        its NIC), in time order."""
+        out: Dict[str, List[Tuple[int, int]]] = {}
+        for q, spans in self.spans.items():
+            if q.node in nodes:
+                out.setdefault(q.node, []).extend(spans)
+        return {n: sorted(v) for n, v in sorted(out.items())}
 
     def report(self) -> Dict[str, dict]:
         """{interface: {"events": n, "paused_ms": t}} for every queue ever paused."""

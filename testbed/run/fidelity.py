@@ -9,7 +9,8 @@ invariants hold, and report the deviations. Every run checks itself:
   HTB-shaped queue); a gap is *busy* when the next frame reached the NIC before the previous
   one would have left the wire. A token bucket runs ahead of an ideal link by up to its burst
   after an idle spell (reported as a bound). Errors are counted in MTU-frame times, so
-  microseconds on a small ACK weigh little;
+  microseconds on a small ACK weigh little. A gap during which PFC paused the NIC is left
+  out: its silence is the modelled fabric's, not a pacing error (counted beside);
 * **idle-path latency**: the lowest one-way latency seen on each GPU pair, against what the links
   add when idle (the per-hop delays applied, testbed.base.hops: zero without netem); the excess is
   the emulator's forwarding cost and must be small against one MTU frame's serialization time at the
@@ -49,25 +50,41 @@ def serialization_us(frame_bytes, rate_bps: float):
 
 
 def busy_gap_deviation(sent_ns: Sequence[int], tx_ns: Sequence[int], frame_bytes: Sequence[int],
-                       rate_bps: float, unit_us: float) -> np.ndarray:
-    """(gap - serialization) / ``unit_us`` for every gap during which the NIC stayed busy.
+                       rate_bps: float, unit_us: float,
+                       paused_ns: Sequence[Tuple[int, int]] = ()) -> Tuple[np.ndarray, int]:
+    """(gap - serialization) / ``unit_us`` for every gap during which the NIC stayed busy and
+    was not paused; and how many busy gaps a pause overlapped (left out).
 
     Frames in transmit order. Frame k occupies the wire for its serialization time after it
     leaves the shaped queue at ``tx_ns[k]``; if frame k+1 reached the NIC (``sent_ns``) before
     the wire was free again, the link was busy and an ideal link sends frame k+1 exactly one
-    serialization time after frame k. Deviations are in units of ``unit_us`` (one MTU frame's
-    serialization time), so a 10 us error on a 12 us ACK weighs what it costs."""
+    serialization time after frame k - unless PFC paused the NIC meanwhile (``paused_ns``:
+    disjoint (paused, resumed) spans in time order). Deviations are in units of ``unit_us``
+    (one MTU frame's serialization time), so a 10 us error on a 12 us ACK weighs what it
+    costs."""
     sent = np.asarray(sent_ns, dtype=np.int64)
     tx = np.asarray(tx_ns, dtype=np.int64)
     size = np.asarray(frame_bytes, dtype=np.int64)
     if tx.size < 2:
-        return np.zeros(0)
+        return np.zeros(0), 0
     order = np.argsort(tx, kind="stable")
     sent, tx, size = sent[order], tx[order], size[order]
     ser_us = serialization_us(size[:-1], rate_bps)
     busy = sent[1:] < tx[:-1] + (ser_us * 1000).astype(np.int64)
+    paused = overlaps_a_span(tx[:-1], tx[1:], paused_ns) & busy
+    busy &= ~paused
     gaps_us = (tx[1:] - tx[:-1])[busy] / 1000.0
-    return (gaps_us - ser_us[busy]) / unit_us
+    return (gaps_us - ser_us[busy]) / unit_us, int(paused.sum())
+
+
+def overlaps_a_span(start: np.ndarray, end: np.ndarray,
+                    spans: Sequence[Tuple[int, int]]) -> np.ndarray:
+    """Whether each interval (start, end) overlaps one of ``spans`` (disjoint, in time order)."""
+    if not len(spans):
+        return np.zeros(start.size, dtype=bool)
+    s = np.asarray(spans, dtype=np.int64)
+    last = np.searchsorted(s[:, 0], end, side="left") - 1  # the last span begun before end
+    return (last >= 0) & (s[np.maximum(last, 0), 1] > start)
 
 
 def inter_dequeue_check(deviations: Sequence[float], tolerance: float, within: float) -> dict:
@@ -195,17 +212,22 @@ def read_tx_log(path: str):
 
 
 def evaluate(records_dir: str, plan, figures: dict, path_minima_us: Dict[tuple, float],
-             delays_us: dict, cpu_samples: Sequence[float], scenario) -> dict:
-    """The fidelity section of one policy's results."""
+             delays_us: dict, cpu_samples: Sequence[float], scenario,
+             gpu_pauses_ns: Optional[Dict[str, list]] = None) -> dict:
+    """The fidelity section of one policy's results (``gpu_pauses_ns``: when PFC paused each
+    GPU's NIC, from the queue emulator)."""
     t, f = scenario.topology, scenario.fidelity
     rate = t.host_rate_mbit * 1e6
     frame = scenario.workload.mtu + 62 + 14  # RoCE headers and Ethernet: a full data frame
     unit = float(serialization_us(frame, rate))
-    deviations = [busy_gap_deviation(*read_tx_log(os.path.join(records_dir, f"{h.name}.tx.csv")),
-                                     rate_bps=rate, unit_us=unit) for h in plan.gpus]
-    d = np.concatenate(deviations) if deviations else np.zeros(0)
+    pauses = gpu_pauses_ns or {}
+    measured = [busy_gap_deviation(*read_tx_log(os.path.join(records_dir, f"{h.name}.tx.csv")),
+                                   rate_bps=rate, unit_us=unit,
+                                   paused_ns=pauses.get(h.name, ())) for h in plan.gpus]
+    d = np.concatenate([m[0] for m in measured]) if measured else np.zeros(0)
     allowed = f.overhead_share * unit
     inter = inter_dequeue_check(d, f.inter_dequeue_tolerance, f.inter_dequeue_within)
+    inter["paused_gaps_left_out"] = sum(m[1] for m in measured)
     burst = burst_bytes(t.host_rate_mbit, scenario.workload.mtu, nic=True)
     inter["shaper_burst_bytes"] = burst
     inter["shaper_run_ahead_us_max"] = round(float(serialization_us(burst, rate)), 3)

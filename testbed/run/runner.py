@@ -583,7 +583,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
         "spine_load_packets": spine_load(plan, stats),
         "pfc_pause_events": queues.get("pfc_pause_events", 0) if pfc else None,
         "pfc_paused_ms": queues.get("pfc_paused_ms", 0.0) if pfc else None,
-        "switch_queues": queues,
+        "switch_queues": {k: v for k, v in queues.items() if k != "gpu_pauses_ns"},
         "ecn_marking": run.marking,
         "ecn_marking_via": run.marking_via,
         "red_marked_by_port": ({k: v["marked"] for k, v in sorted(stats.items()) if v["marked"]}
@@ -599,7 +599,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
     minima = packets.path_minima_us()
     figures["per_hop_latency"] = dict(hops, measured_min_us=path_floor_us(plan, minima))
     figures["fidelity"] = evaluate(records, plan, figures, minima, hops["delay_us_applied"],
-                                   cpu.samples, scenario)
+                                   cpu.samples, scenario, queues.get("gpu_pauses_ns") or {})
     say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "
         f"received, {figures['drops']:,} dropped, {_count(figures['ecn_marked_packets'])} "
         f"ECN-marked, {_count(figures['pfc_pause_events'])} PFC pauses; fidelity "

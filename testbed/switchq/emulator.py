@@ -21,7 +21,8 @@ reads the backlog of every traffic-class buffer of every switch port (one netlin
 
 The sample interval is the emulated reaction time; it is recorded with the results, with the
 sampling cost and lateness, the largest backlog seen per queue, marking time per port, and
-pause events and paused time per paused queue (the recording: ``testbed.switchq.record``).
+pause events and paused time per paused queue, and when each GPU NIC was paused (the
+recording: ``testbed.switchq.record``).
 Prints ``ready <interval us> <acting classes, comma-separated, or ->`` when set up; SIGTERM
 stops it, resumes anything paused and writes the report.
 
@@ -448,6 +449,9 @@ class Emulator:
             "pfc": pfc,
             "pfc_pause_events": sum(v["events"] for v in pfc.values()),
             "pfc_paused_ms": round(sum(v["paused_ms"] for v in pfc.values()), 3),
+            # for the fidelity monitor, which leaves a paused NIC's silence out of its pacing
+            "gpu_pauses_ns": (self.pfc.spans_of({g.name for g in self.plan.gpus})
+                              if self.pfc else {}),
         }
 
     def close(self) -> None:

@@ -24,7 +24,7 @@ def _ideal_link(arrivals_us, sizes, rate=RATE):
 def test_a_backlogged_ideal_link_has_no_deviation():
     arrivals = [0.0] * 50  # all queued at once
     tx = _ideal_link(arrivals, [FRAME] * 50)
-    d = F.busy_gap_deviation([int(a * 1000) for a in arrivals], [int(t * 1000) for t in tx],
+    d, _ = F.busy_gap_deviation([int(a * 1000) for a in arrivals], [int(t * 1000) for t in tx],
                              [FRAME] * 50, RATE, SER_US)
     assert d.size == 49 and np.abs(d).max() < 1e-3
     assert F.inter_dequeue_check(d, 0.1, 0.9)["ok"]
@@ -32,7 +32,7 @@ def test_a_backlogged_ideal_link_has_no_deviation():
 
 def test_frames_leaving_early_are_caught():
     tx = [i * SER_US * 0.5 for i in range(20)]  # a link twice too fast
-    d = F.busy_gap_deviation([0] * 20, [int(t * 1000) for t in tx], [FRAME] * 20, RATE, SER_US)
+    d, _ = F.busy_gap_deviation([0] * 20, [int(t * 1000) for t in tx], [FRAME] * 20, RATE, SER_US)
     c = F.inter_dequeue_check(d, 0.1, 0.9)
     assert not c["ok"] and c["deviation_p50"] == pytest.approx(-0.5, abs=1e-3)
 
@@ -40,7 +40,7 @@ def test_frames_leaving_early_are_caught():
 def test_gaps_of_an_idle_link_do_not_count():
     # each frame arrives long after the previous one left: the link was never busy
     arrivals = [i * 5000.0 for i in range(10)]
-    d = F.busy_gap_deviation([int(a * 1000) for a in arrivals],
+    d, _ = F.busy_gap_deviation([int(a * 1000) for a in arrivals],
                              [int(a * 1000) + 5000 for a in arrivals], [FRAME] * 10, RATE, SER_US)
     assert d.size == 0
     assert F.inter_dequeue_check(d, 0.1, 0.9)["ok"] is None
@@ -50,8 +50,28 @@ def test_an_ack_followed_back_to_back_costs_a_small_fraction_of_a_frame():
     # a 62 B ACK (12 us) and a data frame sent 2 us after it: 10 us early = 1% of a frame
     sent = [0, 1000, 2000]
     tx = [0, 2000, 2000 + int(SER_US * 1000)]
-    d = F.busy_gap_deviation(sent, tx, [62, FRAME, FRAME], RATE, SER_US)
+    d, _ = F.busy_gap_deviation(sent, tx, [62, FRAME, FRAME], RATE, SER_US)
     assert list(np.round(d, 3)) == [-0.012, 0.0]
+
+
+def test_a_gap_pfc_paused_is_left_out_and_counted():
+    # a backlog; PFC pauses the NIC between frames 4 and 5 for ten frame times
+    tx = [i * SER_US for i in range(5)] + [(i + 10) * SER_US for i in range(5, 10)]
+    pause = (int(4.5 * SER_US * 1000), int(14.5 * SER_US * 1000))
+    tx_ns = [int(t * 1000) for t in tx]
+    d, _ = F.busy_gap_deviation([0] * 10, tx_ns, [FRAME] * 10, RATE, SER_US)
+    assert d.size == 9 and d.max() == pytest.approx(10.0, abs=1e-3)  # without the pause
+    d, left_out = F.busy_gap_deviation([0] * 10, tx_ns, [FRAME] * 10, RATE, SER_US, [pause])
+    assert left_out == 1 and d.size == 8 and np.abs(d).max() < 1e-3
+
+
+def test_gaps_overlap_spans_only_where_they_meet():
+    spans = [(10, 20), (30, 40)]
+    start = np.array([0, 5, 12, 20, 21, 39, 41])
+    end = np.array([5, 10, 15, 30, 29, 50, 60])
+    assert list(F.overlaps_a_span(start, end, spans)) == [False, False, True, False, False,
+                                                          True, False]
+    assert not F.overlaps_a_span(start, end, []).any()
 
 
 def test_idle_path_overhead_is_the_excess_over_propagation():

@@ -54,3 +54,13 @@ def test_finish_closes_open_pauses():
     state.update({Queue("sp1", "sp1-eth1"): 100}, 0)
     state.finish(3_000_000)
     assert state.report()["lf2-eth3"]["paused_ms"] == 3.0
+
+
+def test_each_gpu_nic_s_pauses_are_kept_as_spans_in_time_order():
+    state = PfcState(PLAN, PfcRule(xoff=1000, xon=500))
+    q = Queue("lf1", "lf1-eth1")  # fed by gpu2's NIC and two spine ports
+    for t, backlog in [(0, 1500), (10, 400), (20, 1500), (30, 900)]:
+        state.update({q: backlog}, t)
+    state.finish(45)
+    assert state.spans_of({"gpu2"}) == {"gpu2": [(0, 10), (20, 45)]}
+    assert state.spans_of({"gpu1"}) == {}  # never paused
