@@ -27,12 +27,10 @@ tokens when changed, so a resumed class sends at once (an HTB rate change would 
 charge a packet sent while paused at the paused rate: up to a minute of silence).
 
 Every class borrows the whole link from 1:1, whose tokens are the link, and HTB serves
-borrowers by priority: strict priority. No class is guaranteed a rate of its own (1 B/s, the
-least HTB takes): HTB lets a class within its own rate send without asking its parent, so a
-class guaranteed the link sent while the wire still carried another class's frame (measured:
-DCQCN's CNPs, once the top class with the link guaranteed, left on average 0.74 of a frame time
-early after a data frame, 5% of a NIC's busy gaps). Only a class's very first frame goes on
-the tokens HTB gives a new class. The bfifos are the ports'
+borrowers by priority: strict priority. No class has a rate of its own (1 B/s, the least HTB
+takes): HTB sends a class within its own rate without asking its parent, so such a class would
+send while the wire still carries another class's frame (docs/fabric.md, "Classes"). Only a
+class's very first frame goes on the tokens HTB gives a new class. The bfifos are the ports'
 buffers: tail-drop byte FIFOs whose drops and backlog the kernel counts. netem is added only when
 the kernel has it and a delay is asked for (Mininet's ``max_queue_size`` needs netem, so the queue
 limit is set here instead): it holds every frame for the port's per-hop latency
