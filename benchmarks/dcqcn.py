@@ -102,11 +102,12 @@ def main() -> int:
     sets = [s.split("=", 1) for s in args.set]
     out = args.out or tempfile.mkdtemp(prefix="testbed-dcqcn-")
     runs = {"none": [], "dcqcn": []}
+    scenarios = {cc: scenario(cc, args.rate, sets) for cc in runs}
     try:
         for r in range(args.rounds):
             for cc in runs:
                 print(f"[round {r + 1}/{args.rounds}] congestion control {cc}", file=sys.stderr)
-                results, run_dir = runner.run(scenario(cc, args.rate, sets),
+                results, run_dir = runner.run(scenarios[cc],
                                               out_root=os.path.join(out, f"{cc}-{r}"),
                                               progress=lambda s: None)
                 runs[cc].append(figures(results, run_dir))
@@ -128,7 +129,7 @@ def main() -> int:
         rows.append([f"{cc} median"] + [sig(medians[cc][k]) if medians[cc][k] is not None
                                         else "-" for _, k in COLUMNS] + [""])
     base, on = medians["none"], medians["dcqcn"]
-    size = scenario("none", args.rate, sets).workload.size_bytes
+    size = scenarios["none"].workload.size_bytes
     print(f"lossless all-to-all, {size / 2 ** 20:g} MiB per GPU, 8 GPUs over 2:1 uplinks at "
           f"{args.rate:g} Mbit/s; modelled time")
     print(table(["run"] + [c for c, _ in COLUMNS] + ["fidelity"], rows))

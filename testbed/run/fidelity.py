@@ -213,17 +213,16 @@ def read_tx_log(path: str):
 
 def evaluate(records_dir: str, plan, figures: dict, path_minima_us: Dict[tuple, float],
              delays_us: dict, cpu_samples: Sequence[float], scenario,
-             gpu_pauses_ns: Optional[Dict[str, list]] = None) -> dict:
+             gpu_pauses_ns: Dict[str, list]) -> dict:
     """The fidelity section of one policy's results (``gpu_pauses_ns``: when PFC paused each
     GPU's NIC, from the queue emulator)."""
     t, f = scenario.topology, scenario.fidelity
     rate = t.host_rate_mbit * 1e6
     frame = scenario.workload.mtu + 62 + 14  # RoCE headers and Ethernet: a full data frame
     unit = float(serialization_us(frame, rate))
-    pauses = gpu_pauses_ns or {}
     measured = [busy_gap_deviation(*read_tx_log(os.path.join(records_dir, f"{h.name}.tx.csv")),
                                    rate_bps=rate, unit_us=unit,
-                                   paused_ns=pauses.get(h.name, ())) for h in plan.gpus]
+                                   paused_ns=gpu_pauses_ns.get(h.name, ())) for h in plan.gpus]
     d = np.concatenate([m[0] for m in measured]) if measured else np.zeros(0)
     allowed = f.overhead_share * unit
     inter = inter_dequeue_check(d, f.inter_dequeue_tolerance, f.inter_dequeue_within)

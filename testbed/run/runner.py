@@ -568,6 +568,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
     if incast and incast["target"] in figures["per_gpu"]:
         incast["packets_received"] = figures["per_gpu"][incast["target"]]["rx_foreign_qp"]
     switch_drops, nic_drops, per_port = queue_drops(plan, stats)
+    nic_pauses = queues.pop("gpu_pauses_ns", {})  # for the monitor, not for results.json
     pfc = ctx.mechanisms.pfc
     figures.update({
         "gpus": len(plan.gpus),
@@ -583,7 +584,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
         "spine_load_packets": spine_load(plan, stats),
         "pfc_pause_events": queues.get("pfc_pause_events", 0) if pfc else None,
         "pfc_paused_ms": queues.get("pfc_paused_ms", 0.0) if pfc else None,
-        "switch_queues": {k: v for k, v in queues.items() if k != "gpu_pauses_ns"},
+        "switch_queues": queues,
         "ecn_marking": run.marking,
         "ecn_marking_via": run.marking_via,
         "red_marked_by_port": ({k: v["marked"] for k, v in sorted(stats.items()) if v["marked"]}
@@ -599,7 +600,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
     minima = packets.path_minima_us()
     figures["per_hop_latency"] = dict(hops, measured_min_us=path_floor_us(plan, minima))
     figures["fidelity"] = evaluate(records, plan, figures, minima, hops["delay_us_applied"],
-                                   cpu.samples, scenario, queues.get("gpu_pauses_ns") or {})
+                                   cpu.samples, scenario, nic_pauses)
     say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "
         f"received, {figures['drops']:,} dropped, {_count(figures['ecn_marked_packets'])} "
         f"ECN-marked, {_count(figures['pfc_pause_events'])} PFC pauses; fidelity "

@@ -9,6 +9,7 @@ class was guaranteed the link, CNPs left up to a frame time early).
 """
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -27,7 +28,6 @@ def serialization_ns(size: int) -> float:
 
 
 def inside() -> dict:
-    import subprocess
     from controllers.classes import PfcRule, TrafficClass
     from testbed.fabric.shaping import Shape, tc_commands
     from traffic import nicio, roce

@@ -121,7 +121,7 @@ def test_evaluate_reads_the_agents_tx_files(tmp_path):
                 f.write(f"0,{int(t * 1000)},{FRAME},d\n")
     figures = {"unexplained_drops": 0, "agent_loop_lag_us": None}
     out = F.evaluate(str(tmp_path), plan, figures, {(0, 1): 60.0}, NO_DELAY, [0.3, 0.4],
-                     Scenario.from_dict({}).for_checks())
+                     Scenario.from_dict({}).for_checks(), {})
     assert out["checks"]["inter_dequeue"]["busy_gaps"] == 18
     # the NIC's bucket: a twentieth of a 4,110-byte frame, 205 B at 40 Mbit/s
     assert out["checks"]["inter_dequeue"]["shaper_run_ahead_us_max"] == pytest.approx(41.0)
