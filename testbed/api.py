@@ -87,6 +87,9 @@ class Modelled:
     jitter_us: Optional[Jitter] = None
     straggler_idle_us: Optional[StragglerIdle] = None
     pfc_paused_ms: Optional[float] = None
+    latency_queueing_us: Optional[Percentiles] = None
+    path_delay_us: Optional[Dict[str, float]] = None
+    latency_floor_us: Optional[Dict[str, Optional[float]]] = None
 
     @classmethod
     def parse(cls, d: Optional[Mapping[str, Any]]) -> Optional["Modelled"]:
@@ -94,7 +97,9 @@ class Modelled:
             return None
         return cls(_from(Cct, d.get("cct_us")), _from(Percentiles, d.get("latency_us")),
                    _from(Jitter, d.get("jitter_us")),
-                   _from(StragglerIdle, d.get("straggler_idle_us")), d.get("pfc_paused_ms"))
+                   _from(StragglerIdle, d.get("straggler_idle_us")), d.get("pfc_paused_ms"),
+                   _from(Percentiles, d.get("latency_queueing_us")), d.get("path_delay_us"),
+                   d.get("latency_floor_us"))
 
 
 @dataclass(frozen=True)
@@ -208,6 +213,17 @@ class PolicyResult:
         unit="us, emulated")
     latency_app_clock: Optional[int] = figure(
         "packets whose kernel transmit time was missing: their send time stood in")
+    latency_queueing_us: Optional[Percentiles] = figure(
+        "one-way latency less the modelled fixed path delay of each packet (its GPU pair's "
+        "switch ports and cables, and its own transmission; null when path_delay is off): the "
+        "queueing and forwarding measured on the packets", unit="us, emulated")
+    path_delay_us: Optional[Dict[str, float]] = figure(
+        "the modelled fixed path delay of a full data frame {same_leaf, cross_leaf}: switch "
+        "ports, cables and its transmission, as applied (0 when path_delay is off)",
+        unit="us, emulated")
+    latency_floor_us: Optional[Dict[str, Optional[float]]] = figure(
+        "the lowest one-way latency measured {same_leaf, cross_leaf} (null: no such pair "
+        "carried traffic)", unit="us, emulated")
     jitter_us: Optional[Jitter] = figure(
         "IPDV {ipdv_abs_p50, ipdv_abs_p99, ipdv_abs_max, ipdv_count, p99_minus_p50}",
         unit="us, emulated")
@@ -258,9 +274,11 @@ class PolicyResult:
         "sampled marking applied by bpf (the tc program) or openflow (marking groups)")
     red_marked_by_port: Optional[Dict[str, int]] = figure("with RED: the CE marks each port set")
     per_hop_latency: Optional[Dict[str, Any]] = figure(
-        "the per-hop model (forwarding, pipeline_ns, cable_m, time_scale), the delay per port "
-        "kind modelled and applied, applied (false: no netem here), the path delay, and "
-        "measured_min_us {same_leaf, cross_leaf}: the lowest one-way latency seen")
+        "the per-hop model (forwarding, pipeline_ns, cable_m, time_scale), the mechanism that "
+        "applied it (netem, nic: the receiving RNIC's delay line, off), the delay per port kind "
+        "modelled and the part netem applied, applied (false: off), path_us_applied (the fixed "
+        "path delay without the frame's transmission), transmission (whether each frame's own "
+        "transmission was added), and measured_min_us {same_leaf, cross_leaf}")
     emulation_cost: Optional[Dict[str, Any]] = figure(
         "CPU per delivered frame by component (agents, Open vSwitch, emulator, controller, "
         "runner, kernel) and the CPUs' busy share while the traffic ran (testbed.run.cost)")
@@ -288,6 +306,7 @@ class PolicyResult:
         fid = d.get("fidelity")
         return dataclasses.replace(
             p, latency_us=_from(Percentiles, d.get("latency_us")),
+            latency_queueing_us=_from(Percentiles, d.get("latency_queueing_us")),
             jitter_us=_from(Jitter, d.get("jitter_us")), cct_us=_from(Cct, d.get("cct_us")),
             straggler_idle_us=_from(StragglerIdle, d.get("straggler_idle_us")),
             collectives=tuple(CollectiveResult.parse(c) for c in d.get("collectives") or ()),

@@ -9,6 +9,9 @@
  *       that is the common case of traffic/agent.py's data path (the next in-order packet
  *       of a message, nothing to answer) is delivered here, exactly as that path would, and
  *       every other one passed to handler(*tuple)
+ *   deliver_parsed(tuples, by_qpn, rank_by_addr, packets, rank, iterations, slack_ns,
+ *                  handler) -> None: receive_fast's delivery of datagrams read earlier (as
+ *       receive gives them; the delay line's release time in place of the kernel's)
  *   fill_send(fd, frame, psn_off, psn_word, reth_off, va, dlen, probe_off, tx_ns, iteration,
  *             step, crc_from, crc_end, crc_prefix, icrc_off) -> bytes sent, 0 if the socket
  *       would block: one RDMA WRITE template patched in place and sent
@@ -405,6 +408,22 @@ out:
     return r;
 }
 
+/* One datagram the fast way, or else to handler(*tuple) (`t`: its tuple if the caller has
+ * it); 0, or -1 on a Python error. */
+static int deliver_one(const struct dgram *g, PyObject *t, PyObject *by_qpn,
+                       PyObject *rank_by_addr, PyObject *packets, long long rank,
+                       long long iterations, long long slack_ns, PyObject *handler) {
+    int r = deliver_in_order(g, by_qpn, rank_by_addr, packets, rank, iterations, slack_ns);
+    if (r != 0) return r < 0 ? -1 : 0;
+    PyObject *own = t ? NULL : dgram_tuple(g);
+    if (!t && !own) return -1;
+    PyObject *res = PyObject_Call(handler, t ? t : own, NULL);
+    Py_XDECREF(own);
+    if (!res) return -1;
+    Py_DECREF(res);
+    return 0;
+}
+
 static PyObject *receive_fast(PyObject *self, PyObject *args) {
     int fd, count, size;
     unsigned int my_addr;
@@ -420,25 +439,45 @@ static PyObject *receive_fast(PyObject *self, PyObject *args) {
     PyObject *out = NULL;
     int n = recv_parse(fd, &data, &ctl, &names, count, size, my_addr, got);
     if (n < 0) goto done;
-    for (int i = 0; i < n; i++) {  /* in arrival order, each the fast way or the handler's */
-        int r = deliver_in_order(&got[i], by_qpn, rank_by_addr, packets, rank, iterations,
-                                 slack_ns);
-        if (r < 0) goto done;
-        if (r == 0) {
-            PyObject *t = dgram_tuple(&got[i]);
-            if (!t) goto done;
-            PyObject *res = PyObject_Call(handler, t, NULL);
-            Py_DECREF(t);
-            if (!res) goto done;
-            Py_DECREF(res);
-        }
-    }
+    for (int i = 0; i < n; i++)  /* in arrival order, each the fast way or the handler's */
+        if (deliver_one(&got[i], NULL, by_qpn, rank_by_addr, packets, rank, iterations,
+                        slack_ns, handler) < 0)
+            goto done;
     out = PyLong_FromLong(n);
 done:
     PyBuffer_Release(&data);
     PyBuffer_Release(&ctl);
     PyBuffer_Release(&names);
     return out;
+}
+
+static PyObject *deliver_parsed(PyObject *self, PyObject *args) {
+    long long rank, iterations, slack_ns;
+    PyObject *items, *by_qpn, *rank_by_addr, *packets, *handler;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!LLLO", &PyList_Type, &items, &PyDict_Type, &by_qpn,
+                          &PyDict_Type, &rank_by_addr, &PyList_Type, &packets, &rank,
+                          &iterations, &slack_ns, &handler))
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *t = PyList_GET_ITEM(items, i);  /* borrowed */
+        struct dgram g;
+        unsigned long addr;
+        unsigned int dqpn, word;
+        memset(&g, 0, sizeof g);
+        if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "iLiLkIiIILLLLi", &g.status, &g.rx_ns,
+                &g.tos, &g.dropped, &addr, &g.sport, &g.opcode, &dqpn, &word, &g.a, &g.b,
+                &g.c, &g.d, &g.len)) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "not a datagram tuple");
+            return NULL;
+        }
+        g.addr = (uint32_t)addr;
+        g.dqpn = dqpn;
+        g.word = word;
+        if (deliver_one(&g, t, by_qpn, rank_by_addr, packets, rank, iterations, slack_ns,
+                        handler) < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 static PyObject *fill_send(PyObject *self, PyObject *args) {
@@ -641,6 +680,8 @@ static PyMethodDef methods[] = {
     {"receive", receive, METH_VARARGS, "recvmmsg and parse RoCEv2 UDP payloads"},
     {"receive_fast", receive_fast, METH_VARARGS,
      "receive, delivering in-order data packets in C and the others to a handler"},
+    {"deliver_parsed", deliver_parsed, METH_VARARGS,
+     "receive_fast's delivery of datagrams already read (the RNIC's delay line)"},
     {"fill_send", fill_send, METH_VARARGS, "patch an RDMA WRITE template and send it"},
     {"stamps", stamps, METH_VARARGS, "transmit timestamps from the error queue"},
     {"stamps_join", stamps_join, METH_VARARGS,

@@ -27,6 +27,7 @@ from testbed.base.procutil import die_with_parent, precise_timers, react_first
 
 from . import records
 from .contract import AgentConfig, GpuConfig
+from .delayline import DelayLine
 from .gpu import FRAME_OVERHEAD, Gpu, QueuePair
 from .rc import RetryExceeded
 from .timers import Sleeper, TimerHeap
@@ -88,6 +89,13 @@ class Loop:
             when = max(when, now)  # due already: the loop learns of it only now
             qp.armed = when
             self.heap.push(when, qp)
+
+    def arm_release(self, held: DelayLine) -> None:
+        """Wake the delay line's owner when its next held frame is due."""
+        when = held.next_ns()
+        if when is not None and (held.armed is None or when < held.armed):
+            held.armed = when
+            self.heap.push(when, held)
 
     def wait_for_nic(self, gpu: Gpu) -> None:
         """Wake ``gpu`` when its NIC has room. Each transmit timestamp on the socket's error
@@ -182,6 +190,13 @@ class Loop:
                 what.armed = None
                 gpu = what.gpu
                 gpu.qp_timers(what, now, when)
+            elif isinstance(what, DelayLine):
+                if what.armed != when:
+                    continue  # superseded by an earlier release
+                what.armed = None
+                gpu = what.owner
+                gpu.late("delay", now - when)
+                gpu.release(now)
             elif what is None:
                 for g in self.gpus:
                     g.check_stuck(now)

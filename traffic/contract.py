@@ -72,6 +72,7 @@ class Peer:
     host: str
     ip: str
     mac: str
+    delay_ns: int = 0  # what this GPU's RNIC holds a frame from this peer for (path delay)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,9 @@ class GpuConfig:
     out_dir: str
     peers: Tuple[Peer, ...]
     netns_pid: int = 0  # the host's namespace, known once the fabric is up
+    # the RNIC's delay line (traffic.delayline): each arriving frame is held for its peer's
+    # delay_ns plus its own transmission at link_rate_bps
+    delay_line: bool = False
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

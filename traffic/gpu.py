@@ -49,6 +49,7 @@ from testbed.base.procutil import in_netns
 from . import nicio, ratelimit, roce
 from .contract import GpuConfig, Peer
 from .dcqcn import NotificationPoint, Parameters, ReactionPoint
+from .delayline import DelayLine
 from .metrics import LagHistogram
 from .progress import Progress
 from .rc import Requester, Responder
@@ -67,7 +68,7 @@ STUCK_S = 120.0  # a collective that makes no progress for this long fails the r
 RATE_SAMPLE_FRAMES = 12
 PROBE_CLOCK_SLACK_NS = 1_000_000_000  # all agents share one clock: a probe "sent" later is forged
 # the timers whose lateness the agents record (summary's loop_lag_by_timer)
-TIMER_KINDS = ("compute", "rto", "dcqcn", "pacing", "nak")
+TIMER_KINDS = ("compute", "rto", "dcqcn", "pacing", "nak", "delay")
 STAMPS_BATCH = 32  # transmit timestamps are collected once this many wait (and at the end)
 # Frames a NIC holds: the one on the wire and two more, so that the link stays busy through a
 # wake-up delayed by a moderation interval plus a frame time
@@ -196,6 +197,7 @@ class Gpu:
         self.counters: Dict[str, int] = defaultdict(int)
         self.tx = self.rx = self.receiver = self.sender = self.stamps = None
         self.fast: Optional[tuple] = None  # ``nicio.Receiver.read``'s fast path, once open
+        self.held: Optional[DelayLine] = None  # the path delay's frames in flight, if any
         self.nic_blocked = False  # the NIC takes no more now: the loop waits for it
         self.kernel_full = False  # ... because the kernel refused a frame
         self.armed = False  # the loop waits for this NIC's socket
@@ -233,6 +235,9 @@ class Gpu:
                      PROBE_CLOCK_SLACK_NS)
         self.sender = nicio.Sender(self.tx)
         self.stamps = nicio.Stamps(self.tx)
+        if self.cfg.delay_line:
+            self.held = DelayLine({int.from_bytes(socket.inet_aton(p.ip), "big"): p.delay_ns
+                                   for p in self.cfg.peers}, self.cfg.link_rate_bps, self)
         now = time.time_ns()
         for peer in self.peers.values():
             for i in range(self.transport.qps_per_peer):
@@ -273,8 +278,28 @@ class Gpu:
 
     # --- receive ------------------------------------------------------------------------------
     def receive(self) -> None:
-        """Handle every packet waiting on the receive socket, in arrival order."""
-        self.receiver.deliver(self.fast, self.on_datagram)
+        """Handle every packet waiting on the receive socket, in arrival order - or, with a
+        delay line, hold them until the modelled path delivers them."""
+        held = self.held
+        if held is None:
+            self.receiver.deliver(self.fast, self.on_datagram)
+            return
+        got = self.receiver.read()
+        if got:
+            unstamped = sum(1 for d in got if not d[1])
+            if unstamped:
+                self.counters["rx_no_timestamp"] += unstamped
+            now = time.time_ns()
+            held.hold(got, now)
+            self.release(now)
+
+    def release(self, now: int) -> None:
+        """Hand the transport every held frame whose time has come; the loop wakes again for
+        the next one. A frame read after its time (interrupt moderation) goes at once."""
+        due = self.held.due(now)
+        if due:
+            self.receiver.deliver_parsed(due, self.fast, self.on_datagram)
+        self.loop.arm_release(self.held)
 
     def on_datagram(self, status: int, rx_ns: int, tos: int, dropped: int, addr: int,
                     _sport: int, opcode: int, dqpn: int, word: int, a: int, b: int, c: int,

@@ -77,6 +77,16 @@ class Receiver:
                                   self.addr, *fast, handler) == BATCH:
             pass
 
+    def deliver_parsed(self, datagrams: List[tuple], fast: tuple,
+                       handler: Callable[..., None]) -> None:
+        """``deliver`` for datagrams ``read`` earlier (``traffic.delayline`` held them): each
+        in order to ``handler(*tuple)``, the agent's common case the fast way in C."""
+        if self.c is None:
+            for t in datagrams:
+                handler(*t)
+            return
+        self.c.deliver_parsed(datagrams, *fast, handler)
+
     def read(self) -> List[tuple]:
         """Every datagram waiting (in batches of ``BATCH``), parsed."""
         if self.c is not None:

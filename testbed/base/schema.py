@@ -85,6 +85,8 @@ def scalar(kind, value, where, meta):
             raise ConfigError(f"{where}: must be a number, got {value!r}")
         value = float(value)
     elif kind is str:
+        if value is False and "off" in meta.get("choices", ()):
+            value = "off"  # YAML 1.1 reads an unquoted off as false
         if not isinstance(value, str) or not (value or meta.get("empty")):
             raise ConfigError(f"{where}: must be a non-empty string, got {value!r}")
     if "choices" in meta and value not in meta["choices"]:

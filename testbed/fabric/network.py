@@ -30,12 +30,12 @@ from mininet.topo import Topo
 from controllers.classes import TrafficClass
 
 from ..base.errors import CapabilityError, FabricError
-from ..base.hops import PORT_KINDS, path_delay_us
+from ..base.hops import MECHANISM_TEXT, PORT_KINDS
 from ..base.ledger import OVS_TAG, Ledger
 from ..base.topology import PREFIX_LEN, FabricPlan
 from ..scenario.config import TopologyConfig
 from .capabilities import Capabilities
-from .shaping import Shape, frame_bytes, has_delay_line, tc_commands
+from .shaping import Shape, has_delay_line, tc_commands
 
 if TYPE_CHECKING:  # the run's decisions, handed in (testbed.run.runplan)
     from ..run.runplan import PolicyRun
@@ -75,25 +75,29 @@ class TaggedOVSSwitch(OVSSwitch):
 
 def egress_shapes(plan: FabricPlan, topo: TopologyConfig, classes: Tuple[TrafficClass, ...],
                   headroom: float = 0.0, delays_us: Optional[dict] = None,
-                  red: bool = False, qp_limiters: Optional[int] = None) -> Dict[str, Shape]:
+                  red: bool = False, qp_limiters: Optional[int] = None,
+                  neighbour_us: float = 0.0) -> Dict[str, Shape]:
     """Interface name -> shaping, for every switch port and GPU NIC (pure).
 
     Switch ports run ``headroom`` (a fraction) faster than their nominal rate: userspace Open
     vSwitch forwards in batches, so frames reach the next equal-rate shaper in bursts, and on
     a link kept busy that jitter would pile up as queueing no real switch has. ``delays_us``
-    (``testbed.base.hops``) is the delay of each kind of port; ``red``: switch ports mark ECN with
-    the kernel's RED; ``qp_limiters``: the class whose GPU NIC queue holds DCQCN's per-QP rate
+    is the netem delay of each kind of port (``testbed.base.hops.PathDelay.netem_us``), and
+    ``neighbour_us`` that of a neighbour host's NIC; ``red``: switch ports mark ECN with the
+    kernel's RED; ``qp_limiters``: the class whose GPU NIC queue holds DCQCN's per-QP rate
     limiters (``testbed.fabric.shaping.limiter_commands``)."""
     d = delays_us or dict.fromkeys(PORT_KINDS, 0.0)
     host = Shape(topo.host_rate_mbit * (1 + headroom), classes, d["switch_to_gpu"], red=red)
     nic = Shape(topo.host_rate_mbit, classes, d["gpu_nic"],
                 nic_queue_bytes=topo.nic_queue_bytes, qp_limiters=qp_limiters)
+    neighbour = Shape(topo.host_rate_mbit, classes, neighbour_us,
+                      nic_queue_bytes=topo.nic_queue_bytes)
     fabric = Shape(topo.fabric_rate_mbit * (1 + headroom), classes, d["switch_to_switch"],
                    red=red)
     shapes = {}
     for link in plan.links:
         if link.kind == "host":
-            shapes[link.intf1] = nic
+            shapes[link.intf1] = nic if plan.host(link.node1).is_gpu else neighbour
             shapes[link.intf2] = host
         else:
             shapes[link.intf1] = fabric
@@ -123,11 +127,11 @@ class Fabric:
         self.ledger = ledger
         self.net: Optional[Mininet] = None
         self.headroom = run.scenario.emulation.switch_rate_headroom
-        self.delays_us = self.hops.delays_us(topo.host_rate_mbit, topo.fabric_rate_mbit,
-                                             frame_bytes(self.mtu))
-        self.shapes = egress_shapes(plan, topo, run.classes, self.headroom, self.delays_us,
-                                    red=run.marking == "red",
-                                    qp_limiters=run.qp_limiter.major if run.qp_limiter else None)
+        self.path_delay = run.path_delay
+        self.shapes = egress_shapes(plan, topo, run.classes, self.headroom,
+                                    run.path_delay.netem_us(), red=run.marking == "red",
+                                    qp_limiters=run.qp_limiter.major if run.qp_limiter else None,
+                                    neighbour_us=run.path_delay.neighbour_nic_us())
 
     def start(self) -> None:
         setLogLevel("error")
@@ -278,19 +282,19 @@ class Fabric:
                 "egress_queue": "htb, a FIFO per traffic class (lossless: bfifo behind a tbf "
                                 "PFC gate; lossy: pfifo_head_drop), u32 on the DSCP",
                 "switch_rate_headroom": self.headroom,
-                "per_hop_delay": "netem" if self.caps.netem else "not applied (no netem)"}
+                "per_hop_delay": MECHANISM_TEXT[self.path_delay.mechanism]}
 
     def hop_delays(self) -> dict:
-        """This policy's per-hop latency model and what of it is in place
-        (``testbed.base.hops``)."""
-        h, modelled, netem = self.hops, self.delays_us, self.caps.netem
-        applied = modelled if netem else dict.fromkeys(modelled, 0.0)
+        """This policy's per-hop latency model and what applies it (``testbed.base.hops``)."""
+        h, p = self.hops, self.path_delay
         return {"forwarding": h.forwarding, "pipeline_ns": h.pipeline_ns, "cable_m": h.cable_m,
                 "extra_us": h.extra_us, "time_scale": round(h.time_scale, 3),
-                "delay_us_modelled": modelled, "delay_us_applied": applied,
-                "applied": netem or not any(modelled.values()),
-                "path_us_applied": {"same_leaf": round(path_delay_us(applied, True), 3),
-                                    "cross_leaf": round(path_delay_us(applied, False), 3)}}
+                "mechanism": p.mechanism, "delay_us_modelled": p.delays_us,
+                "delay_us_netem": p.netem_us(),
+                "applied": p.mechanism != "off" or not any(p.delays_us.values()),
+                "path_us_applied": {"same_leaf": round(p.expected_us(True), 3),
+                                    "cross_leaf": round(p.expected_us(False), 3)},
+                "transmission": p.transmission}
 
     def controller_links(self, names: List[str]) -> str:
         """What Open vSwitch says of each named switch's connection to the controller: why

@@ -91,10 +91,12 @@ class Packets:
         same = flow[1:] == flow[:-1]
         return metrics.ipdv_us(self.latency[order])[same]
 
-    def path_minima_us(self) -> Dict[tuple, float]:
-        """(src, dst) -> the lowest one-way latency seen on that GPU pair."""
+    def path_minima_us(self, less_us: Optional[np.ndarray] = None) -> Dict[tuple, float]:
+        """(src, dst) -> the lowest one-way latency seen on that GPU pair (less ``less_us``,
+        per packet, if given)."""
         out: Dict[tuple, float] = {}
-        for s, d, lat in zip(self.src.tolist(), self.dst.tolist(), self.latency.tolist()):
+        latency = self.latency if less_us is None else self.latency - less_us
+        for s, d, lat in zip(self.src.tolist(), self.dst.tolist(), latency.tolist()):
             if lat < out.get((s, d), float("inf")):
                 out[(s, d)] = lat
         return out
@@ -161,7 +163,8 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
     return figures, packets
 
 
-MODELLED_TIMES = ("latency_us", "jitter_us", "cct_us", "straggler_idle_us", "pfc_paused_ms")
+MODELLED_TIMES = ("latency_us", "jitter_us", "cct_us", "straggler_idle_us", "pfc_paused_ms",
+                  "latency_queueing_us", "path_delay_us", "latency_floor_us")
 NOT_TIMES = ("count", "ipdv_count")  # counts inside the time summaries
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import List, Tuple
 
+from ..base.hops import MECHANISM_TEXT
+
 
 def fmt(value, digits=1) -> str:
     if value is None:
@@ -46,7 +48,11 @@ ROWS = [
     ("PFC pause events", lambda p: p.get("pfc_pause_events")),
     ("PFC paused time (ms)", lambda p: p.get("pfc_paused_ms")),
     ("latency p50 (us)", lambda p: (p.get("latency_us") or {}).get("p50")),
+    ("  fixed path delay across leaves (us)",
+     lambda p: (p.get("path_delay_us") or {}).get("cross_leaf")),
+    ("  queueing + forwarding p50 (us)", lambda p: (p.get("latency_queueing_us") or {}).get("p50")),
     ("latency p99 (us)", lambda p: (p.get("latency_us") or {}).get("p99")),
+    ("  queueing + forwarding p99 (us)", lambda p: (p.get("latency_queueing_us") or {}).get("p99")),
     ("latency p99.9 (us)", lambda p: (p.get("latency_us") or {}).get("p999")),
     ("latency max (us)", lambda p: (p.get("latency_us") or {}).get("max")),
     ("jitter |IPDV| p99 (us)", lambda p: (p.get("jitter_us") or {}).get("ipdv_abs_p99")),
@@ -61,9 +67,8 @@ ROWS = [
     ("retransmitted packets", lambda p: p.get("retransmitted_packets")),
     ("NAKs / RTO timeouts", lambda p: _pair(p.get("naks"), p.get("rto_timeouts"))),
     ("CNPs sent", lambda p: p.get("cnps_sent")),
-    ("per-hop delay, switch port (emulated us)", lambda p: _hop(p.get("per_hop_latency"))),
-    ("latency floor across leaves (emulated us)",
-     lambda p: ((p.get("per_hop_latency") or {}).get("measured_min_us") or {}).get("cross_leaf")),
+    ("path delay applied by", lambda p: _hop(p.get("per_hop_latency"))),
+    ("latency floor across leaves (us)", lambda p: (p.get("latency_floor_us") or {}).get("cross_leaf")),
     ("ECN marking", lambda p: " ".join(filter(None, (p.get("ecn_marking"),
                                                      p.get("ecn_marking_via")))) or None),
     ("rxe ib_write_lat typical (us)", lambda p: _rxe(p, "ib_write_lat", "t_typical_usec")),
@@ -78,17 +83,18 @@ ROWS = [
 """The comparison: (label, figure of a policy's results) per row."""
 TIME_ROWS = {"PFC paused time (ms)", "latency p50 (us)", "latency p99 (us)",
              "latency p99.9 (us)", "latency max (us)", "jitter |IPDV| p99 (us)", "CCT p50 (ms)",
-             "CCT p99 (ms)", "CCT max (ms)", "straggler idle / iteration (ms)"}
+             "CCT p99 (ms)", "CCT max (ms)", "straggler idle / iteration (ms)",
+             "  fixed path delay across leaves (us)", "  queueing + forwarding p50 (us)",
+             "  queueing + forwarding p99 (us)", "latency floor across leaves (us)"}
 """The rows that are times: in the modelled fabric's time unless emulated ones are asked for."""
 
 
 def _hop(h):
-    """The switch-to-switch delay applied per hop and the forwarding mode."""
+    """What applied the modelled path delay, and the forwarding mode it models."""
     if not h:
         return None
-    if not h.get("applied"):
-        return "not applied (no netem)"
-    return f"{h['delay_us_applied']['switch_to_switch']:,.1f} ({h['forwarding'].replace('_', '-')})"
+    how = MECHANISM_TEXT.get(h.get("mechanism"), h.get("mechanism"))
+    return f"{how} ({h['forwarding'].replace('_', '-')})" if h.get("applied") else how
 
 
 def _cost_split(c):

@@ -63,7 +63,7 @@ def agent_configs(run: PolicyRun, out_dir: str) -> List[GpuConfig]:
     scenario, plan = run.scenario, run.plan
     w = scenario.workload
     transport = transport_config(run)
-    peers = [Peer(h.rank, h.name, h.ip, h.mac) for h in plan.gpus]
+    path = run.path_delay
     st = w.stragglers
     straggler = Straggler(scenario.emulated_ns(st.delay_us), st.distribution, st.probability)
     compute = Compute(scenario.emulated_ns(w.compute_us), scenario.emulated_ns(w.compute_jitter_us))
@@ -72,7 +72,10 @@ def agent_configs(run: PolicyRun, out_dir: str) -> List[GpuConfig]:
                       straggler=straggler if h.rank in st.ranks else None, seed=w.seed,
                       transport=transport,
                       link_rate_bps=scenario.topology.host_rate_mbit * 1e6, out_dir=out_dir,
-                      peers=tuple(p for p in peers if p.rank != h.rank))
+                      peers=tuple(Peer(p.rank, p.name, p.ip, p.mac,
+                                       delay_ns=round(path.rnic_us(p.leaf == h.leaf) * 1000))
+                                  for p in plan.gpus if p.rank != h.rank),
+                      delay_line=path.transmission)
             for h in plan.gpus]
 
 

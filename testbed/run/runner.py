@@ -28,7 +28,6 @@ from traffic.collectives import build as build_collective
 from .. import __version__
 from ..base.atomic import write_json_atomic
 from ..base.errors import ConfigError
-from ..base.hops import path_floor_us
 from ..base.ledger import Ledger
 from ..base.topology import FabricPlan
 from ..fabric.capabilities import Capabilities, detect
@@ -40,6 +39,7 @@ from ..fabric.queues import drain, egress_stats, queue_drops, queued_frames, spi
 from ..fabric.rxe import RxeTraffic, endpoints as rxe_endpoints, require as require_rxe
 from ..results import htmlreport
 from ..results.collect import RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled
+from ..results.latency import expected_latency_us, latency_parts
 from ..scenario import capacity, timescale
 from ..scenario.config import Scenario
 from ..switchq.handle import EmulatorProcess, merge_reports
@@ -596,11 +596,14 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
         "warnings": session.warnings + rxe_warnings(rxe_report),
         "duration_s": round(time.monotonic() - t0, 2),
     })
+    rate = scenario.topology.host_rate_mbit
+    figures.update(latency_parts(packets, plan, run.path_delay, scenario.workload.mtu, rate))
     figures["modelled"] = modelled(figures, ctx.time_scale)
-    minima = packets.path_minima_us()
-    figures["per_hop_latency"] = dict(hops, measured_min_us=path_floor_us(plan, minima))
-    figures["fidelity"] = evaluate(records, plan, figures, minima, hops["delay_us_applied"],
-                                   cpu.samples, scenario, nic_pauses)
+    figures["per_hop_latency"] = dict(hops, measured_min_us=figures["latency_floor_us"])
+    expected = expected_latency_us(packets, plan, run.path_delay, rate)
+    figures["fidelity"] = evaluate(records, plan, figures, packets.path_minima_us(),
+                                   packets.path_minima_us(expected), cpu.samples, scenario,
+                                   nic_pauses)
     say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "
         f"received, {figures['drops']:,} dropped, {_count(figures['ecn_marked_packets'])} "
         f"ECN-marked, {_count(figures['pfc_pause_events'])} PFC pauses; fidelity "

@@ -14,11 +14,11 @@ from controllers.classes import TrafficClass, default_class
 from controllers.policy import Policy, make_policy
 from traffic.contract import QpLimiter, WorkloadSpec
 
-from ..base.hops import HopModel, hop_model
+from ..base.hops import HopModel, PathDelay, hop_model, mechanism
 from ..base.topology import FabricPlan
 from ..fabric.capabilities import Capabilities
 from ..fabric.placement import place
-from ..fabric.shaping import limiter_qdisc, link_mtu, marking_method, marking_via
+from ..fabric.shaping import frame_bytes, limiter_qdisc, link_mtu, marking_method, marking_via
 from ..scenario.config import Scenario
 
 
@@ -33,6 +33,7 @@ class PolicyRun:
     marking_via: Optional[str]  # who applies sampled marking: "bpf" | "openflow" | None
     link_mtu: int  # Ethernet MTU of every link
     hops: HopModel
+    path_delay: PathDelay  # the hop model's delays per port kind, and what applies them
     congestion_control: str  # what the GPUs' NICs run: "dcqcn" | "none"
     qp_limiter: Optional[QpLimiter]  # DCQCN's per-QP rate limiters (None without DCQCN)
     placement: Optional[Dict[str, str]]  # node -> server of a split fabric (None: one server)
@@ -62,9 +63,11 @@ def decide(name: str, plan: FabricPlan, scenario: Scenario, caps: Capabilities) 
               else draft)
     classes = tuple(policy.traffic_classes())
     cc = congestion_control(scenario, policy)
+    hops = hop_model(scenario, policy.params)
     return PolicyRun(
         policy=policy, scenario=scenario, classes=classes, marking=marking, marking_via=via,
-        link_mtu=link_mtu(scenario.workload.mtu), hops=hop_model(scenario, policy.params),
+        link_mtu=link_mtu(scenario.workload.mtu), hops=hops,
+        path_delay=path_delay(scenario, hops, caps),
         congestion_control=cc,
         qp_limiter=qp_limiter(scenario, policy, classes) if cc == "dcqcn" else None,
         placement=cluster_placement(scenario, plan), workloads=workload_specs(scenario, plan))
@@ -74,6 +77,15 @@ def ecn_marking(scenario: Scenario, classes, caps: Capabilities) -> Optional[str
     """How switches with these classes mark ECN here: "red", "sampled" or None (ConfigError
     for a marking this machine cannot do)."""
     return marking_method(scenario.emulation.ecn_marking, caps.red, classes, caps.datapath)
+
+
+def path_delay(scenario: Scenario, hops: HopModel, caps: Capabilities) -> PathDelay:
+    """The hop model's delay per port kind at this run's rates, and the mechanism that applies
+    it here (``emulation.path_delay``; ConfigError for one this machine lacks)."""
+    t = scenario.topology
+    delays = hops.delays_us(t.host_rate_mbit, t.fabric_rate_mbit,
+                            frame_bytes(link_mtu(scenario.workload.mtu)))
+    return PathDelay(mechanism(scenario.emulation.path_delay, caps.netem), delays)
 
 
 def congestion_control(scenario: Scenario, policy: Policy) -> str:

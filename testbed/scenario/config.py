@@ -22,6 +22,7 @@ from controllers.policy import policy_names
 from traffic import collectives
 
 from ..base.errors import ConfigError
+from ..base.hops import MECHANISMS as PATH_DELAY_MECHANISMS
 from ..base.schema import build, plain
 from .timescale import AUTO, REFERENCE_RATE_MBIT, require_rate
 
@@ -57,11 +58,11 @@ class TopologyConfig:
     link_delay_us: float = field(default=0.0, metadata={
         "min": 0.0, "max": 1_000_000.0, "unit": "us",
         "doc": "extra one-way delay per link in emulated time, on top of the modelled cable "
-               "and switch latency (netem; only where the kernel has it)"})
+               "and switch latency (applied as emulation.path_delay says)"})
     cable_m: float = field(default=10.0, metadata={
         "min": 0.0, "max": 100_000.0, "unit": "m",
         "doc": "cable length per link in the modelled fabric: 5 ns/m of propagation, emulated "
-               "as that times the time scale (netem; only where the kernel has it)"})
+               "as that times the time scale (applied as emulation.path_delay says)"})
     modelled_rate_gbit: float = field(default=100.0, metadata={
         "min": 1.0, "max": 1600.0, "unit": "Gbit/s",
         "doc": "link rate of the real fabric being modelled (sets the time scale)"})
@@ -251,7 +252,14 @@ class EmulationConfig:
     switch_latency: bool = field(default=True, metadata={
         "doc": "delay every switch egress by the policy's per-hop latency (pipeline, plus one "
                "serialization when store-and-forward) and every link by its cable, scaled by "
-               "the time scale; needs netem, recorded as not applied where it is missing"})
+               "the time scale (applied as emulation.path_delay says)"})
+    path_delay: str = field(default="auto", metadata={
+        "choices": PATH_DELAY_MECHANISMS,
+        "doc": "what applies the modelled fixed path delay (switch latency, cables, and each "
+               "frame's own transmission): netem = a netem qdisc on every switch port (the "
+               "receiving RNIC adds the sender's link and the transmission); nic = the "
+               "receiving RNIC holds each frame for its whole path's delay; off = none; "
+               "auto = netem where the kernel has it, else nic"})
     agent_processes: int = field(default=0, metadata={
         "min": 0, "max": 1024,
         "doc": "processes the GPU agents run in per server, each one event loop serving "

@@ -43,3 +43,34 @@ def test_incast_overflows_shallow_buffers_but_not_the_lossless_class(testbed_run
     assert hs.switch_queue_drops > 0
     assert ll.drops == 0 and ll.switch_queue_drops == 0
     assert ll.background["incast"]["packets_received"] == ll.background["incast"]["packets_sent"]
+
+
+def test_a_latency_bound_ring_takes_the_modelled_path_delay_per_step(testbed_run):
+    """Does cut-through show in a small all-reduce, where every step waits for the last?
+
+    8 GPUs on 8 leaves, 64 KiB ring all-reduce without pipelining: 14 dependent steps of two
+    frames, each across leaves, then the last step's ACK back. The model: per step the
+    cross-leaf fixed path delay plus both frames' transmission. At 10 Mbit/s: every frame
+    of a step crosses one CPU's Open vSwitch, which adds its forwarding per frame and hop to
+    each step; 10,000x slower links keep that a few percent of the modelled step."""
+    result = testbed_run({"topology": {"spines": 2, "leaves": 8, "gpus_per_leaf": 1,
+                                       "host_rate_mbit": 10},
+                          "workload": {"size_bytes": 65536, "chunks": 1, "iterations": 6,
+                                       "compute_us": 2}},
+                         policies=["hyperscale", "lossless"])
+    frame_us = (4096 + 58) * 8 / 100e3  # a full data frame at the modelled 100 Gbit/s
+    ack_us = 62 * 8 / 100e3
+    cct, model = {}, {}
+    for name in ("hyperscale", "lossless"):
+        p = result.policy(name)
+        assert p.fidelity.ok, p.fidelity.problems
+        fixed = p.modelled.path_delay_us["cross_leaf"] - frame_us  # the frame's own aside
+        model[name] = 14 * (fixed + 2 * frame_us) + fixed + ack_us
+        cct[name] = p.collective().modelled.cct_us.p50
+        assert cct[name] == pytest.approx(model[name], rel=0.15), name
+    assert result.policy("lossless").per_hop_latency["forwarding"] == "cut_through"
+    assert result.policy("hyperscale").per_hop_latency["forwarding"] == \
+        "store_and_forward"
+    # cut-through's advantage is the model's: 14 + 1 paths' worth of store-and-forward
+    margin = cct["hyperscale"] - cct["lossless"]
+    assert margin == pytest.approx(model["hyperscale"] - model["lossless"], rel=0.15)

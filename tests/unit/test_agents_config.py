@@ -123,3 +123,26 @@ def test_gpus_go_to_a_few_processes_per_server_in_rank_order():
     split = {h: ("localhost" if i < 4 else "10.9.0.2") for i, h in enumerate(hosts)}
     groups = process_groups(hosts, split, 1)
     assert groups == [("localhost", hosts[:4]), ("10.9.0.2", hosts[4:])]
+
+
+def test_each_peer_carries_what_the_rnic_holds_its_frames_for():
+    """nic: the whole fixed path (sender's link and switch ports); netem: the sender's link
+    (the switch ports are netem's); off: nothing and no delay line."""
+    from testbed.base.hops import fixed_path_us
+
+    from .decided import CAPS
+
+    def peers(setting, netem=False):
+        s = Scenario.from_dict({"emulation": {"path_delay": setting}}).for_checks()
+        caps = dataclasses.replace(CAPS, qdiscs={"red": False, "netem": netem})
+        run = decided("lossless", PLAN, s, caps)
+        c = agent_configs(run, "/tmp/x")[0]  # rank 0 on leaf 1; rank 1 there too
+        return c["delay_line"], {p["rank"]: p["delay_ns"] for p in c["peers"]}, run
+    line, d, run = peers("nic")
+    delays = run.path_delay.delays_us
+    assert line and d[1] == round(fixed_path_us(delays, True) * 1000)
+    assert d[2] == round(fixed_path_us(delays, False) * 1000) > d[1] > 0
+    line, d, _ = peers("netem", netem=True)
+    assert line and d[1] == d[2] == round(delays["gpu_nic"] * 1000)
+    line, d, _ = peers("off")
+    assert not line and set(d.values()) == {0}

@@ -146,3 +146,13 @@ def test_narrowing_the_policies_drops_the_others_parameters():
                                               "lossless": {"adaptive_routing": False}}})
     narrowed = s.with_policies(["lossless"])
     assert narrowed.policies == ("lossless",) and list(narrowed.policy_params) == ["lossless"]
+
+
+def test_path_delay_reads_an_unquoted_off_as_off():
+    import yaml
+    data = yaml.safe_load("emulation: {path_delay: off}")
+    assert data["emulation"]["path_delay"] is False  # YAML 1.1
+    assert Scenario.from_dict(data).emulation.path_delay == "off"
+    assert Scenario.from_dict({}).emulation.path_delay == "auto"
+    with pytest.raises(ConfigError, match="path_delay"):
+        Scenario.from_dict({"emulation": {"path_delay": True}})

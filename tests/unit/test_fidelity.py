@@ -74,22 +74,19 @@ def test_gaps_overlap_spans_only_where_they_meet():
     assert not F.overlaps_a_span(start, end, []).any()
 
 
-def test_idle_path_overhead_is_the_excess_over_propagation():
+def test_idle_path_overhead_is_the_excess_over_the_model():
     minima = {(0, 1): 150.0, (1, 2): 250.0, (2, 0): 200.0}
-    expected = {(0, 1): 100.0, (1, 2): 200.0, (2, 0): 100.0}
-    c = F.idle_path_check(minima, expected, allowed_us=80.0)
+    excess = {(0, 1): 50.0, (1, 2): 50.0, (2, 0): 100.0}
+    c = F.idle_path_check(minima, excess, allowed_us=80.0)
     assert c["overhead_us"] == 50.0 and c["overhead_us_worst"] == 100.0 and c["ok"]
-    assert not F.idle_path_check(minima, {}, allowed_us=80.0)["ok"]
+    assert not F.idle_path_check(minima, dict.fromkeys(minima, 90.0), allowed_us=80.0)["ok"]
 
 
-NO_DELAY = {"gpu_nic": 0.0, "switch_to_gpu": 0.0, "switch_to_switch": 0.0}
-
-
-def test_expected_idle_latency_counts_links_per_path():
-    plan = FabricPlan(2, 2, 2)
-    e = F.expected_idle_us(plan, {"gpu_nic": 1.0, "switch_to_gpu": 10.0,
-                                  "switch_to_switch": 100.0})
-    assert e[(0, 1)] == 10.0 and e[(0, 2)] == 210.0 and (0, 0) not in e
+def test_a_floor_below_the_model_is_a_delay_not_applied():
+    minima = {(0, 1): 10.0, (1, 0): 12.0, (0, 2): 9.0}
+    c = F.idle_path_check(minima, {(0, 1): 5.0, (1, 0): 6.0, (0, 2): -200.0}, allowed_us=80.0)
+    assert not c["ok"] and c["overhead_us_lowest"] == -200.0
+    assert "not applied" in F.verdict({"idle_path_latency": c}, 40.0)["problems"][0]
 
 
 def test_cpu_and_lag_checks():
@@ -120,7 +117,7 @@ def test_evaluate_reads_the_agents_tx_files(tmp_path):
             for t in tx:
                 f.write(f"0,{int(t * 1000)},{FRAME},d\n")
     figures = {"unexplained_drops": 0, "agent_loop_lag_us": None}
-    out = F.evaluate(str(tmp_path), plan, figures, {(0, 1): 60.0}, NO_DELAY, [0.3, 0.4],
+    out = F.evaluate(str(tmp_path), plan, figures, {(0, 1): 60.0}, {(0, 1): 60.0}, [0.3, 0.4],
                      Scenario.from_dict({}).for_checks(), {})
     assert out["checks"]["inter_dequeue"]["busy_gaps"] == 18
     # the NIC's bucket: a twentieth of a 4,110-byte frame, 205 B at 40 Mbit/s

@@ -4,7 +4,9 @@ import pytest
 from controllers.params import resolve
 from testbed.scenario.config import Scenario
 from testbed.fabric.network import egress_shapes
-from testbed.base.hops import HopModel, hop_model, path_delay_us, path_floor_us
+from testbed.base.errors import ConfigError
+from testbed.base.hops import (HopModel, PathDelay, fixed_path_us, hop_model, mechanism,
+                                 path_floor_us, switch_path_us, transmission_us)
 from testbed.base.topology import FabricPlan
 from controllers.classes import TrafficClass
 
@@ -53,14 +55,46 @@ def test_policy_params_override_the_model():
     assert m.forwarding == "store_and_forward" and m.pipeline_ns == 0
 
 
-def test_paths_and_shapes_use_the_port_kinds():
-    d = {"gpu_nic": 1.0, "switch_to_gpu": 10.0, "switch_to_switch": 100.0}
-    assert path_delay_us(d, True) == 10.0 and path_delay_us(d, False) == 210.0
-    plan = FabricPlan(2, 2, 1)
-    shapes = egress_shapes(plan, Scenario.from_dict({}).for_checks().topology, ONE, delays_us=d)
+D = {"gpu_nic": 1.0, "switch_to_gpu": 10.0, "switch_to_switch": 100.0}
+
+
+def test_paths_count_the_sender_link_and_the_switch_ports():
+    assert switch_path_us(D, True) == 10.0 and switch_path_us(D, False) == 210.0
+    assert fixed_path_us(D, True) == 11.0 and fixed_path_us(D, False) == 211.0
+    assert transmission_us(4154, 40.0) == pytest.approx(830.8)
+
+
+def test_netem_puts_the_switch_ports_in_qdiscs_and_the_rest_in_the_rnic():
+    p = PathDelay("netem", D)
+    assert p.netem_us() == {"gpu_nic": 0.0, "switch_to_gpu": 10.0, "switch_to_switch": 100.0}
+    assert p.rnic_us(False) == 1.0 and p.neighbour_nic_us() == 1.0 and p.transmission
+    # together the same path as the RNIC's delay line alone
+    n = PathDelay("nic", D)
+    assert n.netem_us() == dict.fromkeys(D, 0.0) and n.neighbour_nic_us() == 0.0
+    assert n.rnic_us(True) == 11.0 and n.rnic_us(False) == 211.0 and n.transmission
+    for same in (True, False):
+        assert p.expected_us(same) == n.expected_us(same) == fixed_path_us(D, same)
+        assert p.rnic_us(same) + switch_path_us(p.netem_us(), same) == n.rnic_us(same)
+    off = PathDelay("off", D)
+    assert off.rnic_us(False) == off.expected_us(False) == 0.0 and not off.transmission
+    assert off.netem_us() == dict.fromkeys(D, 0.0)
+
+
+def test_auto_takes_netem_where_the_kernel_has_it_else_the_rnic():
+    assert mechanism("auto", True) == "netem" and mechanism("auto", False) == "nic"
+    assert mechanism("nic", True) == "nic" and mechanism("off", False) == "off"
+    with pytest.raises(ConfigError, match="no netem qdisc"):
+        mechanism("netem", False)
+
+
+def test_shapes_put_the_netem_delays_on_switch_ports_and_neighbour_nics():
+    plan = FabricPlan(2, 2, 1, neighbours_per_leaf=1)
+    p = PathDelay("netem", D)
+    shapes = egress_shapes(plan, Scenario.from_dict({}).for_checks().topology, ONE,
+                           delays_us=p.netem_us(), neighbour_us=p.neighbour_nic_us())
     by_delay = sorted(s.delay_us for s in shapes.values())
-    # 2 GPU NICs, 2 leaf ports toward GPUs, 8 switch-to-switch ports (4 links)
-    assert by_delay == [1.0] * 2 + [10.0] * 2 + [100.0] * 8
+    # 2 GPU NICs (none), 2 neighbour NICs, 4 leaf ports toward hosts, 8 switch-to-switch ports
+    assert by_delay == [0.0] * 2 + [1.0] * 2 + [10.0] * 4 + [100.0] * 8
 
 
 def test_measured_floor_per_path_kind():

@@ -62,7 +62,7 @@ def test_a_refused_run_leaves_no_results_directory(tmp_path, monkeypatch):
             raise RunBusyError("another testbed run is active (pid 1)")
 
     class Caps:
-        red, datapath, bpf_marking = False, "user", False
+        red, datapath, bpf_marking, netem = False, "user", False, False
 
         def require_run(self):
             pass
