@@ -99,9 +99,14 @@ class LosslessParams:
                                                 "doc": "DSCP of CNPs (highest priority)"})
     adaptive_routing: bool = field(default=True, metadata={
         "doc": "new flows and flowlets take the least-loaded uplink (else: ECMP hash)"})
-    flowlet_gap_s: int = field(default=1, metadata={
+    # Open vSwitch knows a learned flowlet's last packet only from its revalidator's sweeps
+    # (every 0.5 s, later on a loaded machine): a gap of a few sweeps, so that no running
+    # flowlet looks idle and moves while its frames are still queued on the old path
+    flowlet_gap_s: int = field(default=5, metadata={
         "min": 1, "max": 60, "unit": "s",
-        "doc": "idle time after which a flow may move (OpenFlow idle timeout, whole seconds)"})
+        "doc": "idle time after which a flow may move (OpenFlow idle timeout, whole seconds; "
+               "Open vSwitch sees a flow's idleness only every 0.5 s or later, so a shorter "
+               "gap may move a running flow and reorder it)"})
     forwarding: str = _forwarding("cut_through")
     switch_latency_ns: float = _pipeline_ns(130.0, "InfiniBand NDR: under 150 ns")
 

@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Tuple, Union
 
+from controllers.params import LosslessParams
 from controllers.policy import policy_names
 from traffic import collectives
 
@@ -378,7 +379,8 @@ class Scenario:
                        f"of {SAMPLING_MODELLED_US:g}: ECN, PFC and adaptive routing react that "
                        "much later than the modelled switches")
         if "lossless" in self.policies:
-            gap = self.policy_params.get("lossless", {}).get("flowlet_gap_s", 1)
+            gap = self.policy_params.get("lossless", {}).get(
+                "flowlet_gap_s", LosslessParams.flowlet_gap_s)
             out.append(f"lossless: the flowlet gap is an OpenFlow idle timeout of {gap:g} s "
                        f"of the machine's time, {gap * 1e6 / self.time_scale:,.0f} us "
                        "modelled: adaptive routing moves a flow only after that long idle")
