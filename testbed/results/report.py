@@ -8,8 +8,6 @@ from __future__ import annotations
 import math
 from typing import List, Tuple
 
-from ..base.hops import MECHANISM_TEXT
-
 
 def fmt(value, digits=1) -> str:
     if value is None:
@@ -48,6 +46,8 @@ ROWS = [
     ("PFC pause events", lambda p: p.get("pfc_pause_events")),
     ("PFC paused time (ms)", lambda p: p.get("pfc_paused_ms")),
     ("latency p50 (us)", lambda p: (p.get("latency_us") or {}).get("p50")),
+    ("  fixed path delay on one leaf (us)",
+     lambda p: (p.get("path_delay_us") or {}).get("same_leaf")),
     ("  fixed path delay across leaves (us)",
      lambda p: (p.get("path_delay_us") or {}).get("cross_leaf")),
     ("  queueing + forwarding p50 (us)", lambda p: (p.get("latency_queueing_us") or {}).get("p50")),
@@ -67,7 +67,7 @@ ROWS = [
     ("retransmitted packets", lambda p: p.get("retransmitted_packets")),
     ("NAKs / RTO timeouts", lambda p: _pair(p.get("naks"), p.get("rto_timeouts"))),
     ("CNPs sent", lambda p: p.get("cnps_sent")),
-    ("path delay applied by", lambda p: _hop(p.get("per_hop_latency"))),
+    ("path delay (emulation.path_delay)", lambda p: _hop(p.get("per_hop_latency"))),
     ("latency floor across leaves (us)", lambda p: (p.get("latency_floor_us") or {}).get("cross_leaf")),
     ("ECN marking", lambda p: " ".join(filter(None, (p.get("ecn_marking"),
                                                      p.get("ecn_marking_via")))) or None),
@@ -84,7 +84,8 @@ ROWS = [
 TIME_ROWS = {"PFC paused time (ms)", "latency p50 (us)", "latency p99 (us)",
              "latency p99.9 (us)", "latency max (us)", "jitter |IPDV| p99 (us)", "CCT p50 (ms)",
              "CCT p99 (ms)", "CCT max (ms)", "straggler idle / iteration (ms)",
-             "  fixed path delay across leaves (us)", "  queueing + forwarding p50 (us)",
+             "  fixed path delay on one leaf (us)", "  fixed path delay across leaves (us)",
+             "  queueing + forwarding p50 (us)",
              "  queueing + forwarding p99 (us)", "latency floor across leaves (us)"}
 """The rows that are times: in the modelled fabric's time unless emulated ones are asked for."""
 
@@ -93,8 +94,8 @@ def _hop(h):
     """What applied the modelled path delay, and the forwarding mode it models."""
     if not h:
         return None
-    how = MECHANISM_TEXT.get(h.get("mechanism"), h.get("mechanism"))
-    return f"{how} ({h['forwarding'].replace('_', '-')})" if h.get("applied") else how
+    how = h.get("mechanism")  # as emulation.path_delay names it
+    return f"{how}, {h['forwarding'].replace('_', '-')}" if h.get("applied") else how
 
 
 def _cost_split(c):
