@@ -2,6 +2,7 @@
 # What the VM test runs inside the guest (full kernel), results to $1 (the second disk):
 #  - a run from the command line, two policies with real verbs traffic (--traffic rxe), on the
 #    kernel datapath with netem per-hop latency and RED marking (all chosen automatically);
+#    then the same collective with the RNICs' delay line instead of netem (path_delay: nic);
 #    a compute phase before each of 8 iterations, so several frames cross an idle fabric and
 #    the measured latency floor (a minimum) does not hang on two or three of them;
 #  - the integration tests that need the full kernel (tests/integration/test_full_kernel.py);
@@ -24,6 +25,13 @@ timeout 1200 python -m testbed run --scenario /tmp/vm-main.yaml --traffic rxe --
   --json > $out/run.json 2> $out/run.log
 echo "run exit $? (${SECONDS}s)"
 cp /var/log/openvswitch/ovs-vswitchd.log $out/ 2>/dev/null || true  # why, if it failed
+# the same collective with the RNICs' delay line in place of netem: the floors must agree
+sed -e 's/^name: vm-main/name: vm-nic/' -e '/^rxe:/d' /tmp/vm-main.yaml > /tmp/vm-nic.yaml
+echo "emulation: {path_delay: nic}" >> /tmp/vm-nic.yaml
+SECONDS=0
+timeout 900 python -m testbed run --scenario /tmp/vm-nic.yaml --out $out/results-nic \
+  --json > $out/run-nic.json 2> $out/run-nic.log
+echo "nic run exit $? (${SECONDS}s)"
 root_state > $out/rules-after.txt
 { [ -d /sys/module/rdma_rxe ] && echo loaded || echo unloaded; } > $out/rxe-module-after.txt
 SECONDS=0

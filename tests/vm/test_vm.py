@@ -83,7 +83,9 @@ def test_the_run_used_what_the_kernel_offers_and_delivered_everything(run):
         assert p["packets_sent"] > 0 and sent["measured"] == sent["expected"], name
         assert p["unexplained_drops"] == 0, name
         hop = p["per_hop_latency"]
-        assert hop["applied"] is True and hop["delay_us_applied"] == hop["delay_us_modelled"]
+        assert hop["applied"] is True and hop["mechanism"] == "netem"
+        # netem on every switch port; the GPU NIC's link is the receiving RNIC's to add
+        assert hop["delay_us_netem"] == dict(hop["delay_us_modelled"], gpu_nic=0.0)
     lossless = run["policies"]["lossless"]
     assert lossless["packets_received"] == lossless["packets_sent"]  # nothing lost
     assert lossless["ecn_marking"] == "red"  # auto: the kernel's RED
@@ -94,9 +96,9 @@ def test_cut_through_makes_the_lossless_fabric_measurably_faster_per_hop(run):
     floor, model = {}, {}
     for name, p in run["policies"].items():
         hop = p["per_hop_latency"]
-        floor[name] = hop["measured_min_us"]["cross_leaf"]
-        model[name] = hop["path_us_applied"]["cross_leaf"]
-        print(name, hop["forwarding"], hop["delay_us_applied"], "floor", floor[name],
+        floor[name] = p["latency_floor_us"]["cross_leaf"]
+        model[name] = p["path_delay_us"]["cross_leaf"]  # a full frame's, transmission included
+        print(name, hop["forwarding"], hop["delay_us_netem"], "floor", floor[name],
               "model", model[name])
         # no frame crosses faster than the delays applied; the excess is the emulator's cost
         assert model[name] <= floor[name] <= model[name] + 5000, name
@@ -105,6 +107,22 @@ def test_cut_through_makes_the_lossless_fabric_measurably_faster_per_hop(run):
     # the model's difference (3 switch hops) shows in the measured floors
     assert floor["hyperscale"] - floor["lossless"] > 0.5 * (model["hyperscale"]
                                                              - model["lossless"])
+
+
+def test_the_rnic_delay_line_gives_the_floors_netem_gives(run, guest):
+    """The same scenario with emulation.path_delay: nic on the same full kernel: no netem
+    anywhere, the receiving RNICs hold every frame for its path - the same floors."""
+    nic = json.loads((guest / "run-nic.json").read_text())
+    assert nic["status"] == "complete", nic.get("error")
+    assert nic["link_emulation"]["per_hop_delay"] == "RNIC delay line"
+    for name, p in nic["policies"].items():
+        assert p["per_hop_latency"]["delay_us_netem"] == dict.fromkeys(
+            p["per_hop_latency"]["delay_us_modelled"], 0.0), name
+        for kind, floor in p["latency_floor_us"].items():
+            with_netem = run["policies"][name]["latency_floor_us"][kind]
+            if floor is not None and with_netem is not None:
+                print(name, kind, "nic", floor, "netem", with_netem)
+                assert floor == pytest.approx(with_netem, rel=0.10), (name, kind)
 
 
 def test_real_verbs_traffic_crossed_each_policy_and_left_nothing(run, guest):
