@@ -15,9 +15,8 @@ from __future__ import annotations
 import heapq
 from typing import Any, Dict, List, Optional, Tuple
 
-from .roce import ETH_LEN, IP_LEN, UDP_LEN
+from .roce import frame_bytes
 
-WIRE_OVERHEAD = ETH_LEN + IP_LEN + UDP_LEN  # a UDP datagram's frame: Ethernet, IPv4, UDP
 RX_NS, ADDR, SIZE = 1, 4, 13  # fields of ``traffic.nicio``'s datagram tuple
 
 
@@ -42,7 +41,7 @@ class DelayLine:
     def release_ns(self, rx_ns: int, addr: int, size: int) -> int:
         """When a datagram of ``size`` bytes from ``addr`` received at ``rx_ns`` leaves."""
         return (rx_ns + self.delay_ns.get(addr, 0)
-                + int((size + WIRE_OVERHEAD) * self.ns_per_byte))
+                + int(frame_bytes(size) * self.ns_per_byte))
 
     def hold(self, datagrams: List[tuple], now_ns: int) -> None:
         """Take datagrams in arrival order (one without a kernel time arrived ``now_ns``)."""

@@ -43,7 +43,19 @@ ROCE_TOS = (26 << 2) | 0b10
 
 ETH_LEN, IP_LEN, UDP_LEN, BTH_LEN, RETH_LEN, ICRC_LEN = 14, 20, 8, 12, 16, 4
 BTH_OFFSET = ETH_LEN + IP_LEN + UDP_LEN  # 42, in a frame
-DATA_FRAME_OVERHEAD = BTH_OFFSET + BTH_LEN + ICRC_LEN  # 58: a WRITE MIDDLE/LAST's frame
+
+
+def frame_bytes(datagram_bytes):
+    """The Ethernet frame (no FCS) around a RoCEv2 UDP payload of ``datagram_bytes``."""
+    return datagram_bytes + BTH_OFFSET
+
+
+def data_frame_bytes(payload_bytes):
+    """The frame of an RDMA WRITE MIDDLE or LAST carrying ``payload_bytes`` (BTH, ICRC);
+    a FIRST or ONLY has a RETH more."""
+    return frame_bytes(payload_bytes + BTH_LEN + ICRC_LEN)
+
+
 SPORT_OFFSET = ETH_LEN + IP_LEN
 PSN_MASK = 0xFFFFFF
 

@@ -1,7 +1,8 @@
 """The RNIC's delay line (traffic.delayline) and the agent delivering what it releases."""
 import pytest
 
-from traffic.delayline import WIRE_OVERHEAD, DelayLine
+from traffic.delayline import DelayLine
+from traffic.roce import BTH_OFFSET as WIRE_OVERHEAD  # Ethernet, IPv4, UDP
 
 A, B = 0x0A000101, 0x0A000201  # two peers' addresses, as the datagram tuple carries them
 
