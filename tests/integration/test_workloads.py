@@ -56,7 +56,10 @@ def test_each_collective_moves_the_bytes_the_literature_says(tmp_path, collectiv
 
 
 def test_an_injected_straggler_shows_up_in_straggler_idle(tmp_path):
-    delay_us, iterations = 2.0, 8  # modelled: 5 ms at the reference 2,500x
+    # modelled; 100 ms at the reference 2,500x. The late rank also ends its own iteration
+    # after the others by what its place in the ring costs in path delay (1.8 us here), which
+    # (n - 1) x delay leaves out: a delay of tens of microseconds keeps that under 5%.
+    delay_us, iterations = 40.0, 8
     workload = {"size_bytes": 16384, "chunks": 1, "iterations": iterations, "compute_us": 4}
 
     def later_idle(results):
@@ -67,13 +70,13 @@ def test_an_injected_straggler_shows_up_in_straggler_idle(tmp_path):
         return sum(later) / len(later)
 
     # Without a straggler the ranks already wait a little: they finish a ring at different
-    # times (2.4-3.0 ms per iteration here, against the 15 ms the straggler adds).
+    # times (3.7 ms per iteration here, against the 300 ms the straggler adds).
     _s, plain, _ = run(tmp_path / "plain", ["hyperscale"], workload=workload, **FOUR_GPUS)
     scenario, results, _ = run(tmp_path / "late", ["hyperscale"], workload=dict(
         workload, stragglers={"ranks": [1], "delay_us": delay_us}), **FOUR_GPUS)
     c = results["policies"]["hyperscale"]["collectives"][0]
     n = 4
-    # Each of the other n - 1 ranks waits for the late one: (n - 1) x 5 ms more per iteration.
+    # Each of the other n - 1 ranks waits for the late one: (n - 1) x 100 ms more per iteration.
     expected_us = (n - 1) * delay_us * scenario.time_scale
     assert later_idle(results) - later_idle(plain) == pytest.approx(expected_us, rel=0.10)
     idle = c["straggler_idle_us"]["per_iteration"]

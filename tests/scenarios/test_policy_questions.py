@@ -21,18 +21,22 @@ def test_oversubscription_costs_lossy_fabrics_retransmissions_not_lossless(testb
 
 
 def test_a_straggler_idles_the_other_ranks(testbed_run):
-    """What does one GPU running 2 us late cost the others, here and on 10,000 GPUs?"""
+    """What does one GPU running 40 us late cost the others, here and on 10,000 GPUs?
+
+    The others wait for it; it also ends its own iteration a little before or after them, by
+    what its place in the ring costs in path delay (-1.9 us here), which the arithmetic
+    below leaves out: a delay of tens of microseconds keeps that under 5% of it."""
     result = testbed_run({"topology": {"leaves": 2},
                           "workload": {"size_bytes": 16384, "chunks": 1, "iterations": 6,
                                        "compute_us": 4,
-                                       "stragglers": {"ranks": [2], "delay_us": 2}}},
+                                       "stragglers": {"ranks": [2], "delay_us": 40}}},
                          policies=["hyperscale"])
     c = result.policy("hyperscale").collective()
     later = c.modelled.straggler_idle_us.per_iteration[1:]  # the modelled fabric's time
-    assert sum(later) / len(later) == pytest.approx(3 * 2.0, rel=0.15)  # 3 ranks x 2 us
+    assert sum(later) / len(later) == pytest.approx(3 * 40.0, rel=0.15)  # 3 ranks x 40 us
     assert c.extrapolation["gpus"] == 10_000
-    # each of 9,999 others waits about 2 us of modelled time per step (80% of it at least)
-    assert c.extrapolation["gpu_seconds_per_step_modelled"] > 9_999 * 1.6e-6
+    # each of 9,999 others waits about 40 us of modelled time per step (80% of it at least)
+    assert c.extrapolation["gpu_seconds_per_step_modelled"] > 9_999 * 32e-6
 
 
 def test_incast_overflows_shallow_buffers_but_not_the_lossless_class(testbed_run):
