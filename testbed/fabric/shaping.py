@@ -32,9 +32,9 @@ takes): HTB sends a class within its own rate without asking its parent, so such
 send while the wire still carries another class's frame (docs/fabric.md, "Classes"). Only a
 class's very first frame goes on the tokens HTB gives a new class. The bfifos are the ports'
 buffers: tail-drop byte FIFOs whose drops and backlog the kernel counts. netem is added only when
-the kernel has it and a delay is asked for (Mininet's ``max_queue_size`` needs netem, so the queue
-limit is set here instead): it holds every frame for the port's per-hop latency
-(``testbed.base.hops``) before the frame joins the class buffer. Where the kernel has RED, a class
+the kernel has it and the run's path delay is netem's (``testbed.base.hops.PathDelay``; Mininet's
+``max_queue_size`` needs netem, so the queue limit is set here instead): it holds every frame for
+the port's per-hop latency before the frame joins the class buffer. Where the kernel has RED, a class
 that marks ECN gets a RED qdisc as its buffer, which sets CE per packet (``red_qdisc``); elsewhere
 the switch-queue emulator marks from sampled backlogs (``marking_via``). Open vSwitch resets a
 port's qdisc when the port is added to a bridge, so shaping is applied after the switches started.
