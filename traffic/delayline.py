@@ -43,18 +43,23 @@ class DelayLine:
         return (rx_ns + self.delay_ns.get(addr, 0)
                 + int(frame_bytes(size) * self.ns_per_byte))
 
-    def hold(self, datagrams: List[tuple], now_ns: int) -> None:
-        """Take datagrams in arrival order (one without a kernel time arrived ``now_ns``)."""
+    def hold(self, datagrams: List[tuple], now_ns: int) -> int:
+        """Take datagrams in arrival order; one without a kernel time arrived ``now_ns``.
+        Returns how many had none."""
         heap, last = self._heap, self._last
+        unstamped = 0
         for d in datagrams:
-            addr = d[ADDR]
-            at = self.release_ns(d[RX_NS] or now_ns, addr, d[SIZE])
+            addr, rx = d[ADDR], d[RX_NS]
+            if not rx:
+                rx, unstamped = now_ns, unstamped + 1
+            at = self.release_ns(rx, addr, d[SIZE])
             before = last.get(addr, 0)
             if at < before:  # never ahead of the frame before it from the same peer
                 at = before
             last[addr] = at
             self._seq += 1
             heapq.heappush(heap, (at, self._seq, d))
+        return unstamped
 
     def next_ns(self) -> Optional[int]:
         """The earliest release time (None: nothing held)."""

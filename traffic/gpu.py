@@ -286,11 +286,10 @@ class Gpu:
             return
         got = self.receiver.read()
         if got:
-            unstamped = sum(1 for d in got if not d[1])
+            now = time.time_ns()
+            unstamped = held.hold(got, now)
             if unstamped:
                 self.counters["rx_no_timestamp"] += unstamped
-            now = time.time_ns()
-            held.hold(got, now)
             self.release(now)
 
     def release(self, now: int) -> None:

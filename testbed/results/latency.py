@@ -40,15 +40,16 @@ def full_frame_path_us(path: PathDelay, mtu: int, rate_mbit: float) -> Dict[str,
             "cross_leaf": round(path.expected_us(False) + own, 3)}
 
 
-def latency_parts(packets, plan, path: PathDelay, mtu: int, rate_mbit: float) -> dict:
-    """The figures of a run's latency parts (emulated us): ``latency_queueing_us`` (latency
-    less each packet's modelled path delay; None when the path delay is off),
-    ``path_delay_us`` (a full frame's, per path kind) and ``latency_floor_us`` (the lowest
-    latency measured, per path kind)."""
+def latency_parts(packets, plan, path: PathDelay, expected_us: np.ndarray,
+                  minima_us: Dict[tuple, float], mtu: int, rate_mbit: float) -> dict:
+    """The figures of a run's latency parts (emulated us), given each packet's
+    ``expected_latency_us`` and the pairs' lowest latencies (``Packets.path_minima_us``):
+    ``latency_queueing_us`` (latency less its modelled path delay; None when the path delay
+    is off), ``path_delay_us`` (a full frame's, per path kind) and ``latency_floor_us`` (the
+    lowest latency measured, per path kind)."""
     queueing = None
     if path.mechanism != "off" and packets.latency.size:
-        queueing = metrics.percentiles(packets.latency
-                                       - expected_latency_us(packets, plan, path, rate_mbit))
+        queueing = metrics.percentiles(packets.latency - expected_us)
     return {"latency_queueing_us": queueing,
             "path_delay_us": full_frame_path_us(path, mtu, rate_mbit),
-            "latency_floor_us": path_floor_us(plan, packets.path_minima_us())}
+            "latency_floor_us": path_floor_us(plan, minima_us)}

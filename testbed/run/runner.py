@@ -597,11 +597,13 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
         "duration_s": round(time.monotonic() - t0, 2),
     })
     rate = scenario.topology.host_rate_mbit
-    figures.update(latency_parts(packets, plan, run.path_delay, scenario.workload.mtu, rate))
+    expected = expected_latency_us(packets, plan, run.path_delay, rate)
+    minima = packets.path_minima_us()
+    figures.update(latency_parts(packets, plan, run.path_delay, expected, minima,
+                                 scenario.workload.mtu, rate))
     figures["modelled"] = modelled(figures, ctx.time_scale)
     figures["per_hop_latency"] = dict(hops, measured_min_us=figures["latency_floor_us"])
-    expected = expected_latency_us(packets, plan, run.path_delay, rate)
-    figures["fidelity"] = evaluate(records, plan, figures, packets.path_minima_us(),
+    figures["fidelity"] = evaluate(records, plan, figures, minima,
                                    packets.path_minima_us(expected), cpu.samples, scenario,
                                    nic_pauses)
     say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "

@@ -34,7 +34,7 @@ def test_peers_interleave_by_release_and_one_peer_keeps_its_order():
 
 def test_an_unknown_sender_gets_only_the_transmission_and_a_missing_stamp_counts_from_now():
     line = DelayLine({A: 5000}, rate_bps=8e9)
-    line.hold([dgram(0, 0x0A0000FE, 58)], now_ns=1000)
+    assert line.hold([dgram(0, 0x0A0000FE, 58)], now_ns=1000) == 1
     assert line.next_ns() == 1000 + 58 + WIRE_OVERHEAD
 
 

@@ -31,9 +31,12 @@ def test_each_packet_expects_its_pairs_path_and_its_own_transmission():
 def test_the_parts_the_run_reports():
     p = packets([(0, 1, 1020.0, 942), (0, 1, 1030.0, 942), (0, 2, 4400.0, 4096)])
     path = PathDelay("netem", D)  # the same model, whichever mechanism applied it
-    out = latency_parts(p, PLAN, path, mtu=4096, rate_mbit=8.0)
+    out = latency_parts(p, PLAN, path, expected_latency_us(p, PLAN, path, 8.0),
+                        p.path_minima_us(), mtu=4096, rate_mbit=8.0)
     assert out["path_delay_us"] == full_frame_path_us(path, 4096, 8.0) == {
         "same_leaf": 11.0 + 4154, "cross_leaf": 211.0 + 4154}
     assert out["latency_floor_us"] == {"same_leaf": 1020.0, "cross_leaf": 4400.0}
     assert out["latency_queueing_us"]["p50"] == pytest.approx(19.0)  # 9, 19, 35
-    assert latency_parts(p, PLAN, PathDelay("off", D), 4096, 8.0)["latency_queueing_us"] is None
+    off = PathDelay("off", D)
+    assert latency_parts(p, PLAN, off, expected_latency_us(p, PLAN, off, 8.0),
+                         p.path_minima_us(), 4096, 8.0)["latency_queueing_us"] is None
