@@ -6,7 +6,9 @@ about the same throughput. This runs an all-to-all of 4 MiB per GPU over 2:1 ove
 uplinks (8 GPUs, 4 leaves, 2 spines) under the lossless policy, DCQCN on and off, interleaved
 for ``--rounds`` rounds, and prints each run and the medians: modelled CCT p50, PFC pauses and
 paused time, the largest switch queue, the p99 of the queue timeline at the busiest port,
-latency p99, the lowest DCQCN rate, and the fidelity verdict.
+latency p99, the lowest DCQCN rate, the share of QPs that start an iteration below half the
+line (throttling carried over: the iterations follow each other without a compute phase), the
+fidelity verdict and each iteration's CCT.
 
 4 MiB: each pair of GPUs exchanges 512 KiB, about 40 us at the modelled 100 Gbit/s - several
 of DCQCN's control loops (a marked frame waits behind the queue it was marked in, then the
@@ -29,6 +31,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from typing import Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -72,23 +75,62 @@ def timeline_p99(run_dir: str) -> float:
     return best
 
 
+def slow_starts(run_dir: str, line_bps: float) -> Optional[float]:
+    """The share of (QP, iteration after the first) whose DCQCN rate, as the iteration
+    starts, is below half the line: throttling carried over from the iteration before (the
+    iterations here have no compute phase between them). None without DCQCN records."""
+    records = os.path.join(run_dir, "records", "lossless")
+    starts: Dict[int, int] = {}
+    histories: Dict[tuple, List[tuple]] = {}
+    for name in sorted(os.listdir(records)):
+        path = os.path.join(records, name)
+        if name.endswith(".iterations.csv"):
+            for r in _rows(path):
+                i, t = int(r["iteration"]), int(r["start_ns"])
+                starts[i] = min(starts.get(i, t), t)
+        elif name.endswith(".qps.csv"):
+            for r in _rows(path):
+                if not r["bytes_sent"]:  # a rate change, not a sample
+                    histories.setdefault((name, r["qpn"]), []).append(
+                        (int(r["t_ns"]), float(r["rate_bps"])))
+    later = [t for i, t in starts.items() if i > 0]
+    if not histories or not later:
+        return None
+    low = 0
+    for history in histories.values():
+        for t in later:
+            before = [rate for at, rate in history if at <= t]
+            low += bool(before) and before[-1] < line_bps / 2
+    return low / (len(histories) * len(later))
+
+
+def _rows(path: str) -> List[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
 def figures(results: dict, run_dir: str) -> dict:
     p = results["policies"]["lossless"]
     m = p["modelled"]
+    line_bps = results["scenario"]["topology"]["host_rate_mbit"] * 1e6
     peaks = [v for port in p["switch_queues"].get("max_backlog", {}).values()
              for v in port.values()]
-    return {"cct_us": m["cct_us"]["p50"], "pauses": p["pfc_pause_events"],
+    return {"cct_us": m["cct_us"]["p50"],
+            "cct_iterations_us": [round(c) for c in m["cct_us"]["per_iteration"]],
+            "pauses": p["pfc_pause_events"],
             "paused_ms": m.get("pfc_paused_ms"), "peak_kb": max(peaks, default=0) / 1000,
             "queue_p99_kb": timeline_p99(run_dir) / 1000,
             "latency_p99_us": m["latency_us"]["p99"],
             "min_rate_share": (p["dcqcn_min_rate_mbit"] / results["scenario"]["topology"]
                                ["host_rate_mbit"] if p.get("dcqcn_min_rate_mbit") else None),
+            "slow_starts": slow_starts(run_dir, line_bps),
             "fidelity": p["fidelity"]["verdict"]}
 
 
 COLUMNS = [("CCT p50 (us)", "cct_us"), ("pauses", "pauses"), ("paused (ms)", "paused_ms"),
            ("peak queue (KB)", "peak_kb"), ("queue p99 (KB)", "queue_p99_kb"),
-           ("latency p99 (us)", "latency_p99_us"), ("lowest rate / line", "min_rate_share")]
+           ("latency p99 (us)", "latency_p99_us"), ("lowest rate / line", "min_rate_share"),
+           ("QPs starting below half", "slow_starts")]
 
 
 def main() -> int:
@@ -124,15 +166,17 @@ def main() -> int:
     for cc, fs in runs.items():
         for i, f in enumerate(fs):
             rows.append([f"{cc} {i + 1}"] + [sig(f[k]) if f[k] is not None else "-"
-                                             for _, k in COLUMNS] + [f["fidelity"]])
+                                             for _, k in COLUMNS] + [f["fidelity"]]
+                        + [" ".join(f"{c:,}" for c in f["cct_iterations_us"])])
     for cc in runs:
         rows.append([f"{cc} median"] + [sig(medians[cc][k]) if medians[cc][k] is not None
-                                        else "-" for _, k in COLUMNS] + [""])
+                                        else "-" for _, k in COLUMNS] + ["", ""])
     base, on = medians["none"], medians["dcqcn"]
     size = scenarios["none"].workload.size_bytes
     print(f"lossless all-to-all, {size / 2 ** 20:g} MiB per GPU, 8 GPUs over 2:1 uplinks at "
           f"{args.rate:g} Mbit/s; modelled time")
-    print(table(["run"] + [c for c, _ in COLUMNS] + ["fidelity"], rows))
+    print(table(["run"] + [c for c, _ in COLUMNS] + ["fidelity", "CCT per iteration (us)"],
+                rows))
     print(f"DCQCN / PFC alone (medians): CCT {on['cct_us'] / base['cct_us']:.2f}x, pauses "
           f"{on['pauses'] / base['pauses']:.2f}x, peak queue "
           f"{on['peak_kb'] / base['peak_kb']:.2f}x, queue p99 "
