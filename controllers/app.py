@@ -13,10 +13,14 @@ file (policy name, fabric plan, parameters, context), a state file and an event 
   ``policy.ecn_changed`` and ``policy.queue_load``.
 
 os-ken 4 runs on native threads (its default hub): one per connection, one for this app's
-event loop, one per task spawned here. The policy is called only from the event loop.
+event loop, one per task spawned here. The policy is called only from the event loop. Every
+handler is ``served``: the native hub's ``TaskExit`` is ``Exception``, so os-ken's event loop
+re-raises whatever a handler raises and ends without a word - no later event would be handled.
+A handler's failure is logged and appended as ``{"event": "handler_failed", ...}`` instead.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -70,11 +74,28 @@ class QueueEvent(event.EventBase):
 
 def where(thread, depth: int = 6) -> str:
     """The innermost frames one of os-ken's (native) threads is in, on one line."""
+    if not getattr(thread, "is_alive", lambda: True)():
+        return "(ended)"  # its ident may already be another thread's
     frame = sys._current_frames().get(getattr(thread, "ident", None))
     if frame is None:
         return "(not running)"
     return " < ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
                       for f in reversed(traceback.extract_stack(frame)[-depth:]))
+
+
+def served(handler):
+    """``handler`` with its failures logged and reported to the runner, not raised into
+    os-ken's event loop (which would end it; module docstring)."""
+    @functools.wraps(handler)
+    def serve(self, ev):
+        try:
+            handler(self, ev)
+        except Exception as e:
+            LOG.exception("%s failed on %s", handler.__name__, type(ev).__name__)
+            datapath = getattr(getattr(ev, "msg", None), "datapath", None)
+            self._state(event="handler_failed", handler=handler.__name__,
+                        dpid=getattr(datapath, "id", None), error=f"{type(e).__name__}: {e}")
+    return serve
 
 
 class FabricController(app_manager.OSKenApp):
@@ -112,6 +133,7 @@ class FabricController(app_manager.OSKenApp):
 
     # --- OpenFlow ---------------------------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
+    @served
     def switch_features(self, ev):
         dp = ev.msg.datapath
         try:
@@ -138,6 +160,7 @@ class FabricController(app_manager.OSKenApp):
     # this app sends the policy's messages and barrier from its own: a switch may answer the
     # barrier first, and os-ken dispatches that reply still in CONFIG_DISPATCHER.
     @set_ev_cls(ofp_event.EventOFPBarrierReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    @served
     def barrier_reply(self, ev):
         dpid = self.pending_barriers.pop(ev.msg.xid, None)
         if dpid is None:
@@ -148,6 +171,7 @@ class FabricController(app_manager.OSKenApp):
         self._state(event="programmed", dpid=dpid, switch=name)
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    @served
     def error_msg(self, ev):
         msg = ev.msg
         LOG.error("dpid %016x: OpenFlow error type=%d code=%d data=%s", msg.datapath.id,
@@ -155,6 +179,7 @@ class FabricController(app_manager.OSKenApp):
         self._state(event="error", dpid=msg.datapath.id, type=msg.type, code=msg.code)
 
     @set_ev_cls(ofp_event.EventOFPPacketIn, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    @served
     def packet_in(self, ev):
         msg = ev.msg
         self.counters["packet_in"] += 1
@@ -224,6 +249,7 @@ class FabricController(app_manager.OSKenApp):
                 self.send_event(self.name, parsed)
 
     @set_ev_cls(QueueEvent)
+    @served
     def queue_event(self, ev: QueueEvent) -> None:
         for dpid, port, marking in ev.ecn:
             self.counters["ecn_events"] += 1

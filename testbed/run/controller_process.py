@@ -79,6 +79,10 @@ class ControllerProcess:
                     raise ControllerError(f"the {self.policy.name} controller could not program "
                                           f"switch {event.get('dpid', 0):016x}: "
                                           f"{event.get('error')}")
+                if event.get("event") == "handler_failed":
+                    raise ControllerError(f"the {self.policy.name} controller's "
+                                          f"{event.get('handler')} failed: {event.get('error')} "
+                                          f"(see {self.log_path})")
                 if event.get("event") == "programmed":
                     done.add(event["dpid"])
         return done

@@ -19,6 +19,7 @@ from controllers.app import QueueEvent
 from controllers.policy import make_policy
 from os_ken.ofproto import ofproto_v1_3 as ofp
 from testbed.scenario.config import Scenario
+from testbed.base.errors import ControllerError
 from testbed.run.controller_process import ControllerProcess
 from testbed.base.topology import FabricPlan
 
@@ -171,3 +172,29 @@ def test_queue_event_lines_parse_into_typed_events():
     for bad in ("not json", '{"ecn": [[1, 2]]}', '{"load": {"x": {}}}', "[]"):
         with pytest.raises((ValueError, KeyError, TypeError, AttributeError)):
             QueueEvent.parse(bad)
+
+
+def test_a_handler_that_raises_leaves_the_app_serving_and_says_so(controller, tmp_path):
+    """os-ken's native hub re-raises a handler's exception out of the app's event loop, which
+    then ends without a word: every later event - a switch's features, a barrier reply - would
+    wait forever. A queue event the policy cannot turn into a valid message (a port number
+    past OpenFlow's 32 bits) must not stop the next one from being served."""
+    ctl = controller("lossless")
+    leaf = PLAN.leaves[0]
+    switch = ScriptedSwitch(ctl.port, leaf.dpid)
+    switch.run_in_order()
+    ctl.wait_programmed([leaf.dpid], timeout=20)
+    switch.flow_mods(0.5)
+    uplinks = sorted(PLAN.uplinks().values())
+    events = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    events.connect(ctl.events_path)
+    events.sendall(json.dumps({"ecn": [[leaf.dpid, 1 << 40, 1]]}).encode() + b"\n")
+    busy = {str(leaf.dpid): {str(uplinks[0]): 500_000, str(uplinks[1]): 0}}
+    events.sendall(json.dumps({"load": busy}).encode() + b"\n")
+    assert switch.flow_mods(10) == 2
+    with open(ctl.log_path, encoding="utf-8") as f:
+        assert "queue_event failed" in f.read()
+    with pytest.raises(ControllerError, match="lossless controller's queue_event failed"):
+        ctl.programmed()  # what the runner reads while it waits for switches
+    events.close()
+    switch.sock.close()
