@@ -117,7 +117,7 @@ def figures(results: dict, run_dir: str) -> dict:
              for v in port.values()]
     return {"cct_us": m["cct_us"]["p50"],
             "cct_iterations_us": [round(c) for c in m["cct_us"]["per_iteration"]],
-            "pauses": p["pfc_pause_events"],
+            "pauses": p["pfc_pause_events"], "timeouts": p["rto_timeouts"],
             "paused_ms": m.get("pfc_paused_ms"), "peak_kb": max(peaks, default=0) / 1000,
             "queue_p99_kb": timeline_p99(run_dir) / 1000,
             "latency_p99_us": m["latency_us"]["p99"],
@@ -128,6 +128,7 @@ def figures(results: dict, run_dir: str) -> dict:
 
 
 COLUMNS = [("CCT p50 (us)", "cct_us"), ("pauses", "pauses"), ("paused (ms)", "paused_ms"),
+           ("RTO timeouts", "timeouts"),
            ("peak queue (KB)", "peak_kb"), ("queue p99 (KB)", "queue_p99_kb"),
            ("latency p99 (us)", "latency_p99_us"), ("lowest rate / line", "min_rate_share"),
            ("QPs starting below half", "slow_starts")]

@@ -73,6 +73,7 @@ class Policy(ABC):
     wants_queue_load: bool = False  # send queue_load events (adaptive routing)
     wants_packet_in: bool = False  # switches send some packets to the controller
     default_congestion_control: str = "none"  # what senders run when the scenario says auto
+    default_rto_us: float = 100.0  # the NICs' retransmission timeout when the scenario says auto
 
     def __init__(self, plan: FabricPlan, params=None, context: FabricContext = None):
         self.plan = plan

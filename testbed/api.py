@@ -296,6 +296,7 @@ class PolicyResult:
     params: Optional[Dict[str, Any]] = figure("the policy's parameters as run")
     traffic_classes: Tuple[str, ...] = figure("the policy's traffic classes", default=())
     congestion_control: Optional[str] = figure("dcqcn or none, as run")
+    rto_us: Optional[float] = figure("the NICs' retransmission timeout as run (modelled us)")
     warnings: Tuple[str, ...] = figure(
         "anything that makes the figures less trustworthy", default=())
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)

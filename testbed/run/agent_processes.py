@@ -37,7 +37,7 @@ def transport_config(run: PolicyRun) -> Transport:
     """The NIC settings every agent of a run gets (RC, congestion control, entropy)."""
     scenario = run.scenario
     tr = scenario.transport
-    rto_ns = scenario.emulated_ns(tr.rto_us)
+    rto_ns = scenario.emulated_ns(run.rto_us)
     roce_dscp, cnp_dscp = run.policy.dscp()
     return Transport(
         congestion_control=run.congestion_control,
@@ -93,11 +93,12 @@ def expected_duration_s(scenario: Scenario) -> float:
     return wire + compute * w.iterations * len(w.run_sizes)
 
 
-def finish_timeout_s(scenario: Scenario) -> float:
+def finish_timeout_s(run: PolicyRun) -> float:
     """How long a run waits for its agents: generous for slow emulation (10x the line-rate
     estimate) plus one QP's worst recovery (every retry at the longest timeout)."""
-    tr = scenario.transport
-    worst_recovery = tr.retry_limit * MAX_RTO_FACTOR * scenario.emulated_ns(tr.rto_us) / 1e9
+    scenario = run.scenario
+    worst_recovery = (scenario.transport.retry_limit * MAX_RTO_FACTOR
+                      * scenario.emulated_ns(run.rto_us) / 1e9)
     return 30 + 10 * expected_duration_s(scenario) + worst_recovery
 
 

@@ -528,7 +528,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
                 t_traffic = time.monotonic()
                 total = agents.iterations
                 with cpu:  # while the traffic runs
-                    agents.wait_finished(timeout=finish_timeout_s(scenario),
+                    agents.wait_finished(timeout=finish_timeout_s(run),
                                          on_iteration=lambda i: say(
                                              f"iteration {i + 1}/{total} "
                                              f"({time.monotonic() - t_traffic:.1f} s)"),
@@ -575,6 +575,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
         "params": policy.params_dict(),
         "traffic_classes": [c.name for c in classes],
         "congestion_control": cc,
+        "rto_us": run.rto_us,
         "switch_queue_drops": switch_drops,
         "nic_queue_drops": nic_drops,
         "drops_by_port": per_port,

@@ -19,7 +19,7 @@ from ..base.topology import FabricPlan
 from ..fabric.capabilities import Capabilities
 from ..fabric.placement import place
 from ..fabric.shaping import frame_bytes, limiter_qdisc, link_mtu, marking_method, marking_via
-from ..scenario.config import Scenario
+from ..scenario.config import AUTO, Scenario
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class PolicyRun:
     hops: HopModel
     path_delay: PathDelay  # the hop model's delays per port kind, and what applies them
     congestion_control: str  # what the GPUs' NICs run: "dcqcn" | "none"
+    rto_us: float  # the GPUs' NICs' retransmission timeout (modelled us)
     qp_limiter: Optional[QpLimiter]  # DCQCN's per-QP rate limiters (None without DCQCN)
     placement: Optional[Dict[str, str]]  # node -> server of a split fabric (None: one server)
     workloads: Tuple[WorkloadSpec, ...]  # the collectives every GPU replays, one per size
@@ -68,7 +69,7 @@ def decide(name: str, plan: FabricPlan, scenario: Scenario, caps: Capabilities) 
         policy=policy, scenario=scenario, classes=classes, marking=marking, marking_via=via,
         link_mtu=link_mtu(scenario.workload.mtu), hops=hops,
         path_delay=path_delay(scenario, hops, caps),
-        congestion_control=cc,
+        congestion_control=cc, rto_us=rto_us(scenario, policy),
         qp_limiter=qp_limiter(scenario, policy, classes) if cc == "dcqcn" else None,
         placement=cluster_placement(scenario, plan), workloads=workload_specs(scenario, plan))
 
@@ -92,6 +93,12 @@ def congestion_control(scenario: Scenario, policy: Policy) -> str:
     """``dcqcn`` or ``none``: the scenario's choice, or the policy's default for ``auto``."""
     cc = scenario.transport.congestion_control
     return policy.default_congestion_control if cc == "auto" else cc
+
+
+def rto_us(scenario: Scenario, policy: Policy) -> float:
+    """The retransmission timeout: the scenario's, or the policy's default for ``auto``."""
+    rto = scenario.transport.rto_us
+    return policy.default_rto_us if rto == AUTO else float(rto)
 
 
 def qp_limiter(scenario: Scenario, policy: Policy, classes) -> QpLimiter:

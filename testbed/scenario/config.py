@@ -150,10 +150,11 @@ class TransportConfig:
         "doc": "UDP source port: derived from the QP, or a new one per packet (spraying)"})
     ack_every: int = field(default=16, metadata={
         "min": 1, "max": 4096, "unit": "packets", "doc": "responder ACK coalescing"})
-    rto_us: float = field(default=100.0, metadata={
-        "min": 0.001, "max": 600_000_000.0, "unit": "us (modelled)",
-        "doc": "retransmission timeout (doubles per retry, up to 8x); longer than the deepest "
-               "emulated queues take to drain"})
+    rto_us: Union[float, str] = field(default=AUTO, metadata={
+        "auto": True, "min": 0.001, "max": 600_000_000.0, "unit": "us (modelled)",
+        "doc": "retransmission timeout (doubles per retry, up to 8x); auto: the policy's - "
+               "lossless 1,000 us, longer than PFC's pauses and a slowed QP's coalesced ACKs "
+               "take; 100 us elsewhere, longer than the deepest queue takes to drain"})
     retry_limit: int = field(default=7, metadata={
         "min": 1, "max": 64, "doc": "retransmissions of one PSN before the QP fails"})
     dcqcn_timer_us: float = field(default=8.0, metadata={

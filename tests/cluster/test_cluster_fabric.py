@@ -56,7 +56,7 @@ def test_agents_on_both_servers_complete_a_ring_across_the_split(tmp_path, serve
         try:
             agents.start()
             agents.go()
-            agents.wait(timeout=finish_timeout_s(scenario))
+            agents.wait(timeout=finish_timeout_s(run))
         finally:
             agents.stop()
     assert delivered_bytes(str(tmp_path), "") == expected_bytes(scenario)

@@ -128,7 +128,7 @@ def test_hostile_frames_are_counted_and_dropped_and_nothing_stalls(tmp_path, nam
             out, err = inject.communicate(timeout=120)
             assert inject.returncode == 0, err.decode()[-2000:]
             sent = json.loads(out)
-            agents.wait(timeout=finish_timeout_s(scenario), alive=s.controller.check_alive)
+            agents.wait(timeout=finish_timeout_s(run), alive=s.controller.check_alive)
         finally:
             agents.stop()
         s.controller.check_alive()  # handled every packet-in and is still there

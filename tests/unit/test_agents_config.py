@@ -106,11 +106,24 @@ def test_neighbour_hosts_get_no_agent():
 
 
 def test_the_wait_for_agents_covers_the_longest_recovery():
-    short = Scenario.from_dict({"transport": {"rto_us": 100}}).for_checks()
-    long = Scenario.from_dict({"transport": {"rto_us": 400}}).for_checks()
+    short = decided("hyperscale", PLAN,
+                    Scenario.from_dict({"transport": {"rto_us": 100}}).for_checks())
+    long = decided("hyperscale", PLAN,
+                   Scenario.from_dict({"transport": {"rto_us": 400}}).for_checks())
     # 7 retries at the backed-off 8 x RTO: 14 s and 56 s
     assert finish_timeout_s(long) - finish_timeout_s(short) == 56 - 14
-    assert finish_timeout_s(short) == 30 + 10 * expected_duration_s(short) + 14
+    assert finish_timeout_s(short) == 30 + 10 * expected_duration_s(short.scenario) + 14
+
+
+def test_the_rto_is_the_policy_s_unless_the_scenario_gives_one():
+    auto = Scenario.from_dict({}).for_checks()
+    assert decided("lossless", PLAN, auto).rto_us == 1000.0  # outwaits PFC, drops nothing
+    assert decided("hyperscale", PLAN, auto).rto_us == 100.0
+    assert decided("enterprise", PLAN, auto).rto_us == 100.0
+    given = Scenario.from_dict({"transport": {"rto_us": 250}}).for_checks()
+    assert decided("lossless", PLAN, given).rto_us == 250.0
+    run = decided("lossless", PLAN, auto)
+    assert transport_config(run)["rto_ns"] == auto.emulated_ns(1000.0)
 
 
 def test_gpus_go_to_a_few_processes_per_server_in_rank_order():
