@@ -64,9 +64,7 @@ def scenario(cc: str, rate: float, sets) -> Scenario:
 def timeline_p99(run_dir: str) -> float:
     """The p99 over time of the busiest port's sampled backlog (bytes), from the queue
     timeline: what the queue stays at, where the largest backlog is one instant."""
-    path = os.path.join(run_dir, "switchq-lossless.timeline.csv")
-    with open(path) as f:
-        rows = list(csv.DictReader(f))
+    rows = _rows(os.path.join(run_dir, "switchq-lossless.timeline.csv"))
     ports = [k for k in rows[0] if k not in ("time_ns", "paused")] if rows else []
     best = 0.0
     for port in ports:
@@ -121,8 +119,8 @@ def figures(results: dict, run_dir: str) -> dict:
             "paused_ms": m.get("pfc_paused_ms"), "peak_kb": max(peaks, default=0) / 1000,
             "queue_p99_kb": timeline_p99(run_dir) / 1000,
             "latency_p99_us": m["latency_us"]["p99"],
-            "min_rate_share": (p["dcqcn_min_rate_mbit"] / results["scenario"]["topology"]
-                               ["host_rate_mbit"] if p.get("dcqcn_min_rate_mbit") else None),
+            "min_rate_share": (p["dcqcn_min_rate_mbit"] * 1e6 / line_bps
+                               if p.get("dcqcn_min_rate_mbit") else None),
             "slow_starts": slow_starts(run_dir, line_bps),
             "fidelity": p["fidelity"]["verdict"]}
 

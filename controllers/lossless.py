@@ -41,9 +41,8 @@ class LosslessPolicy(Policy):
     colour = "#2ca02c"
     cookie = 0x4C4C  # "LL"
     default_congestion_control = "dcqcn"
-    # nothing is dropped, so the timer only has to outwait PFC's pauses and the coalesced ACKs
-    # of QPs DCQCN slowed down: at 100 us it fired 280-530 times in benchmarks/dcqcn.py's
-    # incast, each a go-back-N of frames that had arrived (real RNICs: 67 ms to seconds)
+    # nothing is dropped: the timer only has to outwait PFC's pauses and the coalesced ACKs of
+    # QPs DCQCN slowed down (docs/fabric.md, "Reliable connection")
     default_rto_us = 1000.0
 
     def __init__(self, plan, params=None, context=None):
