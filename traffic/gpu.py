@@ -91,6 +91,12 @@ def qp_number(local_rank: int, remote_rank: int, index: int = 0, per_peer: int =
     return QP_BASE + remote_rank * per_peer + index
 
 
+def _first(active: List["QueuePair"], k: int) -> None:
+    """Rotate the round-robin so that ``active[k]`` is served first next time."""
+    if k > 0:
+        active[:] = active[k:] + active[:k]
+
+
 class QueuePair:
     """One RC connection of a GPU: requester, responder, congestion control, templates."""
 
@@ -475,7 +481,9 @@ class Gpu:
             qp.next_tx_ns = after
 
     def send_data(self) -> None:
-        """Send packets round-robin over the QPs that may send now, until the NIC is full."""
+        """Send packets round-robin over the QPs that may send now, until the NIC is full.
+        The next call resumes with the QP the NIC had no room for: with room for one frame
+        at a time, a restart from the first QP would serve only that one."""
         send, spray, active, pending = self.sender.send, self.spray, self.active, self.tx_pending
         dirty, counters = self.dirty, self.counters
         while active and not self.nic_blocked:
@@ -501,6 +509,7 @@ class Gpu:
                     qp.queued = False
                     continue
                 if self.tx_key - self.stamped >= NIC_QUEUE_FRAMES and self.nic_full():
+                    _first(active, i - 1)
                     return
                 tpl = qp.conn.template(o.opcode, o.payload)
                 if spray:
@@ -512,6 +521,7 @@ class Gpu:
                 if not size:
                     self.nic_blocked = self.kernel_full = True
                     counters["tx_blocked"] += 1
+                    _first(active, i - 1)
                     return
                 pending[self.tx_key] = (now, size, "d")
                 self.tx_key += 1

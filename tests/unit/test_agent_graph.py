@@ -215,3 +215,25 @@ def test_timer_lag_is_kept_per_kind_of_timer_and_in_total():
     assert {k: h.to_dict()["count"] for k, h in a.lag_by.items()} == {"dcqcn": 2, "compute": 1}
     assert a.lag_by["dcqcn"].to_dict()["p95_us"] >= 300
     assert set(a.lag_by) <= set(TIMER_KINDS)
+
+
+def test_a_nic_with_room_for_one_frame_at_a_time_serves_its_qps_in_turn(monkeypatch):
+    """The NIC's round-robin resumes after the QP it served last. Restarting from the first
+    QP on every call, it served only that one while the NIC was the bottleneck: the other
+    QPs' flows waited behind it (measured: an all-to-all's flows ended one after another)."""
+    agent = _agent(rank=0, n=4, collective="all_to_all", size=4 * 64 * 1024)
+    agent.go(0)
+    agent.compute_done(0, 0)
+    assert len(agent.active) == 3
+    room = [0]
+    agent.sender = type("Sender", (), {"send": lambda self, *a: 1024})()
+    agent.stamped = -10  # the NIC always holds frames: every send asks whether it has room
+    monkeypatch.setattr(agent, "nic_full", lambda: room[0] == 0 or room.__setitem__(0, 0))
+    qps, served = list(agent.active), []
+    for _ in range(6):
+        before = [qp.bytes_sent for qp in qps]
+        room[0] = 1  # one frame left the NIC
+        agent.send_data()
+        agent.nic_blocked = False
+        served += [qp.peer for qp, b in zip(qps, before) if qp.bytes_sent > b]
+    assert served == [1, 2, 3, 1, 2, 3]
