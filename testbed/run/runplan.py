@@ -69,7 +69,7 @@ def decide(name: str, plan: FabricPlan, scenario: Scenario, caps: Capabilities) 
         policy=policy, scenario=scenario, classes=classes, marking=marking, marking_via=via,
         link_mtu=link_mtu(scenario.workload.mtu), hops=hops,
         path_delay=path_delay(scenario, hops, caps),
-        congestion_control=cc, rto_us=rto_us(scenario, policy),
+        congestion_control=cc, rto_us=rto_us(scenario, policy, roce_class(policy, classes)),
         qp_limiter=qp_limiter(scenario, policy, classes) if cc == "dcqcn" else None,
         placement=cluster_placement(scenario, plan), workloads=workload_specs(scenario, plan))
 
@@ -95,18 +95,30 @@ def congestion_control(scenario: Scenario, policy: Policy) -> str:
     return policy.default_congestion_control if cc == "auto" else cc
 
 
-def rto_us(scenario: Scenario, policy: Policy) -> float:
-    """The retransmission timeout: the scenario's, or the policy's default for ``auto``."""
+def rto_us(scenario: Scenario, policy: Policy, roce: TrafficClass) -> float:
+    """The retransmission timeout: the scenario's, or for ``auto`` the policy's default but
+    at least twice the time the RoCE class's buffer takes to drain at the slowest link - a
+    frame's way through a full queue and its coalesced ACK's back through another. A shorter
+    timer resends frames that arrived (4 MB buffers at 100 us: 4-14 go-back-Ns a run)."""
     rto = scenario.transport.rto_us
-    return policy.default_rto_us if rto == AUTO else float(rto)
+    if rto != AUTO:
+        return float(rto)
+    t = scenario.topology
+    slowest_gbit = t.modelled_rate_gbit * min(1.0, t.fabric_rate_mbit / t.host_rate_mbit)
+    return max(policy.default_rto_us, 2 * roce.buffer_bytes * 8 / (slowest_gbit * 1e3))
+
+
+def roce_class(policy: Policy, classes) -> TrafficClass:
+    """The class RoCE data travels in (the default class if none names its DSCP)."""
+    roce = policy.dscp()[0]
+    return next((c for c in classes if roce in c.dscp), default_class(classes))
 
 
 def qp_limiter(scenario: Scenario, policy: Policy, classes) -> QpLimiter:
     """Where DCQCN's per-QP rate limiters live on every GPU NIC: the HTB qdisc of the class
     RoCE data travels in (its handle is that class's minor) and the settings of the QP classes
     the agents add to it (``traffic.ratelimit``)."""
-    roce = policy.dscp()[0]
-    cls = next((c for c in classes if roce in c.dscp), default_class(classes))
+    cls = roce_class(policy, classes)
     return QpLimiter(major=cls.minor, **limiter_qdisc(scenario.topology.host_rate_mbit,
                                                       link_mtu(scenario.workload.mtu)))
 

@@ -154,7 +154,8 @@ class TransportConfig:
         "auto": True, "min": 0.001, "max": 600_000_000.0, "unit": "us (modelled)",
         "doc": "retransmission timeout (doubles per retry, up to 8x); auto: the policy's - "
                "lossless 1,000 us, longer than PFC's pauses and a slowed QP's coalesced ACKs "
-               "take; 100 us elsewhere, longer than the deepest queue takes to drain"})
+               "take; 100 us elsewhere - and at least twice the time the RoCE class's buffer "
+               "takes to drain at the slowest link"})
     retry_limit: int = field(default=7, metadata={
         "min": 1, "max": 64, "doc": "retransmissions of one PSN before the QP fails"})
     dcqcn_timer_us: float = field(default=8.0, metadata={

@@ -124,6 +124,11 @@ def test_the_rto_is_the_policy_s_unless_the_scenario_gives_one():
     assert decided("lossless", PLAN, given).rto_us == 250.0
     run = decided("lossless", PLAN, auto)
     assert transport_config(run)["rto_ns"] == auto.emulated_ns(1000.0)
+    # 4 MB buffers on 50 Gbit/s uplinks: 640 us to drain one, the frame's and its ACK's way
+    deep = Scenario.from_dict({"topology": {"oversubscription": 2}, "policy_params": {
+        "enterprise": {"buffer_bytes": 4_000_000}}}).for_checks()
+    assert decided("enterprise", PLAN, deep).rto_us == 1280.0
+    assert decided("hyperscale", PLAN, deep).rto_us == 100.0  # 96 KB: 15 us to drain
 
 
 def test_gpus_go_to_a_few_processes_per_server_in_rank_order():
