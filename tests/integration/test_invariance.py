@@ -3,7 +3,9 @@ apart gives the same modelled CCTs and the same order of policies.
 
 2:1 oversubscribed uplinks and a double binary tree at 20 and 10 Mbit/s: enterprise (one
 spanning tree: every inter-leaf flow on one spine) and hyperscale (ECMP), both with buffers deep
-enough that queues, not drops, decide. Left out, each for a measured reason (docs/time-scale.md):
+enough that queues, not drops, decide. Which of them is faster is not the question here: ECMP
+hashes this tree's heavy flows onto one uplink of a leaf as the spanning tree does by design,
+and enterprise came out the faster (308 against 330 us at both rates, 2026-12-05). Left out, each for a measured reason (docs/time-scale.md):
 40 Mbit/s (this contended run saturates the 2-core reference machine there, and the
 unfaithful run's lossless CCT came out 20% high); tail drops (hyperscale's per-iteration CCTs
 spread 530-1,600 us at one rate with 80-105 RTOs a run, so a median of a few iterations moves
@@ -33,5 +35,3 @@ def test_a_contended_run_means_the_same_at_two_time_scales(tmp_path):
     for name in CONTENDED.policies:
         assert s["spread"][name] <= 0.10, by_rate
     assert s["same_order"], by_rate
-    # one spine for every inter-leaf flow: enterprise is the slower fabric at both scales
-    assert by_rate["20"]["hyperscale"]["cct_ms"] < by_rate["20"]["enterprise"]["cct_ms"]
