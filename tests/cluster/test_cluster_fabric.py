@@ -108,9 +108,12 @@ def test_lossless_pauses_across_servers_and_loses_nothing(tmp_path, server):
         "policies": ["lossless"],
         "topology": {"leaves": 2, "gpus_per_leaf": 2, "host_rate_mbit": 20,
                      "fabric_rate_mbit": 10},
-        # all-to-all: three senders into every GPU, two of them through the spines, so a
-        # leaf downlink on one server pauses spine queues on the other
-        "workload": {"collective": "all_to_all", "iterations": 2, "size_bytes": 1 << 20},
+        # a tree all-reduce: a parent takes both children's halves at once, one of them
+        # through a spine, so a leaf downlink on one server pauses spine queues on the other
+        # (an all-to-all's senders share their NICs among all peers: no downlink gets more
+        # than its line, and only the uplinks - fed from their own server - pause)
+        "workload": {"collective": "double_binary_tree", "iterations": 2,
+                     "size_bytes": 1 << 20},
         "transport": {"congestion_control": "none"},  # PFC alone holds the senders back
         # half the default thresholds (what the byte defaults were at 20 Mbit/s when they still
         # scaled with the emulated rate): queues cross XOFF on both servers within 2 iterations
