@@ -104,7 +104,7 @@ def rto_us(scenario: Scenario, policy: Policy, roce: TrafficClass) -> float:
     if rto != AUTO:
         return float(rto)
     t = scenario.topology
-    slowest_gbit = t.modelled_rate_gbit * min(1.0, t.fabric_rate_mbit / t.host_rate_mbit)
+    slowest_gbit = min(t.host_rate_mbit, t.fabric_rate_mbit) * scenario.time_scale / 1000
     return max(policy.default_rto_us, 2 * roce.buffer_bytes * 8 / (slowest_gbit * 1e3))
 
 

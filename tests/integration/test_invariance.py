@@ -3,9 +3,9 @@ apart gives the same modelled CCTs and the same order of policies.
 
 2:1 oversubscribed uplinks and a double binary tree at 20 and 10 Mbit/s: enterprise (one
 spanning tree: every inter-leaf flow on one spine) and hyperscale (ECMP), both with buffers deep
-enough that queues, not drops, decide. Which of them is faster is not the question here: ECMP
-hashes this tree's heavy flows onto one uplink of a leaf as the spanning tree does by design,
-and enterprise came out the faster (308 against 330 us at both rates, 2026-12-05). Left out, each for a measured reason (docs/time-scale.md):
+enough that queues, not drops, decide. Which of them is faster is not the question: ECMP
+hashes this tree's heavy flows onto one uplink of a leaf, as the spanning tree does by design
+(docs/time-scale.md has the figures). Left out, each for a measured reason (docs/time-scale.md):
 40 Mbit/s (this contended run saturates the 2-core reference machine there, and the
 unfaithful run's lossless CCT came out 20% high); tail drops (hyperscale's per-iteration CCTs
 spread 530-1,600 us at one rate with 80-105 RTOs a run, so a median of a few iterations moves
