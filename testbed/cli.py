@@ -16,11 +16,10 @@ import os
 import signal
 import sys
 
-from traffic.collectives import ALGORITHMS
 
 from .base.errors import ConfigError, TestbedError
 from .results.term import paint
-from .scenario.config import ALL_POLICIES, DEFAULT
+from .scenario.config import ALGORITHM_NAMES, ALL_POLICIES, DEFAULT
 
 
 def _progress(quiet: bool):
@@ -290,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--iterations", type=int,
                    help=f"training iterations to replay (at each size; default: "
                         f"{DEFAULT.workload.iterations})")
-    r.add_argument("--collective", help=f"{', '.join(ALGORITHMS)} (default: "
+    r.add_argument("--collective", help=f"{', '.join(ALGORITHM_NAMES)} (default: "
                                         f"{DEFAULT.workload.collective})")
     r.add_argument("--sizes", metavar="FROM:TO|LIST",
                    help="message-size sweep like nccl-tests: 64K:4M doubles from 64 KiB to "

@@ -21,14 +21,16 @@ import os
 import select
 import sys
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from testbed.base.procutil import die_with_parent, precise_timers, react_first
 
 from . import records
-from .contract import AgentConfig, GpuConfig
+from .collectives import Transfer
+from .contract import AgentConfig, GpuConfig, Job
 from .delayline import DelayLine
 from .gpu import FRAME_OVERHEAD, Gpu, QueuePair
+from .progress import Phase
 from .rc import RetryExceeded
 from .timers import Sleeper, TimerHeap
 
@@ -39,18 +41,33 @@ HOUSEKEEPING_NS = 1_000_000_000
 MODERATION_SHARE = 1.0
 
 
+class ScaleUpArrival(NamedTuple):
+    """A scale-up transfer reaching its receiver: a timer of the loop serving both GPUs."""
+    sender: Gpu
+    receiver: Gpu
+    transfer: Transfer
+    iteration: int
+
+
 class Loop:
     """One epoll set and one timer for every GPU of this process."""
 
     def __init__(self, configs: Sequence[GpuConfig], out=sys.stdout, commands: int = 0,
-                 scheduling: str = "normal"):
+                 scheduling: str = "normal", job: Optional[Job] = None):
         self.out, self.commands = out, commands
         self.scheduling = scheduling  # how the process got the CPU (on_time), for the records
         self.epoll = select.epoll()
         self.quiet = select.epoll()  # the runner only: polling mode's sleep
         self.sleeper = Sleeper(self.epoll, self.quiet)
         self.heap = TimerHeap()
-        self.gpus = [Gpu(c, self) for c in configs]
+        phases = [Phase(job.graph.name, 0, job.graph, job.iterations)] if job else None
+        self.gpus = [Gpu(c, self, phases) for c in configs]
+        self.gpu_of_rank = {g.rank: g for g in self.gpus}
+        for g in self.gpus:
+            strangers = sorted(g.server - set(self.gpu_of_rank))
+            if strangers:
+                raise RuntimeError(f"{g.host}: the GPUs of its server with ranks {strangers} "
+                                   "are not served by this process")
         # a full frame's time at the fastest GPU NIC
         self.frame_ns = min(int((c.mtu + FRAME_OVERHEAD) * 8e9 / c.link_rate_bps)
                             for c in configs)
@@ -82,6 +99,10 @@ class Loop:
     def at(self, when: int, gpu: Gpu) -> None:
         """Wake ``gpu`` at ``when`` (the end of its compute phase)."""
         self.heap.push(when, gpu)
+
+    def scale_up(self, when: int, sender: Gpu, t: Transfer, it: int) -> None:
+        """Deliver scale-up transfer ``t`` at ``when`` (both GPUs are this loop's)."""
+        self.heap.push(when, ScaleUpArrival(sender, self.gpu_of_rank[t.dst], t, it))
 
     def rearm(self, qp: QueuePair, now: int) -> None:
         when = qp.next_timer_ns(qp.gpu.nic_blocked)
@@ -197,6 +218,12 @@ class Loop:
                 gpu = what.owner
                 gpu.late("delay", now - when)
                 gpu.release(now)
+            elif isinstance(what, ScaleUpArrival):
+                what.receiver.late("scale-up", now - when)
+                what.receiver.scale_up_arrived(what.transfer, what.iteration, when)
+                what.sender.scale_up_sent(what.transfer, what.iteration, when)
+                touched.add(what.receiver)
+                gpu = what.sender
             elif what is None:
                 for g in self.gpus:
                     g.check_stuck(now)
@@ -257,7 +284,7 @@ def main(argv=None) -> int:
         return 2
     with open(argv[0]) as f:
         config = AgentConfig.from_dict(json.load(f))
-    loop = Loop(config.gpus, commands=sys.stdin.fileno(), scheduling=scheduling)
+    loop = Loop(config.gpus, commands=sys.stdin.fileno(), scheduling=scheduling, job=config.job)
     # the kernel may merge a wake-up with other timers this much later: an eighth of what
     # the fidelity monitor allows timers to be late (a quarter of a frame time)
     precise_timers(max(1000, loop.frame_ns // 32))

@@ -25,6 +25,10 @@ name                   what                                                     
                        all-reduce of S/g per rail (the GPUs with the same local
                        index on every leaf), all-gather inside each leaf
 ``all_to_all``         MoE dispatch: every rank sends S/n to every other rank     (n-1)S/n
+``all_gather``         ring all-gather: rank r contributes block (r+1) mod n      (n-1)S/n
+``reduce_scatter``     ring reduce-scatter: rank r ends owning block (r+1) mod n  (n-1)S/n
+                       reduced over all ranks
+``send_recv``          point to point (pipeline stages): rank 0 sends S to 1      S
 =====================  =========================================================  =========
 
 ``simulate`` replays a collective on symbolic data (which rank's contribution each byte
@@ -72,7 +76,7 @@ class Collective:
     ranks: int
     size: int
     transfers: Tuple[Transfer, ...]
-    kind: str  # "allreduce" | "alltoall": what the result must be
+    kind: str  # "allreduce" | "alltoall" | "allgather" | "reducescatter" | "sendrecv"
 
     def sends(self, rank: int) -> List[Transfer]:
         return [t for t in self.transfers if t.src == rank]
@@ -360,6 +364,31 @@ def all_to_all(n: int, size: int, **_) -> Collective:
     return Collective("all_to_all", n, size, tuple(b.transfers), "alltoall")
 
 
+def all_gather(n: int, size: int, chunks: int = 1, **_) -> Collective:
+    _at_least(n, 2, "all_gather")
+    b = _Builder(n)
+    members = list(range(n))
+    region = _Region(0, size, n, chunks)
+    _all_gather(b, members, region, {r: [()] * region.n_pieces for r in members}, "all-gather")
+    return Collective("all_gather", n, size, tuple(b.transfers), "allgather")
+
+
+def reduce_scatter(n: int, size: int, chunks: int = 1, **_) -> Collective:
+    _at_least(n, 2, "reduce_scatter")
+    b = _Builder(n)
+    _reduce_scatter(b, list(range(n)), _Region(0, size, n, chunks), {}, "reduce-scatter")
+    return Collective("reduce_scatter", n, size, tuple(b.transfers), "reducescatter")
+
+
+def send_recv(n: int, size: int, **_) -> Collective:
+    """A pipeline stage's activations or gradients: rank 0 sends its buffer to rank 1."""
+    if n != 2:
+        raise ScheduleError(f"send_recv is between 2 ranks, got {n}")
+    b = _Builder(2)
+    b.send(0, 1, 0, size, "copy", (), "p2p", source="input")
+    return Collective("send_recv", 2, size, tuple(b.transfers), "sendrecv")
+
+
 def _at_least(n: int, k: int, name: str) -> None:
     if n < k:
         raise ScheduleError(f"{name} needs at least {k} ranks, got {n}")
@@ -371,7 +400,15 @@ ALGORITHMS: Dict[str, Callable[..., Collective]] = {
     "double_binary_tree": double_binary_tree,
     "hierarchical": hierarchical,
     "all_to_all": all_to_all,
+    "all_gather": all_gather,
+    "reduce_scatter": reduce_scatter,
+    "send_recv": send_recv,
 }
+# what each algorithm's ``kind`` is (nccl-tests' names for the bus bandwidth factor)
+KINDS = {"ring": "allreduce", "halving_doubling": "allreduce",
+         "double_binary_tree": "allreduce", "hierarchical": "allreduce",
+         "all_to_all": "alltoall", "all_gather": "allgather",
+         "reduce_scatter": "reducescatter", "send_recv": "sendrecv"}
 ALIASES = {"ring_allreduce": "ring"}
 
 
@@ -388,7 +425,7 @@ def bus_bandwidth_factor(kind: str, n: int) -> float:
     reduce."""
     factors = {"allreduce": 2 * (n - 1) / n, "allgather": (n - 1) / n,
                "reducescatter": (n - 1) / n, "alltoall": (n - 1) / n,
-               "broadcast": 1.0, "reduce": 1.0}
+               "broadcast": 1.0, "reduce": 1.0, "sendrecv": 1.0}
     if kind not in factors:
         raise KeyError(kind)
     return factors[kind]
@@ -429,10 +466,29 @@ def simulate(c: Collective, seed: int = 0) -> List[List[Counter]]:
     return work
 
 
-def expected_result(c: Collective, rank: int) -> List[Counter]:
-    """What ``simulate`` must leave in ``rank``'s buffer."""
+def expected_result(c: Collective, rank: int) -> List[Optional[Counter]]:
+    """What ``simulate`` must leave in ``rank``'s buffer (None: a byte the collective leaves
+    undefined, as a reduce-scatter does outside the rank's own block)."""
+    n = c.ranks
     if c.kind == "allreduce":
-        return [Counter({(r, i): 1 for r in range(c.ranks)}) for i in range(c.size)]
-    block = c.size // c.ranks
-    out = [Counter({(src, rank * block + k): 1}) for src in range(c.ranks) for k in range(block)]
+        return [Counter({(r, i): 1 for r in range(n)}) for i in range(c.size)]
+    if c.kind in ("allgather", "reducescatter"):
+        blocks = chunk_sizes(c.size, n)
+        starts = _offsets(blocks) + [c.size]
+        owner = [b for b in range(n) for _ in range(blocks[b])]  # byte -> its block
+        if c.kind == "allgather":  # block b is rank (b - 1)'s contribution
+            return [Counter({((owner[i] - 1) % n, i): 1}) for i in range(c.size)]
+        mine = (rank + 1) % n
+        return [Counter({(r, i): 1 for r in range(n)}) if starts[mine] <= i < starts[mine + 1]
+                else None for i in range(c.size)]
+    if c.kind == "sendrecv":
+        return [Counter({(0, i): 1}) for i in range(c.size)]
+    block = c.size // n
+    out = [Counter({(src, rank * block + k): 1}) for src in range(n) for k in range(block)]
     return out + [Counter({(rank, i): 1}) for i in range(len(out), c.size)]
+
+
+def result_ok(c: Collective, rank: int, buf: List[Counter]) -> bool:
+    """Whether ``buf`` (from ``simulate``) is what the collective must leave at ``rank``."""
+    return all(want is None or want == got
+               for want, got in zip(expected_result(c, rank), buf))

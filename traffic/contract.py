@@ -11,6 +11,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
+from .jobgraph import JobGraph
+
 
 @dataclass(frozen=True)
 class QpLimiter:
@@ -51,6 +53,22 @@ class WorkloadSpec:
     iterations: int
     chunks: int = 1
     group: int = 1  # GPUs per leaf (the hierarchical collective's groups)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A training job every GPU of the run replays: its iteration graph, in emulated time."""
+    graph: JobGraph
+    iterations: int
+
+
+@dataclass(frozen=True)
+class ScaleUp:
+    """The server's scale-up domain (NVLink-class): a transfer between two GPUs of one server
+    leaves the sender after its earlier scale-up transfers at ``ns_per_byte`` and arrives
+    ``latency_ns`` later, without touching the Ethernet fabric (emulated time)."""
+    ns_per_byte: float
+    latency_ns: int
 
 
 @dataclass(frozen=True)
@@ -96,6 +114,8 @@ class GpuConfig:
     # the RNIC's delay line (traffic.delayline): each arriving frame is held for its peer's
     # delay_ns plus its own transmission at link_rate_bps
     delay_line: bool = False
+    server: Tuple[int, ...] = ()  # the ranks of its server (itself included), if more than one
+    scale_up: Optional[ScaleUp] = None  # how they reach each other
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -107,9 +127,12 @@ class GpuConfig:
 
 @dataclass(frozen=True)
 class AgentConfig:
-    """One agent process: its GPUs (one event loop serves them all) and its records' folder."""
+    """One agent process: its GPUs (one event loop serves them all), its records' folder and
+    the job they replay instead of their collective workloads, if any. A server's GPUs are
+    always in one process: their scale-up transfers are the loop's timers."""
     gpus: Tuple[GpuConfig, ...]
     out_dir: str
+    job: Optional[Job] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -48,10 +48,11 @@ from testbed.base.procutil import in_netns
 
 from . import nicio, ratelimit, roce
 from .contract import GpuConfig, Peer
+from .jobgraph import COMPUTE
 from .dcqcn import NotificationPoint, Parameters, ReactionPoint
 from .delayline import DelayLine
 from .metrics import LagHistogram
-from .progress import Progress
+from .progress import Phase, Progress, phases
 from .rc import Requester, Responder
 from .rxsocket import open_rx, open_tx
 
@@ -68,7 +69,7 @@ STUCK_S = 120.0  # a collective that makes no progress for this long fails the r
 RATE_SAMPLE_FRAMES = 12
 PROBE_CLOCK_SLACK_NS = 1_000_000_000  # all agents share one clock: a probe "sent" later is forged
 # the timers whose lateness the agents record (summary's loop_lag_by_timer)
-TIMER_KINDS = ("compute", "rto", "dcqcn", "pacing", "nak", "delay")
+TIMER_KINDS = ("compute", "rto", "dcqcn", "pacing", "nak", "delay", "scale-up")
 STAMPS_BATCH = 32  # transmit timestamps are collected once this many wait (and at the end)
 # Frames a NIC holds: the one on the wire and two more, so that the link stays busy through a
 # wake-up delayed by a moderation interval plus a frame time
@@ -79,7 +80,7 @@ FRAME_OVERHEAD = 76  # RoCE headers, ICRC and Ethernet around a full payload
 # than a gap changes nothing on the wire
 LIMITER_FILL_GAPS = 4
 LIMITER_LEAD_GAPS = 1
-IDLE, COMPUTING, COLLECTIVE, FINISHED = "idle", "computing", "collective", "finished"
+IDLE, RUNNING, FINISHED = "idle", "running", "finished"
 MESSAGE_ENDS = frozenset((roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY))
 WRITES = frozenset((roce.RC_RDMA_WRITE_FIRST, roce.RC_RDMA_WRITE_MIDDLE,
                     roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY))
@@ -107,7 +108,7 @@ class QueuePair:
 
     def __init__(self, gpu: "Gpu", peer: Peer, index: int, now_ns: int):
         t = gpu.transport
-        q = t.qps_per_peer
+        q = gpu.qps_per_peer
         self.gpu = gpu
         self.qpn = qp_number(gpu.rank, peer.rank, index, q)
         self.dqpn = qp_number(peer.rank, gpu.rank, index, q)
@@ -166,7 +167,7 @@ class QueuePair:
 class Gpu:
     """One emulated GPU host: its RNIC (sockets, QPs) and its training iterations."""
 
-    def __init__(self, config: GpuConfig, loop: "Loop"):
+    def __init__(self, config: GpuConfig, loop: "Loop", job: Optional[List[Phase]] = None):
         self.cfg = config
         self.loop = loop
         self.rank = config.rank
@@ -181,8 +182,18 @@ class Gpu:
                              for p in config.peers}
         self.addr = socket.inet_aton(config.ip)
         self.icrc_prefixes: Dict[tuple, int] = {}  # ICRC pseudo-header CRC per packet shape
-        self.progress = Progress(config.workloads, self.rank, self.n, t.qps_per_peer)
+        self.progress = Progress(job or phases(config.workloads, self.n), self.rank,
+                                 t.qps_per_peer)
         self.workloads = self.progress.workloads
+        # each kind of communication (dp, tp, pp, ep; a collective's own) has its QPs to a
+        # peer, as a library's streams have their channels: lane k's are k x qps_per_peer on
+        kinds = sorted({c.kind for w in self.workloads for c in w.graph.comms})
+        self.lane_of = {k: i * t.qps_per_peer for i, k in enumerate(kinds)}
+        self.qps_per_peer = t.qps_per_peer * max(1, len(kinds))
+        # the other GPUs of its server: reached over the scale-up domain, never the fabric
+        self.server = frozenset(config.server) - {self.rank}
+        self.computing: Dict[int, List[int]] = {}  # due ns -> compute ops ending then
+        self.scale_up_free = 0  # its scale-up link is busy until then
         self.iterations = self.progress.iterations
         self.spray = t.entropy == "per-packet"
         self.rng = random.Random(self.rank)
@@ -196,7 +207,7 @@ class Gpu:
         self.iteration_rows: List[tuple] = []
         self.state = IDLE
         self.it = -1
-        self.compute_start = self.ready_at = self.collective_start = 0
+        self.compute_start = self.collective_start = 0
         self.compute = (0, 0)
         self.lag_by: Dict[str, LagHistogram] = {}  # how late the loop acted, per TIMER_KINDS
         self.first_start_lag_ns = 0
@@ -246,13 +257,17 @@ class Gpu:
                                    for p in self.cfg.peers}, self.cfg.link_rate_bps, self)
         now = time.time_ns()
         for peer in self.peers.values():
-            for i in range(self.transport.qps_per_peer):
-                self.qp(peer.rank, i, now)
+            if peer.rank not in self.server:
+                for i in range(self.qps_per_peer):
+                    self.qp(peer.rank, i, now)
         mtu = self.cfg.mtu
         for w in self.workloads:
             for t in w.sends:
+                if t.dst in self.server:
+                    continue
+                lane = self.lane_of[w.kind_of_tag[t.tag]]
                 for i, part in enumerate(self.progress.parts(t.nbytes)):
-                    conn = self.qp(t.dst, i).conn
+                    conn = self.qp(t.dst, lane + i).conn
                     payloads = roce.packet_payloads(part, mtu)
                     for opcode, size in set(zip(roce.opcodes_for(len(payloads)), payloads)):
                         conn.template(opcode, size)
@@ -261,7 +276,8 @@ class Gpu:
 
     def _open_limiters(self) -> None:
         """A rate limiter for every QP that sends data (ACKs of the others are not paced)."""
-        senders = sorted({(t.dst, i) for w in self.workloads for t in w.sends
+        senders = sorted({(t.dst, self.lane_of[w.kind_of_tag[t.tag]] + i)
+                          for w in self.workloads for t in w.sends if t.dst not in self.server
                           for i, _ in enumerate(self.progress.parts(t.nbytes))})
         entries = []
         for n, key in enumerate(senders):
@@ -385,12 +401,11 @@ class Gpu:
         if ready is None:
             self.counters["rx_unexpected_messages"] += 1
             return
-        for t in ready:
-            self._post(t, iteration)
+        self._go(ready, rx_ns)
 
     def _on_ack(self, qp: QueuePair, syndrome: int, psn: int, rx_ns: int) -> None:
         for msg in qp.req.on_ack(psn, syndrome, rx_ns):
-            self.progress.acked(msg.tag, rx_ns)
+            self._go(self.progress.acked(msg.tag, rx_ns), rx_ns)
         if qp.req.pending():
             self._queue(qp)  # a NAK rewound it
         self.dirty.add(qp)
@@ -564,7 +579,7 @@ class Gpu:
         The iteration first: without a compute phase the next one's transfers are posted at
         once, and must go out now, not at the next wake (the loop serves only GPUs that had
         events)."""
-        if self.state == COLLECTIVE and self.progress.complete(self.it):
+        if self.state == RUNNING and self.progress.complete(self.it):
             self._end_iteration(time.time_ns())
         if self.limiters is not None:
             for qp in self.dirty:
@@ -635,34 +650,52 @@ class Gpu:
 
     # --- the training iterations ---------------------------------------------------------------
     def go(self, start_ns: int) -> None:
-        self._compute_from(start_ns)
+        self._begin(start_ns)
 
-    def _compute_from(self, compute_start: int) -> None:
-        """The next iteration's compute phase starts at ``compute_start``."""
+    def _begin(self, start: int) -> None:
+        """The next iteration starts at ``start``: its first ops (the compute phase first)."""
         self.it += 1
-        self.state = COMPUTING
-        self.compute_start = compute_start
+        self.state = RUNNING
+        self.compute_start = self.collective_start = start
         self.compute = self._compute_time()
-        self.ready_at = compute_start + self.compute[0] + self.compute[1]
-        now = time.time_ns()
-        if self.it > 0 and self.ready_at <= now:  # no compute phase: the next step at once
-            self.compute_done(self.ready_at, now)
-        else:
-            self.loop.at(self.ready_at, self)
+        self.mark, self.mark_ns = None, start
+        self._go(self.progress.begin(self.it, start), start)
+
+    def _go(self, ready, at: int) -> None:
+        """Post the transfers that may go and time the compute ops that may start, both as of
+        ``at``; a compute op already over by now ends at once, and what it frees goes too."""
+        for t in ready:
+            self._post(t, self.it)
+        progress = self.progress
+        computes = progress.computes
+        while computes:
+            i = computes.pop()
+            due = at + progress.plan.ops[i].ns
+            if i == 0:  # the iteration's compute phase, straggle included, adds to its first op
+                due += self.compute[0] + self.compute[1]
+            if (self.it > 0 or i > 0) and due <= time.time_ns():
+                for t in self._op_done(i, due, due):
+                    self._post(t, self.it)
+            else:
+                self.computing.setdefault(due, []).append(i)
+                self.loop.at(due, self)
+
+    def _op_done(self, i: int, when: int, now: int):
+        if i == 0:
+            self.collective_start = now
+        return self.progress.op_ended(i, now)
 
     def compute_done(self, when: int, now: int) -> None:
-        """The compute phase ended (its timer, due at ``when``, runs at ``now``)."""
-        if self.state != COMPUTING or when != self.ready_at:
+        """Compute ops due at ``when`` end (their timer runs at ``now``)."""
+        ops = self.computing.pop(when, None)
+        if ops is None:
             return
-        if self.it == 0:  # all ranks start at once: the first bursts compete for the CPUs
-            self.first_start_lag_ns = now - self.ready_at
+        if self.it == 0 and 0 in ops:  # all ranks start at once: the bursts compete for CPUs
+            self.first_start_lag_ns = now - when
         else:
-            self.late("compute", now - self.ready_at)
-        self.state = COLLECTIVE
-        self.collective_start = now
-        self.mark, self.mark_ns = None, now
-        for t in self.progress.begin(self.it):
-            self._post(t, self.it)
+            self.late("compute", now - when)
+        for i in ops:
+            self._go(self._op_done(i, when, now), now)
 
     def _end_iteration(self, end: int) -> None:
         w = self.progress.workload_of[self.it]
@@ -672,7 +705,7 @@ class Gpu:
                                     w.bytes_received))
         self.loop.say(f"iter {self.host} {self.it}")
         if self.it + 1 < self.iterations:
-            self._compute_from(end)
+            self._begin(end)
         else:
             self.state = FINISHED
             self.loop.finished += 1
@@ -680,12 +713,36 @@ class Gpu:
 
     def _post(self, t, it: int) -> None:
         now = time.time_ns()
+        if t.dst in self.server:
+            self._scale_up(t, it, now)
+            return
         at = t.dst_offset
+        lane = self.lane_of[self.progress.workload_of[it].kind_of_tag[t.tag]]
         for i, part in enumerate(self.progress.posted(t, it, now)):
-            qp = self.qp(t.dst, i)
+            qp = self.qp(t.dst, lane + i)
             qp.req.post((it, t.tag), part, now, va=at)
             at += part
             self._queue(qp)
+
+    def _scale_up(self, t, it: int, now: int) -> None:
+        """Send ``t`` over the server's scale-up link: after this GPU's earlier scale-up
+        transfers, at the link's rate, arriving its latency later (a loop timer)."""
+        su = self.cfg.scale_up
+        self.progress.posted(t, it, now, whole=True)
+        start = max(now, self.scale_up_free)
+        self.scale_up_free = start + int(t.nbytes * su.ns_per_byte)
+        self.loop.scale_up(self.scale_up_free + su.latency_ns, self, t, it)
+        self.counters["scale_up_bytes"] += t.nbytes
+
+    def scale_up_sent(self, t, it: int, when: int) -> None:
+        """Scale-up transfer ``t`` of this GPU arrived at ``when``: acknowledged."""
+        self._go(self.progress.acked((it, t.tag), when), when)
+
+    def scale_up_arrived(self, t, it: int, when: int) -> None:
+        """Scale-up transfer ``t`` to this GPU arrived at ``when``."""
+        ready = self.progress.delivered(t, it, when)
+        if it == self.it:
+            self._go(ready, when)
 
     def _compute_time(self) -> Tuple[int, int]:
         """(compute phase, straggler delay) of the next iteration, in ns."""
@@ -707,8 +764,9 @@ class Gpu:
         return int(compute), delay
 
     def check_stuck(self, now: int) -> None:
-        """Fail a collective that made no progress for ``STUCK_S``."""
-        if self.state != COLLECTIVE:
+        """Fail an iteration that made no progress for ``STUCK_S`` while it waits for the
+        network (not while it computes)."""
+        if self.state != RUNNING or self.computing:
             return
         mark = (len(self.packets), self.tx_key,
                 sum(q.req.counters["acks"] for q in self.qps.values()))

@@ -1,6 +1,6 @@
-"""What an agent writes for each GPU when its collectives are done (the runner's
-``testbed.results.collect`` reads them): packets, transmit times, operations, iterations, QP rates
-(CSV) and a summary (JSON)."""
+"""What an agent writes for each GPU when its iterations are done (the runner's
+``testbed.results.collect`` reads them): packets, transmit times, transfers, op spans,
+iterations, QP rates (CSV) and a summary (JSON)."""
 from __future__ import annotations
 
 import csv
@@ -26,6 +26,10 @@ ITERATION_FIELDS = ("rank", "iteration", "workload", "collective", "size", "comp
                     "start_ns", "end_ns", "compute_ns", "straggle_ns", "bytes_sent",
                     "bytes_received")
 QP_FIELDS = ("qpn", "peer", "t_ns", "rate_bps", "bytes_sent")
+# one row per op of each iteration (traffic.jobgraph): a compute span or this rank's part in a
+# communication, from when the ops it waits for ended to when it ended
+SPAN_FIELDS = ("rank", "iteration", "op", "name", "kind", "stream", "comm_kind", "collective",
+               "group_size", "bytes", "start_ns", "end_ns")
 
 
 def counters(gpu: Gpu) -> dict:
@@ -86,6 +90,7 @@ def write(gpu: Gpu, out_dir: str) -> None:
     write_csv(base + ".packets.csv", PACKET_FIELDS, gpu.packets)
     write_csv(base + ".ops.csv", OP_FIELDS, gpu.progress.op_rows(gpu.iteration_rows))
     write_csv(base + ".iterations.csv", ITERATION_FIELDS, gpu.iteration_rows)
+    write_csv(base + ".spans.csv", SPAN_FIELDS, gpu.progress.span_rows(gpu.iteration_rows))
     ready = limiter_ready_times(gpu)
     write_csv(base + ".tx.csv", TX_FIELDS,
               (row + (ready.get(row[0], ""),) for row in gpu.tx_log))

@@ -84,7 +84,9 @@ class TopologyConfig:
         return host * self.gpus_per_leaf / (self.spines * self.oversubscription)
 
 
-COLLECTIVE_NAMES = tuple(collectives.ALGORITHMS) + tuple(collectives.ALIASES)
+# a scenario's collective runs on every GPU: point to point is for jobs' pipeline stages
+ALGORITHM_NAMES = tuple(n for n in collectives.ALGORITHMS if n != "send_recv")
+COLLECTIVE_NAMES = ALGORITHM_NAMES + tuple(collectives.ALIASES)
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,8 @@ class WorkloadConfig:
     collective: str = field(default="ring", metadata={
         "choices": COLLECTIVE_NAMES,
         "doc": "ring, halving_doubling (power-of-two GPUs), double_binary_tree, hierarchical "
-               "(rail-aligned), all_to_all (MoE); ring_allreduce is ring's old name"})
+               "(rail-aligned), all_to_all (MoE), all_gather, reduce_scatter; ring_allreduce "
+               "is ring's old name"})
     size_bytes: int = field(default=1 << 20, metadata={
         "min": 1, "max": 1 << 30, "unit": "B", "doc": "buffer size per GPU"})
     sizes: Tuple[int, ...] = field(default=(), metadata={

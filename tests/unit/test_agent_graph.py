@@ -7,7 +7,8 @@ import pytest
 from traffic import metrics
 from traffic.gpu import TIMER_KINDS, Gpu
 from traffic.contract import Compute, GpuConfig, Peer, Straggler, Transport, WorkloadSpec
-from traffic.progress import Progress
+from traffic.jobgraph import collective_of
+from traffic.progress import Progress, phases
 
 TRANSPORT = Transport(congestion_control="none", qps_per_peer=1, entropy="per-qp", ack_every=16,
                       rto_ns=10**8, max_rto_ns=8 * 10**8, retry_limit=7, reorder_ns=0,
@@ -44,7 +45,14 @@ def _agent(rank=1, n=4, collective="ring", size=4096, chunks=1, straggler=None, 
 
 
 def _progress(rank=1, n=4, collective="ring", size=4096):
-    return Progress([WorkloadSpec(collective, size, 2, 1, 1)], rank, n, 1)
+    return Progress(phases([WorkloadSpec(collective, size, 2, 1, 1)], n), rank, 1)
+
+
+def _begin(p, it, now=0):
+    """Iteration ``it`` starts and its compute phase (op 0) ends: what the collective posts."""
+    assert p.begin(it, now) == [] and p.computes == [0]
+    p.computes.clear()
+    return p.op_ended(0, now)
 
 
 class _Posting:
@@ -55,7 +63,7 @@ class _Posting:
         self.posted_ns = {}
 
     def begin(self, it=0):
-        for t in self.p.begin(it):
+        for t in _begin(self.p, it):
             self.posted_ns[(it, t.tag)] = 0
         return self.p.workload_of[it]
 
@@ -75,7 +83,7 @@ def test_a_ring_rank_sends_its_next_step_only_after_the_previous_one_arrived():
     first = w.receives[(0, 0)]  # rank 0's step 0 to us
     a.delivered(first, 0, 123)
     assert _posted(a) == [0, 1]
-    assert a.p.open_recvs[0] == len(w.receives) - 1
+    assert a.p.left[0][1] == len(w.sends) + len(w.receives) - 1  # op 1: the collective
 
 
 def test_deliveries_for_the_next_iteration_wait_until_it_starts():
@@ -83,7 +91,8 @@ def test_deliveries_for_the_next_iteration_wait_until_it_starts():
     w = a.begin(0)
     a.delivered(w.receives[(0, 0)], 1, 5)  # rank 0 already in iteration 1
     assert _posted(a) == [0]  # nothing of iteration 1 was posted
-    assert (0, 1, 0) in a.p.delivered_ns and a.p.open_recvs[1] == len(w.receives) - 1
+    assert (0, 1, 0) in a.p.delivered_ns
+    assert a.p.left[1][1] == len(w.sends) + len(w.receives) - 1
     a.posted_ns.clear()
     a.begin(1)
     assert _posted(a) == [0, 1]  # iteration 1: step 0, and step 1 whose input is here
@@ -107,18 +116,20 @@ def test_all_to_all_posts_everything_at_once():
 @pytest.mark.parametrize("collective", ["ring", "double_binary_tree", "all_to_all"])
 def test_the_gpus_of_one_process_share_one_schedule_and_each_keeps_its_own_part(collective):
     ranks = [_progress(rank=r, n=8, collective=collective) for r in range(8)]
-    whole = ranks[0].workloads[0].collective
-    assert all(p.workloads[0].collective is whole for p in ranks)  # built once
+    graph = ranks[0].workloads[0].graph
+    assert all(p.workloads[0].graph is graph for p in ranks)  # built once
+    whole = collective_of(graph.comms[0])
     for r, p in enumerate(ranks):
         w = p.workloads[0]
         assert w.sends == whole.sends(r)
+        assert all(a is b for a, b in zip(w.sends, whole.sends(r)))  # not copied per GPU
         assert list(w.receives.values()) == whole.receives(r)
 
 
 def test_an_iteration_ends_when_its_sends_are_acked_and_its_receives_delivered():
     p = _progress(rank=0, n=2, collective="ring")
     w = p.workload_of[0]
-    ready = p.begin(0)
+    ready = _begin(p, 0)
     for t in ready:
         for _ in p.posted(t, 0, 1):
             p.acked((0, t.tag), 2)
@@ -165,7 +176,7 @@ def test_without_a_compute_phase_the_next_iteration_is_sent_in_the_same_service(
     sent = []
     monkeypatch.setattr(agent, "send_data", lambda: sent.append((agent.it, len(agent.active))))
     agent.go(0)
-    agent.compute_done(agent.ready_at, 1)  # iteration 0's compute phase (none) ends
+    agent.compute_done(0, 1)  # iteration 0's compute phase (none, due at the start) ends
     monkeypatch.setattr(agent.progress, "complete", lambda it: it == 0)
     for qp in agent.active:  # iteration 0 sent and acknowledged: no QP has more to send
         qp.queued = False

@@ -158,7 +158,7 @@ def test_hierarchical_needs_whole_groups():
 
 def test_tags_are_unique_per_sender_and_dependencies_point_at_receives():
     for name in C.ALGORITHMS:
-        c = _build(name, 8, 1 << 16, chunks=2, group=2)
+        c = _build(name, 2 if name == "send_recv" else 8, 1 << 16, chunks=2, group=2)
         refs = {t.ref: t for t in c.transfers}
         assert len(refs) == len(c.transfers)
         for t in c.transfers:
@@ -184,3 +184,30 @@ def test_busbw_factors_match_nccl_tests(n):
         assert C.bus_bandwidth_factor(kind, n) == (n - 1) / n
     assert C.bus_bandwidth_factor("broadcast", n) == 1.0
     assert C.bus_bandwidth_factor("allreduce", 8) == 1.75
+
+
+@pytest.mark.parametrize("name,n", [("all_gather", 2), ("all_gather", 5), ("reduce_scatter", 3),
+                                    ("reduce_scatter", 8), ("send_recv", 2)])
+@pytest.mark.parametrize("chunks", [1, 3])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gather_scatter_and_point_to_point_leave_the_right_data(name, n, chunks, seed):
+    c = _build(name, n, n * 12 + 5, chunks)
+    out = C.simulate(c, seed)
+    for r in range(n):
+        assert C.result_ok(c, r, out[r]), f"rank {r}"
+    assert C.KINDS[name] == c.kind
+
+
+def test_a_reduce_scatter_without_its_dependencies_is_caught():
+    c = C.reduce_scatter(4, 48)
+    broken = tuple(C.Transfer(t.src, t.dst, t.tag, t.offset, t.dst_offset, t.nbytes, t.op, (),
+                              t.phase) for t in c.transfers)
+    bad = C.Collective(c.name, 4, 48, broken, c.kind)
+    assert any(not C.result_ok(bad, r, C.simulate(bad, s)[r]) for s in range(3) for r in range(4))
+
+
+@pytest.mark.parametrize("name", ["all_gather", "reduce_scatter"])
+def test_gather_and_scatter_move_n_minus_1_over_n_per_rank(name):
+    n, size = 8, 1 << 20
+    c = C.build(name, n, size, chunks=4)
+    assert all(c.bytes_sent(r) == pytest.approx((n - 1) * size / n, abs=8) for r in range(n))
