@@ -1,0 +1,1 @@
+"""Training jobs: model, parallelism and placement as an iteration graph."""

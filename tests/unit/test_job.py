@@ -1,0 +1,146 @@
+"""Training jobs as graphs: the model's schedule, proven by replay without packets."""
+from dataclasses import replace
+
+import pytest
+
+from testbed.base.errors import ConfigError
+from testbed.job.build import Parallelism, Placement, build
+from testbed.job.model import PRESETS, GpuModel, Model
+from traffic import collectives as C
+from traffic import jobgraph as J
+
+SMALL = Model("small", layers=4, hidden=256, heads=4, seq_len=128, vocab=0)
+MOE = Model("moe", layers=2, hidden=256, heads=4, seq_len=128, vocab=0, experts=4, top_k=2)
+GPU = GpuModel(100.0, 0.5)
+
+
+def _free(graph):
+    """Replay with free communication: the compute model's iteration."""
+    return J.replay(graph, lambda r, op: op.ns, lambda comm: 0)
+
+
+def _per_mb(model, par, passes="fb"):
+    """One stage's compute per micro-batch (forward, backward or both), modelled ns."""
+    tokens = par.micro_batch_size * model.seq_len
+    fwd = (model.attention_flops(tokens) + model.mlp_flops(tokens)) * model.layers / par.pp
+    return sum(GPU.ns((1 if p == "f" else 2) * fwd / par.tp) for p in passes)
+
+
+@pytest.mark.parametrize("par", [Parallelism(dp=4), Parallelism(dp=2, tp=2),
+                                 Parallelism(dp=2, tp=2, pp=2, micro_batches=4),
+                                 Parallelism(pp=4, micro_batches=6)])
+def test_with_free_communication_the_iteration_takes_the_compute_model_s_time(par):
+    """Data and tensor parallelism: every rank's compute back to back. 1F1B on p stages and m
+    micro-batches: (m + p - 1) forward-and-backward times of one stage."""
+    g = build(SMALL, par, GPU)
+    expected = (par.micro_batches + par.pp - 1) * _per_mb(SMALL, par)
+    assert _free(g).end == pytest.approx(expected, rel=1e-3, abs=200)
+
+
+def test_every_rank_runs_the_1f1b_order_of_its_stage():
+    par = Parallelism(pp=4, micro_batches=6)
+    g = build(SMALL, par, GPU)
+    for r, stage in ((0, 0), (3, 3)):
+        passes = [op.name.split()[0] + op.name.split()[-1] for op in g.programs[r]
+                  if op.kind == J.COMPUTE and "attn" in op.name and "L%d " % (stage * 1) in
+                  op.name + " "]
+        warm = 4 - stage - 1
+        assert passes[:warm] == [f"fwdmb{i}" for i in range(warm)]
+        assert passes[warm:warm + 2] == [f"fwdmb{warm}", "bwdmb0"]
+        assert passes[-1] == "bwdmb5"
+
+
+def test_gradient_buckets_overlap_the_rest_of_the_backward_pass():
+    """With communication costing something, the first bucket's all-reduce runs while earlier
+    layers still compute: the iteration is shorter than compute plus every all-reduce."""
+    par = Parallelism(dp=4, bucket_bytes=1)  # a bucket per layer
+    g = build(SMALL, par, GPU)
+    comm_ns = 50_000
+    t = J.replay(g, lambda r, op: op.ns, lambda comm: comm_ns)
+    dp = [c for c in g.comms if c.kind == "dp"]
+    assert len(dp) == SMALL.layers
+    compute = _per_mb(SMALL, par)
+    assert compute + comm_ns <= t.end < compute + len(dp) * comm_ns
+
+
+def test_the_job_s_communication_is_placed_as_megatron_places_it():
+    par = Parallelism(dp=2, tp=4, pp=2, micro_batches=2)
+    g = build(SMALL, par, GPU)
+    place = Placement(par)
+    assert place.tp_group(5) == (4, 5, 6, 7)  # a server of 4
+    assert place.dp_group(5) == (1, 5)  # the same GPU of the next server: along the rail
+    assert place.stage_peer(5, 1) == 13
+    kinds = {c.kind: c for c in g.comms}
+    assert set(kinds) == {"tp", "pp", "dp"}
+    assert all(len(c.group) == 4 for c in g.comms if c.kind == "tp")
+    assert {c.collective for c in g.comms if c.kind == "pp"} == {"send_recv"}
+
+
+def test_moe_layers_all_to_all_twice_each_way_in_the_expert_group():
+    par = Parallelism(dp=4, ep=2, micro_batches=1)
+    g = build(MOE, par, GPU)
+    ep = [c for c in g.comms if c.kind == "ep"]
+    assert len(ep) == MOE.layers * 4 * 2  # dispatch and combine, both ways, 2 EP groups
+    assert {c.group for c in ep} == {(0, 1), (2, 3)}
+    assert {c.collective for c in ep} == {"all_to_all"}
+
+
+@pytest.mark.parametrize("par,model", [(Parallelism(dp=2, tp=2, pp=2, micro_batches=2), SMALL),
+                                       (Parallelism(dp=2, ep=2), MOE)])
+def test_removing_any_dependency_is_detected(par, model):
+    g = build(replace(model, layers=2), par, GPU)
+    edges = 0
+    for r in (0, len(g.programs) - 1):
+        for i, op in enumerate(g.programs[r]):
+            for j in op.after:
+                broken = list(g.programs)
+                prog = list(broken[r])
+                prog[i] = replace(op, after=tuple(k for k in op.after if k != j))
+                broken[r] = tuple(prog)
+                with pytest.raises(C.ScheduleError):
+                    J.check(replace(g, programs=tuple(broken)))
+                edges += 1
+    assert edges > 20
+
+
+def test_every_communication_of_a_job_leaves_the_right_data():
+    g = build(MOE, Parallelism(dp=4, tp=2, ep=2, micro_batches=1, chunks=2), GPU)
+    shapes = {(c.collective, len(c.group), min(c.size, 64), c.chunks) for c in g.comms}
+    assert {s[0] for s in shapes} >= {"ring", "all_to_all"}
+    for name, n, size, chunks in shapes:
+        c = C.build(name, n, max(size, 2 * n), chunks)
+        out = C.simulate(c, 1)
+        assert all(C.result_ok(c, r, out[r]) for r in range(n))
+
+
+def test_a_deadlock_across_ranks_is_caught():
+    a = J.Op(J.COMM, "a", "x", comm=0)
+    b = J.Op(J.COMM, "b", "y", comm=1)
+    graph = J.JobGraph(((a, replace(b, after=(0,))), (b, replace(a, after=(0,)))),
+                       (J.Comm("ring", (0, 1), 8), J.Comm("ring", (0, 1), 8)))
+    with pytest.raises(C.ScheduleError, match="deadlock"):
+        J.check(graph)
+
+
+def test_byte_scale_divides_sizes_and_compute_alike():
+    par = Parallelism(dp=2, tp=2, pp=2, micro_batches=2)
+    full, scaled = build(SMALL, par, GPU), build(SMALL, par, GPU, byte_scale=10)
+    assert _free(scaled).end == pytest.approx(_free(full).end / 10, rel=1e-3)
+    assert [c.size for c in scaled.comms] == [max(len(c.group), c.size // 10)
+                                              for c in full.comms]
+
+
+@pytest.mark.parametrize("par,match", [(Parallelism(dp=3), "fabric has 4"),
+                                       (Parallelism(pp=4, tp=1, dp=1), None),
+                                       (Parallelism(dp=4, ep=2), "needs a MoE model")])
+def test_a_parallelism_that_does_not_fit_is_refused(par, match):
+    model = replace(SMALL, layers=3) if match is None else SMALL
+    with pytest.raises(ConfigError, match=match or "cannot split 3 layers"):
+        from testbed.job.build import validate
+        validate(model, par, 4)
+
+
+def test_presets_are_their_class():
+    assert 6e9 < PRESETS["dense-7b"].params() < 8e9
+    assert 60e9 < PRESETS["dense-70b"].params() < 75e9
+    assert PRESETS["moe-8x2"].experts == 8 and PRESETS["moe-8x2"].top_k == 2
