@@ -46,6 +46,13 @@ def place(plan: FabricPlan, servers: Sequence[str], placement: str = "by-leaf"
             where[spine.name] = servers[(spine.index - 1) % k]
     for host in plan.hosts:
         where[host.name] = where[f"lf{host.leaf}"]
+    for gpu in plan.gpus:  # a server's scale-up transfers are one agent's timers
+        first = plan.gpus[plan.server_ranks(gpu.rank)[0]]
+        if where[gpu.name] != where[first.name]:
+            raise ConfigError(f"cluster.placement: server {gpu.server}'s GPUs ({first.name}, "
+                              f"{gpu.name}) would be on different machines; its scale-up "
+                              "domain needs them on one (rail-optimized: give each machine "
+                              "whole rail groups of leaves, or use leaf-per-server)")
     return where
 
 

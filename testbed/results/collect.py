@@ -10,6 +10,8 @@ Layout of a run directory (``results/<run-id>/``)::
     records/<policy>/<host>.iterations.csv  one row per iteration: compute, collective start
                                             and end
     records/<policy>/<host>.ops.csv         one row per transfer sent or received
+    records/<policy>/<host>.spans.csv       one row per op of each iteration (compute span
+                                            or communication; a job's figures come from them)
     records/<policy>/<host>.qps.csv         DCQCN: each QP's rate over time, bytes sent
     records/<policy>/<host>.summary.json    the agent's counters and timer lag
 
@@ -29,6 +31,8 @@ import numpy as np
 
 from traffic import collectives, metrics
 from traffic.contract import WorkloadSpec
+
+from .jobfigures import job_figures
 
 RESULTS_SCHEMA = "ai-fabric-testbed/results/2"
 
@@ -67,6 +71,8 @@ class RunContext:
     time_scale: float = 1.0
     extrapolate_gpus: int = 10_000
     mechanisms: Mechanisms = field(default_factory=Mechanisms)
+    job: Optional[object] = None  # the training job replayed (testbed.job.plan.JobPlan)
+    gpus_per_server: int = 1
 
 
 class Packets:
@@ -155,6 +161,11 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
                         for i, spec in enumerate(ctx.workloads)],
         "per_gpu": dict(sorted(per_gpu.items(), key=lambda kv: kv[1]["rank"])),
     }
+    if ctx.job is not None:
+        spans = [r for s in summaries
+                 for r in _rows_if_any(os.path.join(records_dir, f"{s['host']}.spans.csv"))]
+        figures.update(job_figures(ctx.job.graph, ctx.job.byte_scale, spans, iterations,
+                                   ctx.time_scale, ctx.gpus_per_server, ctx.extrapolate_gpus))
     if len(figures["collectives"]) == 1:  # the usual case: its figures at the top as well
         only = figures["collectives"][0]
         for key in ("cct_us", "algbw_gbps_emulated", "busbw_gbps_emulated",
@@ -164,7 +175,9 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
 
 
 MODELLED_TIMES = ("latency_us", "jitter_us", "cct_us", "straggler_idle_us", "pfc_paused_ms",
-                  "latency_queueing_us", "path_delay_us", "latency_floor_us")
+                  "latency_queueing_us", "path_delay_us", "latency_floor_us", "iteration_us",
+                  "job_compute_us", "exposed_comm_us", "ideal_iteration_us",
+                  "pipeline_bubble_us", "network_cost_us", "idle_gpu_us")
 NOT_TIMES = ("count", "ipdv_count")  # counts inside the time summaries
 
 

@@ -16,15 +16,17 @@ import select
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
-from traffic.contract import AgentConfig, Compute, GpuConfig, Peer, Straggler, Transport
+from traffic.contract import (AgentConfig, Compute, GpuConfig, Job, Peer, ScaleUp, Straggler,
+                              Transport)
 
 from ..base.errors import AgentError
 from ..base.ledger import Ledger
 from ..base.procutil import cpu_ticks, log_tail, stop_processes
 from ..base.topology import FabricPlan
 from ..fabric.capabilities import detect
+from ..job.plan import iteration_ns, plan_job
 from ..scenario.config import DEFAULT, Scenario
 from .runplan import PolicyRun, decide
 
@@ -67,6 +69,10 @@ def agent_configs(run: PolicyRun, out_dir: str) -> List[GpuConfig]:
     st = w.stragglers
     straggler = Straggler(scenario.emulated_ns(st.delay_us), st.distribution, st.probability)
     compute = Compute(scenario.emulated_ns(w.compute_us), scenario.emulated_ns(w.compute_jitter_us))
+    t = scenario.topology
+    scale_up = ScaleUp(ns_per_byte=scenario.time_scale / t.scale_up_gbyte_s,
+                       latency_ns=scenario.emulated_ns(t.scale_up_latency_ns / 1000))
+    per_server = plan.gpus_per_server > 1
     return [GpuConfig(rank=h.rank, host=h.name, intf=h.intf, ip=h.ip, mac=h.mac,
                       ranks=len(plan.gpus), workloads=run.workloads, mtu=w.mtu, compute=compute,
                       straggler=straggler if h.rank in st.ranks else None, seed=w.seed,
@@ -75,14 +81,26 @@ def agent_configs(run: PolicyRun, out_dir: str) -> List[GpuConfig]:
                       peers=tuple(Peer(p.rank, p.name, p.ip, p.mac,
                                        delay_ns=round(path.rnic_us(p.leaf == h.leaf) * 1000))
                                   for p in plan.gpus if p.rank != h.rank),
-                      delay_line=path.transmission)
+                      delay_line=path.transmission,
+                      server=plan.server_ranks(h.rank) if per_server else (),
+                      scale_up=scale_up if per_server else None)
             for h in plan.gpus]
+
+
+def job_config(run: PolicyRun) -> Optional[Job]:
+    """The job every agent replays, in emulated time (None: the collective workloads)."""
+    if run.job is None:
+        return None
+    return Job(run.job.graph.scaled(run.time_scale), run.scenario.workload.iterations)
 
 
 def expected_duration_s(scenario: Scenario) -> float:
     """Rough time of the whole replay at line rate, compute phases and stragglers included
     (for timeouts and progress)."""
     w, t = scenario.workload, scenario.topology
+    if w.job.enabled:
+        return iteration_ns(plan_job(scenario).graph, scenario) * scenario.time_scale \
+            * w.iterations / 1e9
     n = t.gpus
     per_byte = (n - 1) / n if w.collective == "all_to_all" else 2 * (n - 1) / n
     bits = sum(per_byte * size * 8 * 1.1 for size in w.run_sizes) * w.iterations
@@ -102,22 +120,29 @@ def finish_timeout_s(run: PolicyRun) -> float:
     return 30 + 10 * expected_duration_s(scenario) + worst_recovery
 
 
-def process_groups(hosts: List[str], servers: Dict[str, str], loops: int
-                   ) -> List[Tuple[str, List[str]]]:
-    """(server, hosts) of each agent process: a server's GPUs in rank order, cut into
-    ``loops`` contiguous groups of near-equal size (pure)."""
-    by_server: Dict[str, List[str]] = {}
+def process_groups(hosts: List[str], servers: Dict[str, str], loops: int,
+                   domain: Optional[Dict[str, int]] = None) -> List[Tuple[str, List[str]]]:
+    """(machine, hosts) of each agent process: a machine's GPUs in rank order, cut into
+    ``loops`` contiguous groups of near-equal size, never inside a scale-up ``domain`` (a
+    GPU server, whose transfers are one loop's timers) (pure)."""
+    by_server: Dict[str, List[List[str]]] = {}
     for h in hosts:
-        by_server.setdefault(servers.get(h, "localhost"), []).append(h)
+        units = by_server.setdefault(servers.get(h, "localhost"), [])
+        d = (domain or {}).get(h)
+        if units and d is not None and (domain or {}).get(units[-1][-1]) == d:
+            units[-1].append(h)
+        else:
+            units.append([h])
     out = []
-    for server, mine in by_server.items():
-        k = max(1, min(loops, len(mine)))
-        size, extra = divmod(len(mine), k)
+    for server, units in by_server.items():
+        total = sum(len(u) for u in units)
+        k = max(1, min(loops, len(units)))
+        groups: List[List[str]] = [[] for _ in range(k)]
         at = 0
-        for i in range(k):
-            n = size + (1 if i < extra else 0)
-            out.append((server, mine[at:at + n]))
-            at += n
+        for u in units:  # a unit goes where its first host falls in k equal shares
+            groups[at * k // total] += u
+            at += len(u)
+        out += [(server, g) for g in groups if g]
     return out
 
 
@@ -154,7 +179,9 @@ class AgentGroup:
         os.makedirs(self.records_dir, exist_ok=True)
         configs = {c.host: c for c in agent_configs(self.run, self.records_dir)}
         groups = process_groups(list(configs), self.fabric.where or {},
-                                loops_wanted(self.scenario))
+                                loops_wanted(self.scenario),
+                                {h.name: h.server for h in self.plan.gpus})
+        job = job_config(self.run)
         for k, (server, hosts) in enumerate(groups, 1):
             name = f"agent-{self.tag}-{k}"
             out_dir = self.records_dir
@@ -163,7 +190,7 @@ class AgentGroup:
                 self.remote.update({h: (server, out_dir) for h in hosts})
             config = AgentConfig(tuple(dataclasses.replace(configs[h],
                                                            netns_pid=self.fabric.netns_pid(h))
-                                       for h in hosts), out_dir)
+                                       for h in hosts), out_dir, job)
             path = os.path.join(self.ledger.private_dir, f"{name}.json")
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(config.to_dict(), f)

@@ -520,7 +520,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
                 if capture:
                     capture.start()
                     say(f"capturing on {len(capture.procs)} GPU NICs into pcap/{name}/")
-                say(f"replaying {_workload_text(scenario, len(plan.gpus))} "
+                say(f"replaying {_workload_text(scenario, len(plan.gpus), run.job)} "
                     f"(about {expected:.1f} s at line rate)")
                 start_ns = agents.go()
                 if not background.empty:
@@ -553,11 +553,13 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
         hops = session.fabric.hop_delays()
         say("tearing down the fabric")
     where, classes, cc = run.placement, run.classes, run.congestion_control
-    ctx = RunContext(ranks=len(plan.gpus), workloads=run.workloads, time_scale=run.time_scale,
+    ctx = RunContext(ranks=len(plan.gpus), workloads=() if run.job else run.workloads,
+                     time_scale=run.time_scale,
                      extrapolate_gpus=scenario.workload.extrapolate_gpus,
                      mechanisms=Mechanisms(ecn=any(c.ecn for c in classes),
                                            pfc=any(c.pfc for c in classes),
-                                           cnp=cc == "dcqcn"))
+                                           cnp=cc == "dcqcn"),
+                     job=run.job, gpus_per_server=plan.gpus_per_server)
     figures, packets = collect(records, ctx)
     figures["emulation_cost"] = dict(
         cost.cost_report(before, finished, figures["packets_received"], os.cpu_count() or 1),
@@ -618,8 +620,13 @@ def _count(value) -> str:
     return "no" if value is None else f"{value:,}"
 
 
-def _workload_text(scenario: Scenario, gpus: int) -> str:
+def _workload_text(scenario: Scenario, gpus: int, job=None) -> str:
     w = scenario.workload
+    if job is not None:
+        p = job.parallelism
+        return (f"{w.iterations} iterations of a {job.model.name} job on {gpus} GPUs (dp {p.dp}, "
+                f"tp {p.tp}, pp {p.pp}, ep {p.ep}, {p.micro_batches} micro-batches; every "
+                f"message and compute span / {job.byte_scale:,g})")
     sizes = (", ".join(f"{s:,}" for s in w.sizes) + " B") if w.sizes else f"{w.size_bytes:,} B"
     extra = []
     if w.compute_us:

@@ -19,6 +19,7 @@ from ..base.topology import FabricPlan
 from ..fabric.capabilities import Capabilities
 from ..fabric.placement import place
 from ..fabric.shaping import frame_bytes, limiter_qdisc, link_mtu, marking_method, marking_via
+from ..job.plan import JobPlan, plan_job
 from ..scenario.config import AUTO, Scenario
 
 
@@ -39,6 +40,7 @@ class PolicyRun:
     qp_limiter: Optional[QpLimiter]  # DCQCN's per-QP rate limiters (None without DCQCN)
     placement: Optional[Dict[str, str]]  # node -> server of a split fabric (None: one server)
     workloads: Tuple[WorkloadSpec, ...]  # the collectives every GPU replays, one per size
+    job: Optional[JobPlan] = None  # the training job they replay instead, if the scenario has one
 
     @property
     def name(self) -> str:
@@ -71,7 +73,8 @@ def decide(name: str, plan: FabricPlan, scenario: Scenario, caps: Capabilities) 
         path_delay=path_delay(scenario, hops, caps),
         congestion_control=cc, rto_us=rto_us(scenario, policy, roce_class(policy, classes)),
         qp_limiter=qp_limiter(scenario, policy, classes) if cc == "dcqcn" else None,
-        placement=cluster_placement(scenario, plan), workloads=workload_specs(scenario, plan))
+        placement=cluster_placement(scenario, plan), workloads=workload_specs(scenario, plan),
+        job=plan_job(scenario))
 
 
 def ecn_marking(scenario: Scenario, classes, caps: Capabilities) -> Optional[str]:
@@ -124,9 +127,11 @@ def qp_limiter(scenario: Scenario, policy: Policy, classes) -> QpLimiter:
 
 
 def workload_specs(scenario: Scenario, plan: FabricPlan) -> Tuple[WorkloadSpec, ...]:
-    """The collectives each agent replays: one entry per size (a sweep has several)."""
+    """The collectives each agent replays: one entry per size (a sweep has several). The
+    hierarchical collective's groups are the servers, or without servers the leaves."""
     w = scenario.workload
-    return tuple(WorkloadSpec(w.collective, size, w.iterations, w.chunks, plan.gpus_per_leaf)
+    group = plan.gpus_per_server if plan.gpus_per_server > 1 else plan.gpus_per_leaf
+    return tuple(WorkloadSpec(w.collective, size, w.iterations, w.chunks, group)
                  for size in w.run_sizes)
 
 

@@ -22,12 +22,17 @@ from controllers.params import LosslessParams
 from controllers.policy import policy_names
 from traffic import collectives
 
+from ..job.model import PRESETS as _MODEL_PRESETS
+
 from ..base.errors import ConfigError
 from ..base.hops import MECHANISMS as PATH_DELAY_MECHANISMS
+from ..base.topology import LAYOUTS, FabricPlan
+from ..job.plan import check_fits
 from ..base.schema import build, plain
 from .timescale import AUTO, REFERENCE_RATE_MBIT, require_rate
 
 MBIT = 1_000_000
+MODEL_PRESETS = tuple(_MODEL_PRESETS)
 
 
 SAMPLING_MODELLED_US = 0.4  # the switches' reaction time in the modelled fabric
@@ -40,6 +45,22 @@ class TopologyConfig:
     leaves: int = field(default=4, metadata={"min": 1, "max": 255, "doc": "leaf switches"})
     gpus_per_leaf: int = field(default=2, metadata={"min": 1, "max": 254,
                                                     "doc": "GPU hosts under each leaf"})
+    gpus_per_server: int = field(default=1, metadata={
+        "min": 1, "max": 64,
+        "doc": "GPUs per server: its scale-up domain (NVLink-class), where transfers between "
+               "its GPUs go instead of the Ethernet fabric; ranks S*k..S*k+S-1 are server k"})
+    layout: str = field(default="leaf-per-server", metadata={
+        "choices": LAYOUTS,
+        "doc": "leaf-per-server: a server's GPUs under one leaf; rail-optimized: GPU j of "
+               "every server on leaf j of its rail group (DGX SuperPOD, Alibaba HPN), a group "
+               "being gpus_per_server leaves holding gpus_per_leaf servers"})
+    scale_up_gbyte_s: float = field(default=400.0, metadata={
+        "min": 0.1, "max": 100_000.0, "unit": "GB/s (modelled)",
+        "doc": "each GPU's scale-up bandwidth per direction (ASTRA-sim's validated HGX-H100: "
+               "400 GB/s); emulated like compute, divided by the time scale"})
+    scale_up_latency_ns: float = field(default=936.0, metadata={
+        "min": 0.0, "max": 1_000_000_000.0, "unit": "ns (modelled)",
+        "doc": "a scale-up transfer's latency (ASTRA-sim's validated HGX-H100: 936 ns)"})
     host_rate_mbit: Union[float, str] = field(default=AUTO, metadata={
         "auto": True, "min": 0.1, "max": 1000.0, "unit": "Mbit/s",
         "doc": "GPU NIC and leaf downlink rate; auto: the fastest rate this machine holds "
@@ -104,6 +125,64 @@ class StragglerConfig:
 
 
 @dataclass(frozen=True)
+class JobConfig:
+    model: str = field(default="", metadata={
+        "empty": True, "choices": ("",) + MODEL_PRESETS + ("custom",),
+        "doc": "a training job instead of the collective: a preset (dense-7b, dense-70b: "
+               "Llama-2-class; moe-8x2: 8 experts, top 2), or custom (give every shape key); "
+               "empty: no job"})
+    layers: int = field(default=0, metadata={"min": 0, "max": 1000,
+                                             "doc": "transformer layers (0: the preset's)"})
+    hidden: int = field(default=0, metadata={"min": 0, "max": 1 << 17,
+                                             "doc": "hidden size (0: the preset's)"})
+    heads: int = field(default=0, metadata={"min": 0, "max": 1024,
+                                            "doc": "attention heads (0: the preset's)"})
+    seq_len: int = field(default=0, metadata={"min": 0, "max": 1 << 20,
+                                              "doc": "sequence length (0: the preset's)"})
+    vocab: int = field(default=-1, metadata={"min": -1, "max": 1 << 22,
+                                             "doc": "vocabulary (-1: the preset's)"})
+    experts: int = field(default=-1, metadata={
+        "min": -1, "max": 1024, "doc": "MoE experts per layer (0: dense; -1: the preset's)"})
+    top_k: int = field(default=0, metadata={"min": 0, "max": 64,
+                                            "doc": "experts per token (0: the preset's)"})
+    dp: int = field(default=0, metadata={
+        "min": 0, "max": 1 << 20, "doc": "data-parallel ranks (0: the GPUs / (tp x pp))"})
+    tp: int = field(default=1, metadata={
+        "min": 1, "max": 64, "doc": "tensor-parallel ranks: consecutive ranks, a server's GPUs"})
+    pp: int = field(default=1, metadata={"min": 1, "max": 1024, "doc": "pipeline stages (1F1B)"})
+    ep: int = field(default=1, metadata={
+        "min": 1, "max": 1024, "doc": "expert-parallel ranks, out of the data-parallel ones"})
+    micro_batches: int = field(default=1, metadata={
+        "min": 1, "max": 4096, "doc": "micro-batches per iteration (gradient accumulation)"})
+    micro_batch_size: int = field(default=1, metadata={
+        "min": 1, "max": 4096, "doc": "sequences per micro-batch"})
+    bucket_mb: float = field(default=25.0, metadata={
+        "min": 0.001, "max": 100_000.0, "unit": "MiB",
+        "doc": "gradient bucket size of the data-parallel all-reduce (PyTorch DDP's 25 MiB)"})
+    bytes_per_element: int = field(default=2, metadata={
+        "choices": (1, 2, 4), "unit": "B", "doc": "2: BF16/FP16; 4: FP32; 1: FP8"})
+    dp_collective: str = field(default="ring", metadata={
+        "choices": ("ring", "double_binary_tree", "halving_doubling", "hierarchical"),
+        "doc": "the data-parallel all-reduce (hierarchical: over the scale-up domain first)"})
+    gpu_tflops: float = field(default=989.0, metadata={
+        "min": 0.001, "max": 1e6, "unit": "TFLOP/s",
+        "doc": "peak dense TFLOP/s at the training precision (H100 SXM BF16: 989)"})
+    gpu_efficiency: float = field(default=0.4, metadata={
+        "min": 0.001, "max": 1.0, "doc": "share of the peak a step achieves (MFU)"})
+    byte_scale: Union[float, str] = field(default=AUTO, metadata={
+        "auto": True, "min": 1.0, "max": 1e12,
+        "doc": "every message and compute span divided by this, so the iteration fits the "
+               "emulation (auto: an iteration of about iteration_s emulated)"})
+    iteration_s: float = field(default=1.0, metadata={
+        "min": 0.01, "max": 3600.0, "unit": "s (emulated)",
+        "doc": "byte_scale auto: the emulated time one iteration should take"})
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.model)
+
+
+@dataclass(frozen=True)
 class WorkloadConfig:
     collective: str = field(default="ring", metadata={
         "choices": COLLECTIVE_NAMES,
@@ -132,6 +211,7 @@ class WorkloadConfig:
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)
     seed: int = field(default=1, metadata={"min": 0, "max": 2**31,
                                            "doc": "seed of the jitter and straggler draws"})
+    job: JobConfig = field(default_factory=JobConfig)
     extrapolate_gpus: int = field(default=10_000, metadata={
         "min": 2, "max": 10_000_000,
         "doc": "cluster size for the 'same tail on N GPUs' GPU-seconds extrapolation"})
@@ -535,7 +615,10 @@ def _derive(scenario: "Scenario", data: Mapping[str, Any]) -> "Scenario":
             raise ConfigError(f"topology.oversubscription: gives a fabric rate of {rate:g} "
                               "Mbit/s, outside 0.1..1000")
         t = dataclasses.replace(t, fabric_rate_mbit=rate)
-    return dataclasses.replace(scenario, topology=t)
+    FabricPlan.for_topology(t)  # servers and layout fit the leaves
+    scenario = dataclasses.replace(scenario, topology=t)
+    check_fits(scenario)
+    return scenario
 
 
 def _policy_params(params) -> Dict[str, Dict[str, Any]]:

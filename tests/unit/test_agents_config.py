@@ -164,3 +164,15 @@ def test_each_peer_carries_what_the_rnic_holds_its_frames_for():
     assert line and d[1] == d[2] == round(delays["gpu_nic"] * 1000)
     line, d, _ = peers("off")
     assert not line and set(d.values()) == {0}
+
+
+def test_agent_processes_never_split_a_server():
+    from testbed.run.agent_processes import process_groups
+    hosts = [f"gpu{i}" for i in range(1, 9)]
+    servers = {h: i // 4 for i, h in enumerate(hosts)}
+    assert process_groups(hosts, {}, 2, servers) == [("localhost", hosts[:4]),
+                                                     ("localhost", hosts[4:])]
+    servers = {h: i // 3 for i, h in enumerate(hosts)}  # servers of 3: 3, 3, 2
+    groups = process_groups(hosts, {}, 2, servers)
+    assert [len(g) for _, g in groups] == [6, 2]
+    assert process_groups(hosts, {}, 4, {h: 0 for h in hosts}) == [("localhost", hosts)]

@@ -1,0 +1,144 @@
+"""A training job's figures from its ops' spans (pure over the records' rows).
+
+Per rank and iteration the compute stream is either busy (a compute span) or idle. An idle gap
+before a compute op is charged to the op it waited for last (of those the graph makes it wait
+for): a communication op's kind (dp, tp, pp, ep) - exposed communication, which for pipeline
+stages includes the bubble - or ``other`` (a compute that ended late, the agent's own lag);
+the gap after the last compute op, to the op that ended last. The ideal iteration replays the
+graph with free communication (``traffic.jobgraph.replay``): its idle time is the pipeline
+bubble, and what the run takes beyond it is the network's cost.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+from traffic import collectives, metrics
+from traffic.jobgraph import COMPUTE, JobGraph, collective_of, replay
+
+KINDS = ("dp", "tp", "pp", "ep", "coll", "other")
+
+
+def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
+                iterations: Sequence[dict], time_scale: float, per_server: int,
+                extrapolate_gpus: int) -> dict:
+    """``graph`` in modelled ns; ``spans`` and ``iterations`` as the records' CSV rows (ns
+    since the epoch, emulated). Times out: emulated us (``modelled`` figures beside them)."""
+    by_rank_it: Dict[tuple, Dict[int, dict]] = defaultdict(dict)
+    for s in spans:
+        by_rank_it[(int(s["rank"]), int(s["iteration"]))][int(s["op"])] = s
+    starts: Dict[int, List[int]] = defaultdict(list)
+    ends: Dict[int, List[int]] = defaultdict(list)
+    exposed = defaultdict(float)
+    compute_total = idle_total = 0.0
+    for row in iterations:
+        r, it = int(row["rank"]), int(row["iteration"])
+        begin, end = int(row["compute_start_ns"]), int(row["end_ns"])
+        starts[it].append(begin)
+        ends[it].append(end)
+        ops = by_rank_it[(r, it)]
+        busy, gaps = _compute_gaps(graph.programs[r], ops, begin, end)
+        compute_total += busy
+        for kind, ns in gaps.items():
+            exposed[kind] += ns
+            idle_total += ns
+    samples = len(iterations) or 1
+    its = sorted(starts)
+    iteration_us = metrics.cct_summary([(max(ends[i]) - min(starts[i])) / 1000 for i in its])
+    ideal = replay(graph, lambda r, op: op.ns, lambda comm: 0)
+    compute_model = [sum(op.ns for op in prog if op.kind == COMPUTE) for prog in graph.programs]
+    bubble_ns = float(np.mean([ideal.end - c for c in compute_model]))
+    to_emulated = time_scale / 1000  # modelled ns -> emulated us
+    idle_us = idle_total / samples / 1000
+    figures = {
+        "iteration_us": iteration_us,
+        "job_compute_us": round(compute_total / samples / 1000, 3),
+        "exposed_comm_us": {k: round(exposed[k] / samples / 1000, 3) for k in KINDS
+                            if exposed.get(k)} | {"total": round(idle_us, 3)},
+        "ideal_iteration_us": round(ideal.end * to_emulated, 3),
+        "pipeline_bubble_us": round(bubble_ns * to_emulated, 3),
+        "network_cost_us": (round(iteration_us["p50"] - ideal.end * to_emulated, 3)
+                            if iteration_us else None),
+        "idle_gpu_us": round(idle_total / max(1, len(its)) / 1000, 3),
+    }
+    p50 = iteration_us["p50"] if iteration_us else None
+    job = {
+        "name": graph.name,
+        "ranks": graph.ranks,
+        "byte_scale": byte_scale,
+        "exposed_share": round(idle_us / p50, 4) if p50 else None,
+        "bytes_per_iteration": traffic_split(graph, per_server),
+        "full_size_iteration_ms_modelled": (round(p50 / time_scale * byte_scale / 1000, 3)
+                                            if p50 else None),
+        "idle_gpu_seconds_on_n_gpus": (
+            {"gpus": extrapolate_gpus,
+             "modelled": round(idle_us / time_scale / 1e6 * extrapolate_gpus, 6)}
+            if p50 else None),
+        "operations": operations(spans, time_scale),
+    }
+    return {**figures, "job": job}
+
+
+def _compute_gaps(program, ops: Dict[int, dict], begin: int, end: int):
+    """(compute busy ns, idle ns per kind) of one rank's iteration."""
+    def kind_of(i: int) -> str:
+        s = ops.get(i)
+        return (s["comm_kind"] or "other") if s and s["kind"] != COMPUTE else "other"
+
+    def ended(i: int) -> int:
+        s = ops.get(i)
+        return int(s["end_ns"]) if s else begin
+
+    busy = 0
+    gaps: Dict[str, float] = defaultdict(float)
+    at = begin
+    computes = sorted((int(s["start_ns"]), i) for i, s in ops.items() if s["kind"] == COMPUTE)
+    for start, i in computes:
+        stop = int(ops[i]["end_ns"])
+        if start > at:
+            after = program[i].after if i < len(program) else ()
+            blocker = max(after, key=ended) if after else None
+            gaps[kind_of(blocker) if blocker is not None else "other"] += start - at
+        busy += stop - start
+        at = max(at, stop)
+    if end > at and ops:
+        last = max(ops, key=ended)
+        gaps[kind_of(last)] += end - at
+    return busy, gaps
+
+
+def traffic_split(graph: JobGraph, per_server: int) -> dict:
+    """Bytes one iteration moves over the fabric and inside servers (scale-up), per kind, as
+    run (divided by the byte scale)."""
+    out: Dict[str, Dict[str, int]] = {"fabric": defaultdict(int), "scale_up": defaultdict(int)}
+    for comm in graph.comms:
+        g = comm.group
+        for t in collective_of(comm).transfers:
+            where = "scale_up" if g[t.src] // per_server == g[t.dst] // per_server \
+                and per_server > 1 else "fabric"
+            out[where][comm.kind] += t.nbytes
+    return {k: dict(v) for k, v in out.items()}
+
+
+def operations(spans: Sequence[dict], time_scale: float) -> List[dict]:
+    """Per communication (kind, collective, group size, bytes): how many, time p50 and the
+    bandwidths it reached, in modelled time."""
+    groups: Dict[tuple, List[float]] = defaultdict(list)
+    for s in spans:
+        if s["kind"] == COMPUTE:
+            continue
+        key = (s["comm_kind"], s["collective"], int(s["group_size"]), int(s["bytes"]))
+        groups[key].append((int(s["end_ns"]) - int(s["start_ns"])) / 1000 / time_scale)
+    rows = []
+    for (kind, coll, n, size), times in sorted(groups.items()):
+        t = float(np.percentile(times, 50))
+        ckind = collectives.KINDS.get(coll, "sendrecv")
+        factor = collectives.bus_bandwidth_factor(ckind, n) if ckind != "sendrecv" else 1.0
+        algbw = metrics.algbw_gbps(size, t) if t > 0 else None
+        rows.append({"kind": kind, "collective": coll, "group": n, "bytes": size,
+                     "count": len(times), "time_us_p50": round(t, 3),
+                     "algbw_gbps": round(algbw, 3) if algbw else None,
+                     "busbw_gbps": round(algbw * factor, 3) if algbw else None})
+    return rows
