@@ -7,16 +7,22 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 from traffic.collectives import KINDS, bus_bandwidth_factor
-from traffic.jobgraph import Comm, JobGraph, replay
+from traffic.jobgraph import Comm, JobGraph, collective_of, replay
 
 from ..base.errors import ConfigError
 from .build import Parallelism, build, validate
 from .model import PRESETS, GpuModel, Model
 
 SHAPE_KEYS = ("layers", "hidden", "heads", "seq_len", "vocab", "experts", "top_k")
+# A message's fixed one-way latency across leaves in the modelled fabric: the hop model's
+# store-and-forward Ethernet path at 100 Gbit/s (docs/fabric.md; measured 2.29 us)
+MESSAGE_LATENCY_US = 2.5
+# A byte scale is honest while per-message latency takes at most this share of the fabric's
+# transfer times (byte-weighted): scaled messages stay bandwidth-dominated, as at full size
+HONEST_LATENCY_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,8 @@ class JobPlan:
     model: Model
     parallelism: Parallelism
     full_iteration_ns: float  # the estimate at full size, modelled
+    latency_share: float  # per-message latency's share of fabric transfer time at byte_scale
+    warning: str = ""  # why the byte scale may change the answer, if it may
 
 
 def model_of(job) -> Model:
@@ -92,8 +100,8 @@ def ideal_ns(graph: JobGraph) -> float:
 
 def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
     """The scenario's job (None without one) at its byte scale: the given one, else the
-    scenario's number, else ``auto``: the power of ten (or 2x, 5x one) that brings an
-    iteration near ``iteration_s`` of emulated time."""
+    scenario's number, else ``auto``: the 1-2-5 step that brings an iteration near
+    ``iteration_s`` of emulated time, lowered until the scaled messages are honest."""
     job = scenario.workload.job
     if not job.enabled:
         return None
@@ -102,11 +110,49 @@ def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
     gpu = GpuModel(job.gpu_tflops, job.gpu_efficiency)
     full = build(model, par, gpu)
     full_ns = iteration_ns(full, scenario)
+    sizes = fabric_messages(full, scenario)
+    rate = scenario.topology.modelled_rate_gbit
+    if byte_scale is None and job.byte_scale != "auto":
+        byte_scale = float(job.byte_scale)
     if byte_scale is None:
-        byte_scale = (float(job.byte_scale) if job.byte_scale != "auto" else
-                      auto_byte_scale(full_ns * scenario.time_scale / 1e9, job.iteration_s))
+        byte_scale = auto_byte_scale(full_ns * scenario.time_scale / 1e9, job.iteration_s)
+        while byte_scale > 1 and latency_share(sizes, byte_scale, rate) > HONEST_LATENCY_SHARE:
+            byte_scale = step_down(byte_scale)
+    share = latency_share(sizes, byte_scale, rate)
+    warning = ""
+    if share > HONEST_LATENCY_SHARE:
+        warning = (f"byte scale {byte_scale:,g}: per-message latency ({MESSAGE_LATENCY_US:g} us) "
+                   f"takes {share:.0%} of the fabric's transfer time, against "
+                   f"{latency_share(sizes, 1, rate):.0%} at full size: the scaled job's "
+                   "communication is latency-bound where the real one is not (lower "
+                   "workload.job.byte_scale, or leave it auto)")
     graph = full if byte_scale == 1 else build(model, par, gpu, byte_scale)
-    return JobPlan(graph, byte_scale, model, par, full_ns)
+    return JobPlan(graph, byte_scale, model, par, full_ns, share, warning)
+
+
+def fabric_messages(graph: JobGraph, scenario) -> List[float]:
+    """The sizes of the transfers one iteration sends over the fabric (bytes, unscaled). A
+    transfer split over several QPs still waits for one path latency: its parts go at once."""
+    per_server = scenario.topology.gpus_per_server
+    out = []
+    for comm in graph.comms:
+        g = comm.group
+        out += [t.nbytes for t in collective_of(comm).transfers
+                if g[t.src] // per_server != g[t.dst] // per_server]
+    return out
+
+
+def latency_share(sizes: List[float], byte_scale: float, rate_gbit: float) -> float:
+    """Byte-weighted share of a message's time its fixed latency takes, at ``byte_scale``."""
+    if not sizes:
+        return 0.0
+    lat, total, weighted = MESSAGE_LATENCY_US * 1000, 0.0, 0.0
+    for size in sizes:
+        scaled = max(1.0, size / byte_scale)
+        wire = scaled * 8 / rate_gbit  # ns
+        total += scaled
+        weighted += scaled * lat / (lat + wire)
+    return weighted / total
 
 
 def auto_byte_scale(emulated_s: float, target_s: float) -> float:
@@ -115,4 +161,12 @@ def auto_byte_scale(emulated_s: float, target_s: float) -> float:
     if want <= 1:
         return 1.0
     decade = 10 ** math.floor(math.log10(want))
-    return next(decade * m for m in (1, 2, 5, 10) if decade * m >= want)
+    return float(next(decade * m for m in (1, 2, 5, 10) if decade * m >= want))
+
+
+def step_down(scale: float) -> float:
+    """The 1-2-5 step below ``scale``."""
+    decade = 10 ** math.floor(math.log10(scale) + 1e-9)
+    mantissa = scale / decade
+    lower = [m for m in (1, 2, 5) if m < mantissa - 1e-9]
+    return float(decade * lower[-1] if lower else decade / 2)

@@ -166,6 +166,8 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
                  for r in _rows_if_any(os.path.join(records_dir, f"{s['host']}.spans.csv"))]
         figures.update(job_figures(ctx.job.graph, ctx.job.byte_scale, spans, iterations,
                                    ctx.time_scale, ctx.gpus_per_server, ctx.extrapolate_gpus))
+        figures["job"].update(latency_share=round(ctx.job.latency_share, 4),
+                              byte_scale_warning=ctx.job.warning or None)
     if len(figures["collectives"]) == 1:  # the usual case: its figures at the top as well
         only = figures["collectives"][0]
         for key in ("cct_us", "algbw_gbps_emulated", "busbw_gbps_emulated",

@@ -57,6 +57,18 @@ ROWS = [
     ("latency max (us)", lambda p: (p.get("latency_us") or {}).get("max")),
     ("jitter |IPDV| p99 (us)", lambda p: (p.get("jitter_us") or {}).get("ipdv_abs_p99")),
     ("latency p99 / p50", lambda p: p.get("tail_ratio_p99_p50")),
+    ("iteration p50 (ms)", lambda p: _ms((p.get("iteration_us") or {}).get("p50"))),
+    ("iteration p99 (ms)", lambda p: _ms((p.get("iteration_us") or {}).get("p99"))),
+    ("  with a free network (ms)", lambda p: _ms(p.get("ideal_iteration_us"))),
+    ("  network cost p50 (ms)", lambda p: _ms(p.get("network_cost_us"))),
+    ("compute per GPU (ms)", lambda p: _ms(p.get("job_compute_us"))),
+    ("exposed communication (ms)", lambda p: _ms((p.get("exposed_comm_us") or {}).get("total"))),
+    ("  share of the iteration", lambda p: _share((p.get("job") or {}).get("exposed_share"))),
+    ("  dp / tp / pp / ep (ms)", lambda p: _kinds(p.get("exposed_comm_us"))),
+    ("  pipeline bubble, free network (ms)", lambda p: _ms(p.get("pipeline_bubble_us"))),
+    ("idle GPU time / iteration (GPU-ms)", lambda p: _ms(p.get("idle_gpu_us"))),
+    ("bytes / iteration: fabric, scale-up",
+     lambda p: _split((p.get("job") or {}).get("bytes_per_iteration"))),
     ("CCT p50 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p50"))),
     ("CCT p99 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p99"))),
     ("CCT max (ms)", lambda p: _ms((p.get("cct_us") or {}).get("max"))),
@@ -81,13 +93,39 @@ ROWS = [
         f"{v:,}" for v in (p.get("spine_load_packets") or {}).values()) or None),
 ]
 """The comparison: (label, figure of a policy's results) per row."""
+JOB_ROWS = {label for label, _ in ROWS[ROWS.index(next(r for r in ROWS if r[0].startswith(
+    "iteration p50"))):ROWS.index(next(r for r in ROWS if r[0] == "CCT p50 (ms)"))]}
+"""Rows of a training job's figures (shown when a policy ran one)."""
+COLLECTIVE_ROWS = {"CCT p50 (ms)", "CCT p99 (ms)", "CCT max (ms)", "busbw (Gbit/s, modelled)",
+                   "straggler idle / iteration (ms)", "same tail on N GPUs (GPU-s/step)"}
+"""Rows of a collective's figures (shown when a policy replayed collectives)."""
 TIME_ROWS = {"PFC paused time (ms)", "latency p50 (us)", "latency p99 (us)",
              "latency p99.9 (us)", "latency max (us)", "jitter |IPDV| p99 (us)", "CCT p50 (ms)",
              "CCT p99 (ms)", "CCT max (ms)", "straggler idle / iteration (ms)",
              "  fixed path delay on one leaf (us)", "  fixed path delay across leaves (us)",
              "  queueing + forwarding p50 (us)",
-             "  queueing + forwarding p99 (us)", "latency floor across leaves (us)"}
+             "  queueing + forwarding p99 (us)", "latency floor across leaves (us)",
+             "iteration p50 (ms)", "iteration p99 (ms)", "  with a free network (ms)",
+             "  network cost p50 (ms)", "compute per GPU (ms)", "exposed communication (ms)",
+             "  pipeline bubble, free network (ms)", "idle GPU time / iteration (GPU-ms)"}
 """The rows that are times: in the modelled fabric's time unless emulated ones are asked for."""
+
+
+def _share(x):
+    return None if x is None else f"{x:.0%}"
+
+
+def _kinds(exposed):
+    if not exposed:
+        return None
+    return " / ".join(sig(exposed.get(k, 0) / 1000, 3) for k in ("dp", "tp", "pp", "ep"))
+
+
+def _split(moved):
+    if not moved:
+        return None
+    return " / ".join(f"{sum(moved.get(k, {}).values()) / 1e6:,.1f} MB"
+                      for k in ("fabric", "scale_up"))
 
 
 def _hop(h):
@@ -126,16 +164,22 @@ def comparison(results: dict, emulated: bool = False) -> Tuple[List[str], List[L
     policies = results.get("policies", {})
     names = list(policies)
     w = results.get("scenario", {}).get("workload", {})
+    job = (w or {}).get("job") or {}
     what = (f"per policy ({w.get('collective')}, {_size(w.get('size_bytes'))})"
-            if w and not w.get("sizes") else "per policy")
+            if w and not w.get("sizes") and not job.get("model") else "per policy")
+    if job.get("model"):
+        what = f"per policy ({job['model']} job)"
     modelled = modelled_time(results, emulated)
     what += ", modelled time" if modelled else ", emulated time"
     views = {n: view(policies[n], not modelled) for n in names}
     rxe = any(policies[n].get("rxe") for n in names)
+    job = any(policies[n].get("job") for n in names)
+    coll = any(policies[n].get("collectives") for n in names)
     return ([what] + names,
             [[label] + [(sig if modelled and label in TIME_ROWS else fmt)(get(views[n]))
                         for n in names] for label, get in ROWS
-             if rxe or not label.startswith("rxe ")])
+             if (rxe or not label.startswith("rxe ")) and (job or label not in JOB_ROWS)
+             and (coll or label not in COLLECTIVE_ROWS)])
 
 
 def per_gpu(name: str, p: dict, time_scale: float = 0.0) -> Tuple[List[str], List[List[str]]]:

@@ -522,6 +522,8 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
                     say(f"capturing on {len(capture.procs)} GPU NICs into pcap/{name}/")
                 say(f"replaying {_workload_text(scenario, len(plan.gpus), run.job)} "
                     f"(about {expected:.1f} s at line rate)")
+                if run.job is not None and run.job.warning:
+                    say(f"warning: {run.job.warning}")
                 start_ns = agents.go()
                 if not background.empty:
                     background.go(start_ns)

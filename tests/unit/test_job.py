@@ -144,3 +144,33 @@ def test_presets_are_their_class():
     assert 6e9 < PRESETS["dense-7b"].params() < 8e9
     assert 60e9 < PRESETS["dense-70b"].params() < 75e9
     assert PRESETS["moe-8x2"].experts == 8 and PRESETS["moe-8x2"].top_k == 2
+
+
+def _scenario(**job):
+    from testbed.scenario.config import Scenario
+    return Scenario.from_dict({"topology": {"host_rate_mbit": 40},
+                               "workload": {"job": {"model": "dense-7b", **job}}})
+
+
+def test_auto_byte_scale_fits_the_target_but_keeps_messages_bandwidth_dominated():
+    from testbed.job.plan import HONEST_LATENCY_SHARE, latency_share, plan_job, fabric_messages
+    s = _scenario(bucket_mb=1000, micro_batches=8)
+    job = plan_job(s)
+    assert job.latency_share <= HONEST_LATENCY_SHARE and not job.warning
+    sizes = fabric_messages(build(job.model, job.parallelism, GpuModel()), s)
+    assert latency_share(sizes, job.byte_scale * 2.5, 100) > HONEST_LATENCY_SHARE  # the next step
+    target = plan_job(_scenario(bucket_mb=1000, micro_batches=8, iteration_s=1000))
+    assert target.byte_scale < job.byte_scale  # a longer target needs less scaling
+
+
+def test_a_byte_scale_that_makes_messages_latency_bound_is_warned_about():
+    from testbed.job.plan import plan_job
+    job = plan_job(_scenario(byte_scale=5000))
+    assert job.byte_scale == 5000 and job.latency_share > 0.5
+    assert "latency-bound" in job.warning and "byte_scale" in job.warning
+
+
+def test_byte_scale_steps():
+    from testbed.job.plan import auto_byte_scale, step_down
+    assert [auto_byte_scale(x, 1) for x in (0.5, 1.5, 3, 7, 11)] == [1, 2, 5, 10, 20]
+    assert [step_down(x) for x in (1000, 500, 200, 100, 2)] == [500, 200, 100, 50, 1]
