@@ -32,7 +32,7 @@ import numpy as np
 from traffic import collectives, metrics
 from traffic.contract import WorkloadSpec
 
-from .jobfigures import job_figures
+from .jobfigures import fabric_bytes_sent, job_figures
 
 RESULTS_SCHEMA = "ai-fabric-testbed/results/2"
 
@@ -168,6 +168,7 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
                                    ctx.time_scale, ctx.gpus_per_server, ctx.extrapolate_gpus))
         figures["job"].update(latency_share=round(ctx.job.latency_share, 4),
                               byte_scale_warning=ctx.job.warning or None)
+        figures["job"]["bytes_sent_per_rank"] = _job_bytes(ctx, packets, iterations)
     if len(figures["collectives"]) == 1:  # the usual case: its figures at the top as well
         only = figures["collectives"][0]
         for key in ("cct_us", "algbw_gbps_emulated", "busbw_gbps_emulated",
@@ -299,6 +300,17 @@ def _workload_figures(index: int, spec: WorkloadSpec, ctx: RunContext, packets: 
     }
     out["modelled"] = modelled(out, ctx.time_scale)
     return out
+
+
+def _job_bytes(ctx: RunContext, packets: Packets, iterations: List[dict]) -> dict:
+    """Per rank, the payload one iteration sends over the fabric: as the job's graph says,
+    and as the receivers' packet records show it delivered (per iteration)."""
+    its = len({int(r["iteration"]) for r in iterations}) or 1
+    delivered = packets.select(packets.delivered == 1)
+    expected = fabric_bytes_sent(ctx.job.graph, ctx.gpus_per_server)
+    return {"expected": {str(r): expected.get(r, 0) for r in range(ctx.ranks)},
+            "measured": {str(r): round(int(delivered.payload[delivered.src == r].sum()) / its)
+                         for r in range(ctx.ranks)}}
 
 
 def _pooled_lag(summaries: List[dict]) -> Optional[dict]:

@@ -109,6 +109,17 @@ def _compute_gaps(program, ops: Dict[int, dict], begin: int, end: int):
     return busy, gaps
 
 
+def fabric_bytes_sent(graph: JobGraph, per_server: int) -> Dict[int, int]:
+    """Rank -> the payload bytes it sends over the fabric in one iteration."""
+    out: Dict[int, int] = defaultdict(int)
+    for comm in graph.comms:
+        g = comm.group
+        for t in collective_of(comm).transfers:
+            if g[t.src] // per_server != g[t.dst] // per_server or per_server == 1:
+                out[g[t.src]] += t.nbytes
+    return dict(out)
+
+
 def traffic_split(graph: JobGraph, per_server: int) -> dict:
     """Bytes one iteration moves over the fabric and inside servers (scale-up), per kind, as
     run (divided by the byte scale)."""

@@ -64,8 +64,13 @@ def describe(names: List[str] = None) -> str:
         s = b.load()
         w = s.workload
         sizes = "sweep" if w.sizes else _size(w.size_bytes)
-        rows.append((b.name, f"{s.topology.gpus} GPUs, {w.collective} {sizes}, "
-                             f"{', '.join(s.policies)}", b.summary))
+        what = f"{w.collective} {sizes}"
+        if w.job.enabled:
+            j = w.job
+            what = (f"{j.model} job, dp {j.dp or 'auto'} tp {j.tp} pp {j.pp}"
+                    + (f" ep {j.ep}" if j.ep > 1 else ""))
+        rows.append((b.name, f"{s.topology.gpus} GPUs, {what}, {', '.join(s.policies)}",
+                     b.summary))
     width = max(len(r[0]) for r in rows)
     lines = []
     for name, what, summary in rows:

@@ -77,3 +77,40 @@ def test_neighbour_hosts_sit_after_the_gpus_and_have_no_rank():
     assert [h.name for h in plan.hosts_on_leaf(2)] == ["gpu3", "gpu4", "nb2"]
     assert FabricPlan.from_dict(plan.to_dict()).to_dict() == plan.to_dict()
     assert len(plan.links) == 9 + 6
+
+
+def test_servers_are_consecutive_ranks_under_one_leaf_by_default():
+    plan = FabricPlan(2, 2, 4, gpus_per_server=2)
+    assert [(h.rank, h.leaf, h.index, h.server) for h in plan.gpus[:4]] == [
+        (0, 1, 1, 0), (1, 1, 2, 0), (2, 1, 3, 1), (3, 1, 4, 1)]
+    assert plan.server_ranks(3) == (2, 3)
+
+
+def test_rail_optimized_puts_gpu_j_of_every_server_on_leaf_j_of_its_rail_group():
+    plan = FabricPlan(2, 4, 2, gpus_per_server=2, layout="rail-optimized")
+    where = {h.rank: (h.leaf, h.index) for h in plan.gpus}
+    # servers 0 and 1 in rail group 1 (leaves 1, 2); servers 2 and 3 in group 2 (leaves 3, 4)
+    assert where == {0: (1, 1), 1: (2, 1), 2: (1, 2), 3: (2, 2),
+                     4: (3, 1), 5: (4, 1), 6: (3, 2), 7: (4, 2)}
+    assert len({h.ip for h in plan.gpus}) == 8
+    assert [h.name for h in plan.gpus] == [f"gpu{r + 1}" for r in range(8)]
+    again = FabricPlan.from_dict(plan.to_dict())
+    assert [(h.leaf, h.index) for h in again.gpus] == [(h.leaf, h.index) for h in plan.gpus]
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"gpus_per_server": 3}, "do not divide the 2 GPUs per leaf"),
+    ({"gpus_per_server": 3, "layout": "rail-optimized"}, "not whole rail groups"),
+    ({"layout": "fat-tree"}, "must be one of")])
+def test_servers_that_do_not_fit_the_leaves_are_refused(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        FabricPlan(2, 4, 2, **kw)
+
+
+def test_a_cluster_placement_that_splits_a_server_is_refused():
+    from testbed.fabric.placement import place
+    plan = FabricPlan(2, 4, 2, gpus_per_server=4, layout="rail-optimized")
+    with pytest.raises(ConfigError, match="scale-up domain"):
+        place(plan, ["localhost", "b"])
+    assert set(place(FabricPlan(2, 4, 2, gpus_per_server=2), ["localhost", "b"]).values()) \
+        == {"localhost", "b"}
