@@ -27,6 +27,7 @@ setup(
         "numpy>=1.24,<3",
         "pyyaml>=6.0,<7",
         "matplotlib>=3.6,<4",  # the report's plots (Agg backend, no display needed)
+        "protobuf>=4.21,<7",  # Chakra execution traces (their wire format)
     ],
     extras_require={"test": ["pytest>=7.2,<10", "hypothesis>=6.80,<7"]},
     entry_points={"console_scripts": ["testbed=testbed.cli:main"],

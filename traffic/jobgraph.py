@@ -176,15 +176,15 @@ def rank_plan(graph: JobGraph, rank: int, bases: Optional[List[Dict[int, int]]] 
 
 
 # --- checks -----------------------------------------------------------------------------------
-def ancestors(ops: Sequence[Op]) -> List[int]:
+def ancestors(ops: Sequence[Op], rank: int = -1) -> List[int]:
     """Per op, the set of ops it transitively waits for, as a bit mask."""
     anc: List[int] = []
     for i, op in enumerate(ops):
         mask = 0
         for j in op.after:
             if not 0 <= j < i:
-                raise ScheduleError(f"op {i} ({op.name}) waits for op {j}: a program lists an "
-                                    "op after every op it waits for")
+                raise ScheduleError(f"rank {rank}: op {i} ({op.name}) waits for op {j}: a "
+                                    "program lists an op after every op it waits for")
             mask |= anc[j] | (1 << j)
         anc.append(mask)
     return anc
@@ -195,7 +195,7 @@ def check(graph: JobGraph) -> None:
     before it is read, the ops of each stream in sequence, no deadlock across ranks."""
     members: Dict[int, List[int]] = {c: [] for c in range(len(graph.comms))}
     for r, prog in enumerate(graph.programs):
-        anc = ancestors(prog)
+        anc = ancestors(prog, r)
         made: Dict[str, int] = {}
         for i, op in enumerate(prog):
             for v in op.makes:

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, List, Optional
 
-from traffic.collectives import KINDS, bus_bandwidth_factor
-from traffic.jobgraph import Comm, JobGraph, collective_of, replay
+from traffic.collectives import KINDS, ScheduleError, bus_bandwidth_factor
+from traffic.jobgraph import Comm, JobGraph, check, collective_of, replay
 
 from ..base.errors import ConfigError
+from . import chakra, graphfile
 from .build import Parallelism, build, validate
 from .model import PRESETS, GpuModel, Model
 
@@ -29,8 +32,8 @@ HONEST_LATENCY_SHARE = 0.1
 class JobPlan:
     graph: JobGraph  # modelled ns, bytes divided by byte_scale
     byte_scale: float
-    model: Model
-    parallelism: Parallelism
+    model: Optional[Model]  # None for a job from a file
+    parallelism: Optional[Parallelism]
     full_iteration_ns: float  # the estimate at full size, modelled
     latency_share: float  # per-message latency's share of fabric transfer time at byte_scale
     warning: str = ""  # why the byte scale may change the answer, if it may
@@ -64,11 +67,47 @@ def parallelism_of(job, gpus: int) -> Parallelism:
 
 
 def check_fits(scenario) -> None:
-    """ConfigError unless the scenario's job fits its model and fabric."""
+    """ConfigError unless the scenario's job fits its model (or file) and fabric."""
     job = scenario.workload.job
-    if job.enabled:
-        gpus = scenario.topology.gpus
+    gpus = scenario.topology.gpus
+    if job.model and job.file:
+        raise ConfigError("workload.job: give model or file, not both")
+    if job.file:
+        graph = load_file(job.file, job.format, job.comm_groups)
+        if graph.ranks != gpus:
+            raise ConfigError(f"workload.job.file: {job.file} has {graph.ranks} ranks, the "
+                              f"fabric {gpus} GPUs")
+    elif job.model:
         validate(model_of(job), parallelism_of(job, gpus), gpus)
+
+
+def load_file(path: str, fmt: str = "auto", groups: str = "") -> JobGraph:
+    """A job's graph from a file (modelled ns, full size), checked."""
+    stamp = tuple(os.stat(p).st_mtime_ns for p in (path, groups) if p and os.path.exists(p))
+    return _load_file(path, fmt, groups, stamp)
+
+
+@lru_cache(maxsize=8)
+def _load_file(path: str, fmt: str, groups: str, _stamp) -> JobGraph:
+    if fmt == "auto":
+        fmt = "graph" if path.endswith((".yaml", ".yml", ".json")) else "chakra"
+    if fmt == "graph":
+        return graphfile.load(path)
+    graph = chakra.load(path, groups)
+    try:
+        check(graph)
+    except ScheduleError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return graph
+
+
+def scaled_bytes(graph: JobGraph, byte_scale: float) -> JobGraph:
+    """Every comm's size and compute span divided by ``byte_scale``."""
+    if byte_scale == 1:
+        return graph
+    comms = tuple(dataclasses.replace(c, size=max(len(c.group), int(c.size / byte_scale)))
+                  for c in graph.comms)
+    return dataclasses.replace(graph.scaled(1 / byte_scale), comms=comms)
 
 
 def comm_cost(scenario) -> Callable[[Comm], int]:
@@ -105,10 +144,14 @@ def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
     job = scenario.workload.job
     if not job.enabled:
         return None
-    model = model_of(job)
-    par = parallelism_of(job, scenario.topology.gpus)
-    gpu = GpuModel(job.gpu_tflops, job.gpu_efficiency)
-    full = build(model, par, gpu)
+    model = par = None
+    if job.file:
+        full = load_file(job.file, job.format, job.comm_groups)
+    else:
+        model = model_of(job)
+        par = parallelism_of(job, scenario.topology.gpus)
+        gpu = GpuModel(job.gpu_tflops, job.gpu_efficiency)
+        full = build(model, par, gpu)
     full_ns = iteration_ns(full, scenario)
     sizes = fabric_messages(full, scenario)
     rate = scenario.topology.modelled_rate_gbit
@@ -126,7 +169,8 @@ def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
                    f"{latency_share(sizes, 1, rate):.0%} at full size: the scaled job's "
                    "communication is latency-bound where the real one is not (lower "
                    "workload.job.byte_scale, or leave it auto)")
-    graph = full if byte_scale == 1 else build(model, par, gpu, byte_scale)
+    graph = (scaled_bytes(full, byte_scale) if model is None or byte_scale == 1
+             else build(model, par, gpu, byte_scale))
     return JobPlan(graph, byte_scale, model, par, full_ns, share, warning)
 
 

@@ -166,9 +166,10 @@ def comparison(results: dict, emulated: bool = False) -> Tuple[List[str], List[L
     w = results.get("scenario", {}).get("workload", {})
     job = (w or {}).get("job") or {}
     what = (f"per policy ({w.get('collective')}, {_size(w.get('size_bytes'))})"
-            if w and not w.get("sizes") and not job.get("model") else "per policy")
-    if job.get("model"):
-        what = f"per policy ({job['model']} job)"
+            if w and not w.get("sizes") and not job.get("model") and not job.get("file")
+            else "per policy")
+    if job.get("model") or job.get("file"):
+        what = f"per policy ({job['model'] or job['file']} job)"
     modelled = modelled_time(results, emulated)
     what += ", modelled time" if modelled else ", emulated time"
     views = {n: view(policies[n], not modelled) for n in names}

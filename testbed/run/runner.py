@@ -624,6 +624,9 @@ def _count(value) -> str:
 
 def _workload_text(scenario: Scenario, gpus: int, job=None) -> str:
     w = scenario.workload
+    if job is not None and job.parallelism is None:
+        return (f"{w.iterations} iterations of job {job.graph.name} ({w.job.file}) on {gpus} "
+                f"GPUs (every message and compute span / {job.byte_scale:,g})")
     if job is not None:
         p = job.parallelism
         return (f"{w.iterations} iterations of a {job.model.name} job on {gpus} GPUs (dp {p.dp}, "

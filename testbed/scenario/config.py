@@ -176,10 +176,20 @@ class JobConfig:
     iteration_s: float = field(default=1.0, metadata={
         "min": 0.01, "max": 3600.0, "unit": "s (emulated)",
         "doc": "byte_scale auto: the emulated time one iteration should take"})
+    file: str = field(default="", metadata={
+        "empty": True,
+        "doc": "a job from a file instead of a model: a Chakra trace (the prefix of "
+               "<prefix>.<rank>.et), or the project's own graph (.yaml, .json; "
+               "docs/guide.md); relative to the current directory"})
+    format: str = field(default="auto", metadata={
+        "choices": ("auto", "chakra", "graph"),
+        "doc": "the file's format (auto: .yaml/.json are graphs, else Chakra)"})
+    comm_groups: str = field(default="", metadata={
+        "empty": True, "doc": "Chakra: the communicator groups JSON ({name: [ranks]})"})
 
     @property
     def enabled(self) -> bool:
-        return bool(self.model)
+        return bool(self.model or self.file)
 
 
 @dataclass(frozen=True)

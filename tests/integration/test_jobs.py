@@ -90,3 +90,26 @@ def test_the_exposed_communication_share_holds_at_two_byte_scales(tmp_path):
         assert p["fidelity"]["verdict"] == "ok" and not p["job"]["byte_scale_warning"]
         shares.append(p["job"]["exposed_share"])
     assert shares[1] == pytest.approx(shares[0], rel=0.10), shares
+
+
+def test_a_chakra_trace_written_to_the_published_layout_runs_on_the_fabric(tmp_path):
+    from testbed.job import chakra as K
+    prefix = str(tmp_path / "trace")
+    for r in range(8):
+        K.write_trace(f"{prefix}.{r}.et", [
+            K.node(1, "fwd", K.COMP, duration_micros=20),
+            K.node(2, "grads", K.COMM_COLL, data_deps=[1], comm_type=0, comm_size=2 << 20),
+            K.node(3, "act", K.COMM_SEND, data_deps=[1], comm_src=r, comm_dst=(r + 1) % 8,
+                   comm_tag=1, comm_size=512 << 10),
+            K.node(4, "act in", K.COMM_RECV, comm_src=(r - 1) % 8, comm_dst=r, comm_tag=1,
+                   comm_size=512 << 10),
+            K.node(5, "bwd", K.COMP, data_deps=[4], duration_micros=40)])
+    _, results, _ = run(tmp_path, ["hyperscale"], workload={
+        "iterations": 2, "job": {"file": prefix, "byte_scale": 1}})
+    p = results["policies"]["hyperscale"]
+    assert p["fidelity"]["verdict"] == "ok"
+    _delivered_every_byte(p)
+    assert {(o["collective"], o["bytes"]) for o in p["job"]["operations"]} == {
+        ("ring", 2 << 20), ("send_recv", 512 << 10)}
+    assert p["modelled"]["ideal_iteration_us"] == pytest.approx(60, abs=0.5)
+    assert p["modelled"]["iteration_us"]["p50"] > 60

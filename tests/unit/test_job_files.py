@@ -1,0 +1,157 @@
+"""Jobs from files users already have: Chakra traces, written to the published layout by the
+project's own writer, read back as job graphs; malformed ones refused with file, node, field."""
+import gzip
+import json
+
+import pytest
+
+from testbed.base.errors import ConfigError
+from testbed.job import chakra as K
+from traffic import jobgraph as J
+
+
+def _rank_nodes(rank, ranks, size=4096, comm_type=0, pg=""):
+    """Forward compute, an all-reduce of its gradients, a send to the next rank and a receive
+    from the previous one, then a compute that needs both."""
+    extra = {"pg_name": pg} if pg else {}
+    nodes = [K.node(10, "fwd", K.COMP, duration_micros=5),
+             K.node(11, "allreduce", K.COMM_COLL, data_deps=[10], comm_type=comm_type,
+                    comm_size=size, **extra),
+             K.node(12, "send", K.COMM_SEND, data_deps=[10], comm_src=rank,
+                    comm_dst=(rank + 1) % ranks, comm_tag=7, comm_size=1000),
+             K.node(13, "recv", K.COMM_RECV, comm_src=(rank - 1) % ranks, comm_dst=rank,
+                    comm_tag=7, comm_size=1000),
+             K.node(14, "bwd", K.COMP, data_deps=[11, 13], ctrl_deps=[12], duration_micros=9)]
+    return nodes
+
+
+def _write(tmp_path, ranks=4, gz=False, **kw):
+    prefix = str(tmp_path / "job")
+    for r in range(ranks):
+        K.write_trace(f"{prefix}.{r}.et" + (".gz" if gz else ""), _rank_nodes(r, ranks, **kw))
+    return prefix
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_chakra_trace_becomes_each_rank_s_program(tmp_path, gz):
+    g = K.load(_write(tmp_path, gz=gz))
+    assert g.ranks == 4 and g.name == "job"
+    prog = g.programs[1]
+    assert [op.name for op in prog] == ["start", "fwd", "allreduce", "send", "recv", "bwd"]
+    assert prog[1].ns == 5000 and prog[5].ns == 9000
+    assert prog[5].after == (1, 2, 3, 4)  # data and control dependencies, and the compute before
+    coll = g.comms[prog[2].comm]
+    assert (coll.collective, coll.group, coll.size) == ("ring", (0, 1, 2, 3), 4096)
+    send, recv = g.comms[prog[3].comm], g.comms[prog[4].comm]
+    assert send.group == (1, 2) and recv.group == (0, 1) and send.collective == "send_recv"
+    J.check(g)
+    t = J.replay(g, lambda r, op: op.ns, lambda c: 0)
+    assert t.end == 14000  # 5 + 9 us of compute
+
+
+def test_communicator_groups_and_every_integer_variant_of_an_attribute(tmp_path):
+    prefix = str(tmp_path / "job")
+    groups = tmp_path / "groups.json"
+    groups.write_text(json.dumps({"dp_a": [0, 2], "dp_b": [1, 3]}))
+    for r, variant in enumerate(("int32_val", "int64_val", "uint32_val", "uint64_val")):
+        n = K.node(1, "ag", K.COMM_COLL, comm_type=2, pg_name="dp_a" if r % 2 == 0 else "dp_b")
+        a = n.attr.add(name="comm_size")
+        setattr(a, variant, 1024)
+        K.write_trace(f"{prefix}.{r}.et", [n])
+    g = K.load(prefix, str(groups))
+    assert sorted((c.group, c.collective, c.size, c.kind) for c in g.comms) == [
+        ((0, 2), "all_gather", 1024, "dp"), ((1, 3), "all_gather", 1024, "dp")]
+
+
+@pytest.mark.parametrize("break_it,match", [
+    (lambda nodes: nodes[4].data_deps.append(99), r"node 14 \(bwd\): data_deps names node 99"),
+    (lambda nodes: nodes[1].attr[0].__setattr__("uint64_val", 5),
+     r"node 11 \(allreduce\): comm_type BROADCAST is not supported"),
+    (lambda nodes: nodes[1].attr[1].__setattr__("string_val", "big"),
+     r"node 11 \(allreduce\): attribute comm_size is string_val, not an integer"),
+    (lambda nodes: nodes[0].ctrl_deps.append(14), r"in a dependency cycle"),
+])
+def test_a_malformed_node_is_refused_naming_the_file_node_and_field(tmp_path, break_it, match):
+    prefix = _write(tmp_path)
+    nodes = _rank_nodes(2, 4)
+    break_it(nodes)
+    K.write_trace(f"{prefix}.2.et", nodes)
+    with pytest.raises(ConfigError, match=match) as e:
+        K.load(prefix)
+    assert "job.2.et" in str(e.value)
+
+
+def test_ranks_that_disagree_about_a_collective_are_refused(tmp_path):
+    prefix = _write(tmp_path)
+    K.write_trace(f"{prefix}.3.et", _rank_nodes(3, 4, size=8192))
+    with pytest.raises(ConfigError, match=r"job.3.et: node 11 .*collective 1 of group "
+                                          r"\[0, 1, 2, 3\] is ALL_REDUCE of 8192 B here"):
+        K.load(prefix)
+
+
+def test_a_collective_a_member_never_runs_is_refused(tmp_path):
+    prefix = str(tmp_path / "job")
+    K.write_trace(f"{prefix}.0.et", [K.node(1, "ar", K.COMM_COLL, comm_type=0, comm_size=64)])
+    K.write_trace(f"{prefix}.1.et", [K.node(1, "fwd", K.COMP, duration_micros=1)])
+    with pytest.raises(ConfigError, match=r"has no node on rank\(s\) \[1\]"):
+        K.load(prefix)
+
+
+def test_a_cut_off_or_foreign_file_is_refused(tmp_path):
+    prefix = _write(tmp_path, ranks=2)
+    data = open(f"{prefix}.1.et", "rb").read()
+    open(f"{prefix}.1.et", "wb").write(data[:-3])
+    with pytest.raises(ConfigError, match=r"job.1.et: the message at byte \d+ needs"):
+        K.load(prefix)
+    open(f"{prefix}.1.et", "wb").write(gzip.compress(b"\x00\x03\xff\xff\xff"))
+    with pytest.raises(ConfigError, match=r"job.1.et: message 1 is not a Chakra node"):
+        K.load(prefix)
+    with pytest.raises(ConfigError, match="no Chakra trace"):
+        K.load(str(tmp_path / "missing"))
+
+
+def test_the_project_s_graph_format_round_trips_a_built_job(tmp_path):
+    import yaml
+    from testbed.job import graphfile
+    from testbed.job.build import Parallelism, build
+    from testbed.job.model import Model
+    g = build(Model("m", 2, 256, 4, 128, 0), Parallelism(dp=2, tp=2, micro_batches=2))
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(graphfile.dump(g)))
+    again = graphfile.load(str(path))
+    assert again.comms == g.comms
+    assert [[(o.kind, o.after, o.ns, o.comm) for o in p] for p in again.programs] == \
+        [[(o.kind, o.after, o.ns, o.comm) for o in p] for p in g.programs]
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda d: d["programs"][1][1].update(after=[5]), r"rank 1: op 1 \(ring\) waits for op 5"),
+    (lambda d: d["comms"][0].update(collective="butterfly"), r"comms\[0\]: collective must be"),
+    (lambda d: d["programs"][0][0].update(us=-1), r"programs\[0\]\[0\]: us must be a number"),
+    (lambda d: d["programs"][0][0].update(colour="red"), r"programs\[0\]\[0\]: unknown key"),
+    (lambda d: d["programs"][1].pop(1), r"comm 0 \(ring\) over \(0, 1\): the ranks with an op"),
+])
+def test_a_malformed_graph_file_is_refused_naming_the_entry(tmp_path, mutate, match):
+    import yaml
+    from testbed.job import graphfile
+    data = {"name": "tiny", "comms": [{"collective": "ring", "group": [0, 1], "bytes": 64}],
+            "programs": [[{"compute": "fwd", "us": 1}, {"comm": 0, "after": [0]}]
+                         for _ in range(2)]}
+    mutate(data)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=match) as e:
+        graphfile.load(str(path))
+    assert "tiny.yaml" in str(e.value)
+
+
+def test_a_scenario_takes_a_job_file_whose_ranks_fit_the_fabric(tmp_path):
+    from testbed.scenario.config import Scenario
+    prefix = _write(tmp_path, ranks=8)
+    s = Scenario.from_dict({"workload": {"job": {"file": prefix}}})
+    assert s.workload.job.enabled
+    small = _write(tmp_path / "..", ranks=4)
+    with pytest.raises(ConfigError, match="has 4 ranks, the fabric 8 GPUs"):
+        Scenario.from_dict({"workload": {"job": {"file": small}}})
+    with pytest.raises(ConfigError, match="model or file, not both"):
+        Scenario.from_dict({"workload": {"job": {"file": prefix, "model": "dense-7b"}}})
