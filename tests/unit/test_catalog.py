@@ -36,7 +36,7 @@ def test_find_takes_a_name_or_a_file_and_names_the_built_ins_otherwise(tmp_path)
     f = tmp_path / "mine.yaml"
     f.write_text("workload: {iterations: 2}\n")
     assert catalog.find(str(f)).workload.iterations == 2
-    with pytest.raises(ConfigError, match=r"built-in: default, ecmp-collisions"):
+    with pytest.raises(ConfigError, match=r"built-in: 3d-64, 3d, default, dp-buckets, ecmp"):
         catalog.find("nope")
     with pytest.raises(ConfigError, match="cannot read it"):
         catalog.find(str(tmp_path / "missing.yaml"))
