@@ -48,7 +48,6 @@ from testbed.base.procutil import in_netns
 
 from . import nicio, ratelimit, roce
 from .contract import GpuConfig, Peer
-from .jobgraph import COMPUTE
 from .dcqcn import NotificationPoint, Parameters, ReactionPoint
 from .delayline import DelayLine
 from .metrics import LagHistogram

@@ -100,7 +100,7 @@ def validate(model: Model, par: Parallelism, ranks: int) -> None:
                               f"experts ({model.experts})")
 
 
-class _Program:
+class ProgramWriter:
     """One rank's program as it is written: ops in order, the last op of each stream."""
 
     def __init__(self):
@@ -129,7 +129,7 @@ class _Builder:
         self.place = Placement(par)
         self.comms: List[Comm] = []
         self.comm_of: Dict[tuple, int] = {}  # (kind, group, label) -> comm index
-        self.programs = [_Program() for _ in range(par.ranks)]
+        self.programs = [ProgramWriter() for _ in range(par.ranks)]
         tokens = par.micro_batch_size * model.seq_len
         self.tokens = tokens
         self.activation = self.bytes(tokens * model.hidden * par.bytes_per_element)

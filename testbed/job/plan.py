@@ -15,7 +15,7 @@ from traffic.collectives import KINDS, ScheduleError, bus_bandwidth_factor
 from traffic.jobgraph import Comm, JobGraph, check, collective_of, replay
 
 from ..base.errors import ConfigError
-from . import chakra, graphfile
+from . import aicb, chakra, graphfile
 from .build import Parallelism, build, validate
 from .model import PRESETS, GpuModel, Model
 
@@ -90,15 +90,24 @@ def load_file(path: str, fmt: str = "auto", groups: str = "") -> JobGraph:
 @lru_cache(maxsize=8)
 def _load_file(path: str, fmt: str, groups: str, _stamp) -> JobGraph:
     if fmt == "auto":
-        fmt = "graph" if path.endswith((".yaml", ".yml", ".json")) else "chakra"
+        fmt = ("graph" if path.endswith((".yaml", ".yml", ".json")) else
+               "aicb" if _starts_with(path, aicb.MAGIC) else "chakra")
     if fmt == "graph":
         return graphfile.load(path)
-    graph = chakra.load(path, groups)
+    graph = aicb.load(path) if fmt == "aicb" else chakra.load(path, groups)
     try:
         check(graph)
     except ScheduleError as e:
         raise ConfigError(f"{path}: {e}") from None
     return graph
+
+
+def _starts_with(path: str, magic: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic.encode()
+    except OSError:
+        return False
 
 
 def scaled_bytes(graph: JobGraph, byte_scale: float) -> JobGraph:
@@ -122,7 +131,7 @@ def comm_cost(scenario) -> Callable[[Comm], int]:
         factor = bus_bandwidth_factor(kind, n) if kind != "sendrecv" else 1.0
         inside = len({r // per_server for r in comm.group}) == 1
         gbyte_s = t.scale_up_gbyte_s if inside else t.modelled_rate_gbit / 8
-        return int(comm.size * factor / gbyte_s)
+        return int(comm.size * factor / gbyte_s)  # bandwidth only: the idle fabric's floor
 
     return cost
 

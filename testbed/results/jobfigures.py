@@ -18,8 +18,6 @@ import numpy as np
 from traffic import collectives, metrics
 from traffic.jobgraph import COMPUTE, JobGraph, collective_of, replay
 
-KINDS = ("dp", "tp", "pp", "ep", "coll", "other")
-
 
 def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
                 iterations: Sequence[dict], time_scale: float, per_server: int,
@@ -55,8 +53,8 @@ def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
     figures = {
         "iteration_us": iteration_us,
         "job_compute_us": round(compute_total / samples / 1000, 3),
-        "exposed_comm_us": {k: round(exposed[k] / samples / 1000, 3) for k in KINDS
-                            if exposed.get(k)} | {"total": round(idle_us, 3)},
+        "exposed_comm_us": {k: round(v / samples / 1000, 3) for k, v in sorted(exposed.items())
+                            if v} | {"total": round(idle_us, 3)},
         "ideal_iteration_us": round(ideal.end * to_emulated, 3),
         "pipeline_bubble_us": round(bubble_ns * to_emulated, 3),
         "network_cost_us": (round(iteration_us["p50"] - ideal.end * to_emulated, 3)

@@ -175,7 +175,7 @@ def comparison(results: dict, emulated: bool = False) -> Tuple[List[str], List[L
     views = {n: view(policies[n], not modelled) for n in names}
     rxe = any(policies[n].get("rxe") for n in names)
     job = any(policies[n].get("job") for n in names)
-    coll = any(policies[n].get("collectives") for n in names)
+    coll = not job or any(policies[n].get("collectives") for n in names)
     return ([what] + names,
             [[label] + [(sig if modelled and label in TIME_ROWS else fmt)(get(views[n]))
                         for n in names] for label, get in ROWS

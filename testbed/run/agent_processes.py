@@ -70,8 +70,11 @@ def agent_configs(run: PolicyRun, out_dir: str) -> List[GpuConfig]:
     straggler = Straggler(scenario.emulated_ns(st.delay_us), st.distribution, st.probability)
     compute = Compute(scenario.emulated_ns(w.compute_us), scenario.emulated_ns(w.compute_jitter_us))
     t = scenario.topology
+    # the scale-up link is modelled, not emulated: a job's byte scale shrinks its latency with
+    # its messages, so a scaled iteration's scale-up part is the full one divided exactly
+    shrink = run.job.byte_scale if run.job is not None else 1.0
     scale_up = ScaleUp(ns_per_byte=scenario.time_scale / t.scale_up_gbyte_s,
-                       latency_ns=scenario.emulated_ns(t.scale_up_latency_ns / 1000))
+                       latency_ns=scenario.emulated_ns(t.scale_up_latency_ns / 1000 / shrink))
     per_server = plan.gpus_per_server > 1
     return [GpuConfig(rank=h.rank, host=h.name, intf=h.intf, ip=h.ip, mac=h.mac,
                       ranks=len(plan.gpus), workloads=run.workloads, mtu=w.mtu, compute=compute,

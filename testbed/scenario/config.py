@@ -179,11 +179,12 @@ class JobConfig:
     file: str = field(default="", metadata={
         "empty": True,
         "doc": "a job from a file instead of a model: a Chakra trace (the prefix of "
-               "<prefix>.<rank>.et), or the project's own graph (.yaml, .json; "
-               "docs/guide.md); relative to the current directory"})
+               "<prefix>.<rank>.et), a SimAI/AICB workload, or the project's own graph "
+               "(.yaml, .json; docs/guide.md); relative to the current directory"})
     format: str = field(default="auto", metadata={
-        "choices": ("auto", "chakra", "graph"),
-        "doc": "the file's format (auto: .yaml/.json are graphs, else Chakra)"})
+        "choices": ("auto", "chakra", "aicb", "graph"),
+        "doc": "the file's format (auto: .yaml/.json are graphs, a file starting "
+               "HYBRID_TRANSFORMER_FWD_IN_BCKWD is AICB, else a Chakra prefix)"})
     comm_groups: str = field(default="", metadata={
         "empty": True, "doc": "Chakra: the communicator groups JSON ({name: [ranks]})"})
 

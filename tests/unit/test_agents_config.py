@@ -176,3 +176,29 @@ def test_agent_processes_never_split_a_server():
     groups = process_groups(hosts, {}, 2, servers)
     assert [len(g) for _, g in groups] == [6, 2]
     assert process_groups(hosts, {}, 4, {h: 0 for h in hosts}) == [("localhost", hosts)]
+
+
+def test_a_server_s_gpus_know_each_other_and_their_scale_up_link():
+    s = Scenario.from_dict({"topology": {"gpus_per_server": 2}}).for_checks()
+    plan = FabricPlan.for_topology(s.topology)
+    cfgs = agent_configs(decided("hyperscale", plan, s), "/tmp/x")
+    assert [c["server"] for c in cfgs[:4]] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    su = cfgs[0]["scale_up"]
+    assert su["ns_per_byte"] == s.time_scale / 400  # 400 GB/s modelled
+    assert su["latency_ns"] == s.emulated_ns(0.936)
+    assert cfgs[0]["workloads"][0]["group"] == 2  # hierarchical: over the servers
+    plain = agent_configs(decided("hyperscale", PLAN, Scenario.from_dict({}).for_checks()), "/x")
+    assert plain[0]["server"] == [] and plain[0]["scale_up"] is None
+
+
+def test_a_job_s_byte_scale_shrinks_the_modelled_scale_up_latency_too():
+    from testbed.run.agent_processes import job_config
+    s = Scenario.from_dict({"topology": {"gpus_per_server": 2}, "workload": {"job": {
+        "model": "dense-7b", "layers": 2, "tp": 2, "byte_scale": 100}}}).for_checks()
+    run = decided("hyperscale", FabricPlan.for_topology(s.topology), s)
+    su = typed_agent_configs(run, "/x")[0].scale_up
+    assert su.latency_ns == s.emulated_ns(0.936 / 100)
+    job = job_config(run)
+    assert job.iterations == s.workload.iterations and job.graph.ranks == 8
+    compute = [op.ns for op in job.graph.programs[0] if op.kind == "compute"]
+    assert compute[1] == round(run.job.graph.programs[0][1].ns * s.time_scale)  # emulated

@@ -155,3 +155,71 @@ def test_a_scenario_takes_a_job_file_whose_ranks_fit_the_fabric(tmp_path):
         Scenario.from_dict({"workload": {"job": {"file": small}}})
     with pytest.raises(ConfigError, match="model or file, not both"):
         Scenario.from_dict({"workload": {"job": {"file": prefix, "model": "dense-7b"}}})
+
+
+def _aicb(tmp_path, **kw):
+    from testbed.job import aicb as A
+    rows = (A.Row("embedding", (5000, "ALLREDUCE", 4096), (0, "NONE", 0), (1000, "NONE", 0), 10),
+            A.Row("attention", (20000, "ALLREDUCE", 8192), (20000, "ALLREDUCE", 8192),
+                  (20000, "ALLREDUCE", 65536), 10),
+            A.Row("moe", (1, "ALLTOALL_EP", 16384), (1, "ALLTOALL_EP", 16384),
+                  (30000, "ALLREDUCE_DP_EP", 32768), 10),
+            A.Row("mlp", (40000, "ALLREDUCE", 8192), (40000, "ALLREDUCE", 8192),
+                  (40000, "ALLREDUCE", 131072), 10))
+    w = A.Workload(**dict(dict(tp=2, ep=2, pp=2, ga=3, gpus=16, pp_comm=2048, rows=rows), **kw))
+    path = str(tmp_path / "workload.txt")
+    A.write(w, path)
+    return w, path
+
+
+def test_an_aicb_workload_becomes_a_1f1b_job_with_its_groups(tmp_path):
+    from testbed.job.plan import load_file
+    w, path = _aicb(tmp_path)
+    g = load_file(path)  # found by its first line
+    J.check(g)
+    assert g.ranks == 16
+    kinds = {}
+    for c in g.comms:
+        kinds.setdefault(c.kind, set()).add(c.group)
+    # stage 0 runs rows 0-1 (ranks 0-7), stage 1 rows 2-3 (the MoE row: ranks 8-15)
+    assert (0, 1) in kinds["tp"]  # tensor parallel: consecutive ranks
+    assert kinds["ep"] == {(8, 10), (12, 14), (9, 11), (13, 15)}  # consecutive dp ranks
+    assert (0, 2, 4, 6) in kinds["dp"]  # weight gradients: the data-parallel group
+    assert (8, 12) in kinds["dp"]  # _DP_EP: the data-parallel ranks with the same experts
+    assert (1, 9) in kinds["pp"]  # stage 0 -> stage 1 of the same tp and dp position
+    # rank 0 (stage 0) runs the first two rows, 3 micro-batches: 1F1B with one warm-up pass
+    names = [op.name.split()[0] + op.name.split()[-1] for op in g.programs[0]
+             if op.kind == J.COMPUTE and op.name.split()[0] in ("fwd", "ig")]
+    assert names[:4] == ["fwdmb0", "fwdmb0", "fwdmb1", "fwdmb1"] and names[4] == "igmb0"
+    # free communication: stage 1 (the slower) works through its 3 micro-batches once
+    # stage 0's first forward pass reached it, and stage 0 ends after one more backward pass
+    t = J.replay(g, lambda r, op: op.ns, lambda c: 0)
+    slow = (1 + 40000) + (1 + 40000) + (30000 + 40000)  # stage 1: fwd, ig, wg per micro-batch
+    fast = 25000 + 20000 + 21000  # stage 0
+    assert 3 * slow + 25000 <= t.end <= 3 * slow + 25000 + fast
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda t: t.replace("HYBRID_TRANSFORMER_FWD_IN_BCKWD", "SOMETHING"), "line 1: not an AICB"),
+    (lambda t: t.replace("\n4\n", "\n5\n"), "line 2 says 5 rows, the file has 4"),
+    (lambda t: t.replace("ALLTOALL_EP\t16384\t1\tALLTOALL_EP", "ALLTOALL_XP\t16384\t1\tALLTOALL_EP"),
+     r"line 5: fwd_comm_type 'ALLTOALL_XP'"),
+    (lambda t: t.replace("mlp\t-1\t40000", "mlp\t-1\tforty"), r"line 6: fwd_compute: must be a number"),
+    (lambda t: t.replace("all_gpus: 16", "all_gpus: 15"), "all_gpus 15 is not a multiple"),
+    (lambda t: t.replace("\t10\n", "\n", 1), r"line 3: 11 fields, a row has 12"),
+])
+def test_a_malformed_aicb_file_is_refused_naming_the_line_and_field(tmp_path, edit, match):
+    from testbed.job import aicb as A
+    _w, path = _aicb(tmp_path)
+    text = open(path).read()
+    open(path, "w").write(edit(text))
+    with pytest.raises(ConfigError, match=match) as e:
+        A.load(path)
+    assert "workload.txt" in str(e.value)
+
+
+def test_aicb_headers_without_a_colon_are_read_too(tmp_path):
+    from testbed.job import aicb as A
+    _w, path = _aicb(tmp_path, pp=1, ga=1, gpus=8)
+    text = open(path).read().replace("pp_comm: ", "pp_comm ")
+    w = A.parse(text, path)
+    assert (w.tp, w.ep, w.pp, w.gpus, w.pp_comm) == (2, 2, 1, 8, 2048)
