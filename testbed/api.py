@@ -90,6 +90,13 @@ class Modelled:
     latency_queueing_us: Optional[Percentiles] = None
     path_delay_us: Optional[Dict[str, float]] = None
     latency_floor_us: Optional[Dict[str, Optional[float]]] = None
+    iteration_us: Optional[Cct] = None  # a training job's figures (below)
+    job_compute_us: Optional[float] = None
+    exposed_comm_us: Optional[Dict[str, float]] = None
+    ideal_iteration_us: Optional[float] = None
+    pipeline_bubble_us: Optional[float] = None
+    network_cost_us: Optional[float] = None
+    idle_gpu_us: Optional[float] = None
 
     @classmethod
     def parse(cls, d: Optional[Mapping[str, Any]]) -> Optional["Modelled"]:
@@ -99,7 +106,10 @@ class Modelled:
                    _from(Jitter, d.get("jitter_us")),
                    _from(StragglerIdle, d.get("straggler_idle_us")), d.get("pfc_paused_ms"),
                    _from(Percentiles, d.get("latency_queueing_us")), d.get("path_delay_us"),
-                   d.get("latency_floor_us"))
+                   d.get("latency_floor_us"), _from(Cct, d.get("iteration_us")),
+                   d.get("job_compute_us"), d.get("exposed_comm_us"),
+                   d.get("ideal_iteration_us"), d.get("pipeline_bubble_us"),
+                   d.get("network_cost_us"), d.get("idle_gpu_us"))
 
 
 @dataclass(frozen=True)
@@ -239,7 +249,31 @@ class PolicyResult:
     extrapolation: Optional[Dict[str, Any]] = figure(
         "the straggler's cost on extrapolate_gpus GPUs, GPU-seconds per step")
     collectives: Tuple[CollectiveResult, ...] = figure(
-        "one entry per collective and size (below)", default=())
+        "one entry per collective and size (below); empty when a job ran", default=())
+    iteration_us: Optional[Cct] = figure(
+        "a training job's iteration time, first rank's start to last rank's end {p50, p99, "
+        "max, mean, per_iteration}", unit="us, emulated")
+    job_compute_us: Optional[float] = figure("a job's compute per GPU and iteration",
+                                             unit="us, emulated")
+    exposed_comm_us: Optional[Dict[str, float]] = figure(
+        "a job's exposed communication per GPU and iteration: the time its compute stream "
+        "waited, per kind it waited for (dp, tp, pp, ep, ...) and total", unit="us, emulated")
+    ideal_iteration_us: Optional[float] = figure(
+        "the job's iteration with free communication (its graph replayed)", unit="us, emulated")
+    pipeline_bubble_us: Optional[float] = figure(
+        "the free-network iteration's idle time per GPU (the pipeline bubble)",
+        unit="us, emulated")
+    network_cost_us: Optional[float] = figure("iteration p50 - ideal iteration",
+                                              unit="us, emulated")
+    idle_gpu_us: Optional[float] = figure("idle GPU time per iteration, summed over GPUs",
+                                          unit="us, emulated")
+    job: Optional[Dict[str, Any]] = figure(
+        "a job's name, ranks, byte_scale, latency_share (per-message latency's share of fabric "
+        "transfer time) and byte_scale_warning, exposed_share, bytes_per_iteration {fabric, "
+        "scale_up} per kind, bytes_sent_per_rank {expected, measured}, "
+        "full_size_iteration_ms_modelled, idle_gpu_seconds_on_n_gpus, and operations: per "
+        "communication kind, collective, group and size its count, time p50 (modelled) and "
+        "algbw/busbw (Gbit/s)")
     modelled: Optional[Modelled] = figure(
         "the time figures in the modelled fabric's time (emulated / time_scale), pfc_paused_ms "
         "included: what the tables show and what compares across time scales")
@@ -309,6 +343,7 @@ class PolicyResult:
             p, latency_us=_from(Percentiles, d.get("latency_us")),
             latency_queueing_us=_from(Percentiles, d.get("latency_queueing_us")),
             jitter_us=_from(Jitter, d.get("jitter_us")), cct_us=_from(Cct, d.get("cct_us")),
+            iteration_us=_from(Cct, d.get("iteration_us")),
             straggler_idle_us=_from(StragglerIdle, d.get("straggler_idle_us")),
             collectives=tuple(CollectiveResult.parse(c) for c in d.get("collectives") or ()),
             fidelity=_from(Fidelity, fid) if fid else None,
