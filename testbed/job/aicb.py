@@ -30,7 +30,7 @@ from typing import Dict, List, Tuple
 from traffic.jobgraph import COMM, COMPUTE, Comm, JobGraph, reduced
 
 from ..base.errors import ConfigError
-from .build import Parallelism, Placement, ProgramWriter
+from .build import Parallelism, Placement, ProgramWriter, one_f_one_b
 
 MAGIC = "HYBRID_TRANSFORMER_FWD_IN_BCKWD"
 HEADER_KEYS = {"model_parallel_NPU_group": "tp", "ep": "ep", "pp": "pp", "vpp": "vpp",
@@ -206,13 +206,8 @@ def graph(w: Workload, name: str = "aicb") -> JobGraph:
             return made[0] if recv else x
 
         m = w.ga
-        warm = min(w.pp - stage - 1, m)
-        order = [("F", i) for i in range(warm)]
-        for i in range(m - warm):
-            order += [("F", warm + i), ("B", i)]
-        order += [("B", i) for i in range(m - warm, m)]
         reduced_grads = []
-        for pas, mb in order:
+        for pas, mb in one_f_one_b(w.pp, stage, m):
             if pas == "F":
                 x = "start"
                 if stage > 0:

@@ -82,6 +82,15 @@ class Placement:
         return self.rank(t, d, s + step)
 
 
+def one_f_one_b(stages: int, stage: int, micro_batches: int) -> List[Tuple[str, int]]:
+    """The passes of ``stage`` under 1F1B, in order: ("F" or "B", micro-batch)."""
+    warm = min(stages - stage - 1, micro_batches)
+    order = [("F", i) for i in range(warm)]
+    for i in range(micro_batches - warm):
+        order += [("F", warm + i), ("B", i)]
+    return order + [("B", i) for i in range(micro_batches - warm, micro_batches)]
+
+
 def validate(model: Model, par: Parallelism, ranks: int) -> None:
     """Refuse a parallelism that does not fit the model or the fabric, naming the key."""
     where = "workload.job"
@@ -211,13 +220,8 @@ class _Builder:
         # the iteration's start: its compute phase and straggle draw add to this op
         prog.add(COMPUTE, "start", COMPUTE_STREAM, makes=("weights",))
         m_count = par.micro_batches
-        warm = min(par.pp - stage - 1, m_count)
-        order = [("F", i) for i in range(warm)]
-        for i in range(m_count - warm):
-            order += [("F", warm + i), ("B", i)]
-        order += [("B", i) for i in range(m_count - warm, m_count)]
         buckets = self._buckets(list(reversed(layers)))
-        for pas, mb in order:
+        for pas, mb in one_f_one_b(par.pp, stage, m_count):
             if pas == "F":
                 x = "weights" if first else f"in mb{mb}"
                 if not first:

@@ -57,7 +57,11 @@ def load(path: str) -> JobGraph:
             data = json.load(f) if path.endswith(".json") else yaml.safe_load(f)
     except (OSError, ValueError, yaml.YAMLError) as e:
         raise ConfigError(f"workload.job.file: {path}: {e}") from None
-    graph = parse(data, path)
+    return checked(parse(data, path), path)
+
+
+def checked(graph: JobGraph, path: str) -> JobGraph:
+    """``graph`` if it is sound (``traffic.jobgraph.check``), else ConfigError naming ``path``."""
     try:
         check(graph)
     except ScheduleError as e:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, List, Optional
 
-from traffic.collectives import KINDS, ScheduleError, bus_bandwidth_factor
-from traffic.jobgraph import Comm, JobGraph, check, collective_of, replay
+from traffic.collectives import KINDS, bus_bandwidth_factor
+from traffic.jobgraph import Comm, JobGraph, collective_of, replay
 
 from ..base.errors import ConfigError
 from . import aicb, chakra, graphfile
@@ -94,12 +94,8 @@ def _load_file(path: str, fmt: str, groups: str, _stamp) -> JobGraph:
                "aicb" if _starts_with(path, aicb.MAGIC) else "chakra")
     if fmt == "graph":
         return graphfile.load(path)
-    graph = aicb.load(path) if fmt == "aicb" else chakra.load(path, groups)
-    try:
-        check(graph)
-    except ScheduleError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    return graph
+    return graphfile.checked(aicb.load(path) if fmt == "aicb" else chakra.load(path, groups),
+                             path)
 
 
 def _starts_with(path: str, magic: str) -> bool:
