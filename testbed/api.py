@@ -15,6 +15,11 @@ was absent (no ECN, no PFC, no DCQCN) is ``None``. Times are emulated, as in ``r
 scale), which is what compares across machines and rates:
 
     assert result.policy("lossless").modelled.cct_us.p50 < 200  # us at 100 Gbit/s
+
+Why one module over 400 lines: the typed results are one tree - run, policy, collective and
+job figures, their modelled twins - whose field declarations are results.json's reference
+(docs/results.md is generated from them); split, each figure's meaning would sit apart from
+its neighbours.
 """
 from __future__ import annotations
 
@@ -274,6 +279,10 @@ class PolicyResult:
         "full_size_iteration_ms_modelled, idle_gpu_seconds_on_n_gpus, and operations: per "
         "communication kind, collective, group and size its count, time p50 (modelled) and "
         "algbw/busbw (Gbit/s)")
+    jobs: Tuple[Dict[str, Any], ...] = figure(
+        "several jobs on the fabric: each one's figures (the job figures above, its job and "
+        "modelled; job.gpus names its GPUs); the figures above are the first one's",
+        default=())
     modelled: Optional[Modelled] = figure(
         "the time figures in the modelled fabric's time (emulated / time_scale), pfc_paused_ms "
         "included: what the tables show and what compares across time scales")

@@ -65,6 +65,8 @@ def _value(f, value, where):
 
 
 def _list_item(kind, value, where):
+    if dataclasses.is_dataclass(kind):  # a list of sections
+        return build(kind, value, where)
     if kind == "names":  # a list of non-empty strings (e.g. a tenant's hosts)
         if not isinstance(value, (list, tuple)) or not value:
             raise ConfigError(f"{where}: must be a non-empty list of names, got {value!r}")

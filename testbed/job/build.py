@@ -96,7 +96,7 @@ def validate(model: Model, par: Parallelism, ranks: int) -> None:
     where = "workload.job"
     if par.ranks != ranks:
         raise ConfigError(f"{where}: dp x tp x pp = {par.dp} x {par.tp} x {par.pp} = "
-                          f"{par.ranks}, but the fabric has {ranks} GPUs")
+                          f"{par.ranks}, but the job has {ranks} GPUs")
     if model.layers % par.pp:
         raise ConfigError(f"{where}.pp: {par.pp} stages cannot split {model.layers} layers "
                           "evenly")

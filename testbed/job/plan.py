@@ -9,10 +9,10 @@ import math
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from traffic.collectives import KINDS, bus_bandwidth_factor
-from traffic.jobgraph import Comm, JobGraph, collective_of, replay
+from traffic.jobgraph import COMM, COMPUTE, Comm, JobGraph, Op, collective_of, replay
 
 from ..base.errors import ConfigError
 from . import aicb, chakra, graphfile
@@ -37,6 +37,7 @@ class JobPlan:
     full_iteration_ns: float  # the estimate at full size, modelled
     latency_share: float  # per-message latency's share of fabric transfer time at byte_scale
     warning: str = ""  # why the byte scale may change the answer, if it may
+    parts: Tuple["JobPart", ...] = ()  # the jobs, each on its GPUs
 
 
 def model_of(job) -> Model:
@@ -67,18 +68,26 @@ def parallelism_of(job, gpus: int) -> Parallelism:
 
 
 def check_fits(scenario) -> None:
-    """ConfigError unless the scenario's job fits its model (or file) and fabric."""
-    job = scenario.workload.job
+    """ConfigError unless the scenario's jobs fit their models (or files) and the fabric."""
+    w = scenario.workload
+    if w.job.enabled and w.jobs:
+        raise ConfigError("workload: give job or jobs, not both")
+    jobs = w.all_jobs
     gpus = scenario.topology.gpus
-    if job.model and job.file:
-        raise ConfigError("workload.job: give model or file, not both")
-    if job.file:
-        graph = load_file(job.file, job.format, job.comm_groups)
-        if graph.ranks != gpus:
-            raise ConfigError(f"workload.job.file: {job.file} has {graph.ranks} ranks, the "
-                              f"fabric {gpus} GPUs")
-    elif job.model:
-        validate(model_of(job), parallelism_of(job, gpus), gpus)
+    for k, job in enumerate(jobs):
+        where = "workload.job" if w.job.enabled else f"workload.jobs[{k}]"
+        if job.model and job.file:
+            raise ConfigError(f"{where}: give model or file, not both")
+        if not job.enabled:
+            raise ConfigError(f"{where}: give a model or a file")
+    for job, ranks in zip(jobs, job_ranks(jobs, gpus)):
+        if job.file:
+            graph = load_file(job.file, job.format, job.comm_groups)
+            if graph.ranks != len(ranks):
+                raise ConfigError(f"workload.job.file: {job.file} has {graph.ranks} ranks, "
+                                  f"the job {len(ranks)} GPUs")
+        else:
+            validate(model_of(job), parallelism_of(job, len(ranks)), len(ranks))
 
 
 def load_file(path: str, fmt: str = "auto", groups: str = "") -> JobGraph:
@@ -142,28 +151,46 @@ def ideal_ns(graph: JobGraph) -> float:
     return replay(graph, lambda r, op: op.ns, lambda comm: 0).end
 
 
+@dataclass(frozen=True)
+class JobPart:
+    """One job of a scenario, on its GPUs."""
+    name: str
+    ranks: Tuple[int, ...]  # the fabric's ranks it runs on, in the job's rank order
+    model: Optional[Model]  # None for a job from a file
+    parallelism: Optional[Parallelism]
+
+
 def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
-    """The scenario's job (None without one) at its byte scale: the given one, else the
-    scenario's number, else ``auto``: the 1-2-5 step that brings an iteration near
-    ``iteration_s`` of emulated time, lowered until the scaled messages are honest."""
-    job = scenario.workload.job
-    if not job.enabled:
+    """The scenario's jobs (None without one) as one graph over the fabric's GPUs, at one
+    byte scale: the given one, else the jobs' number, else ``auto``: the 1-2-5 step that brings
+    an iteration near ``iteration_s`` of emulated time, lowered until the scaled messages are
+    honest. GPUs no job uses stay idle."""
+    jobs = scenario.workload.all_jobs
+    if not jobs:
         return None
-    model = par = None
-    if job.file:
-        full = load_file(job.file, job.format, job.comm_groups)
-    else:
-        model = model_of(job)
-        par = parallelism_of(job, scenario.topology.gpus)
-        gpu = GpuModel(job.gpu_tflops, job.gpu_efficiency)
-        full = build(model, par, gpu)
-    full_ns = iteration_ns(full, scenario)
-    sizes = fabric_messages(full, scenario)
+    gpus = scenario.topology.gpus
+    parts, fulls, builders = [], [], []
+    for job, ranks in zip(jobs, job_ranks(jobs, gpus)):
+        if job.file:
+            full = load_file(job.file, job.format, job.comm_groups)
+            builders.append(lambda s, full=full: scaled_bytes(full, s))
+            parts.append(JobPart(full.name, ranks, None, None))
+        else:
+            model, par = model_of(job), parallelism_of(job, len(ranks))
+            gpu = GpuModel(job.gpu_tflops, job.gpu_efficiency)
+            full = build(model, par, gpu)
+            builders.append(lambda s, m=model, p=par, g=gpu: build(m, p, g, s))
+            parts.append(JobPart(model.name, ranks, model, par))
+        fulls.append(full)
+    whole = merge(fulls, [p.ranks for p in parts], gpus)
+    full_ns = iteration_ns(whole, scenario)
+    sizes = fabric_messages(whole, scenario)
     rate = scenario.topology.modelled_rate_gbit
-    if byte_scale is None and job.byte_scale != "auto":
-        byte_scale = float(job.byte_scale)
+    first = jobs[0]
+    if byte_scale is None and first.byte_scale != "auto":
+        byte_scale = float(first.byte_scale)
     if byte_scale is None:
-        byte_scale = auto_byte_scale(full_ns * scenario.time_scale / 1e9, job.iteration_s)
+        byte_scale = auto_byte_scale(full_ns * scenario.time_scale / 1e9, first.iteration_s)
         while byte_scale > 1 and latency_share(sizes, byte_scale, rate) > HONEST_LATENCY_SHARE:
             byte_scale = step_down(byte_scale)
     share = latency_share(sizes, byte_scale, rate)
@@ -174,9 +201,65 @@ def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
                    f"{latency_share(sizes, 1, rate):.0%} at full size: the scaled job's "
                    "communication is latency-bound where the real one is not (lower "
                    "workload.job.byte_scale, or leave it auto)")
-    graph = (scaled_bytes(full, byte_scale) if model is None or byte_scale == 1
-             else build(model, par, gpu, byte_scale))
-    return JobPlan(graph, byte_scale, model, par, full_ns, share, warning)
+    graph = whole if byte_scale == 1 else merge([b(byte_scale) for b in builders],
+                                                [p.ranks for p in parts], gpus)
+    return JobPlan(graph, byte_scale, parts[0].model, parts[0].parallelism, full_ns, share,
+                   warning, tuple(parts))
+
+
+def job_size(job, gpus: int) -> int:
+    """How many GPUs a job takes: its ranks, its file's ranks, or dp x tp x pp (dp 0: the
+    whole fabric)."""
+    if job.ranks:
+        return len(job.ranks)
+    if job.file:
+        return load_file(job.file, job.format, job.comm_groups).ranks
+    return job.dp * job.tp * job.pp if job.dp else gpus
+
+
+def job_ranks(jobs, gpus: int) -> List[Tuple[int, ...]]:
+    """The fabric's ranks each job runs on: its own ``ranks``, else the next free ones in
+    order; ConfigError when they overlap or do not exist."""
+    taken: Dict[int, int] = {}
+    out = []
+    for k, job in enumerate(jobs):
+        where = "workload.job" if len(jobs) == 1 else f"workload.jobs[{k}]"
+        if job.ranks:
+            ranks = tuple(job.ranks)
+        else:
+            n = job_size(job, gpus if len(jobs) == 1 else 0)
+            if n == 0:
+                raise ConfigError(f"{where}: with several jobs, give each its ranks or dp")
+            ranks = tuple([r for r in range(gpus) if r not in taken][:n])
+            if len(ranks) < n:
+                raise ConfigError(f"{where}: needs {n} GPUs, {len(ranks)} are free")
+        bad = [r for r in ranks if not 0 <= r < gpus]
+        if bad or len(set(ranks)) != len(ranks):
+            raise ConfigError(f"{where}.ranks: {list(ranks)} are not distinct GPUs of the "
+                              f"fabric's {gpus}")
+        for r in ranks:
+            if r in taken:
+                raise ConfigError(f"{where}.ranks: GPU {r} is already job {taken[r]}'s")
+            taken[r] = k
+        out.append(ranks)
+    return out
+
+
+def merge(graphs: List[JobGraph], ranks: List[Tuple[int, ...]], gpus: int) -> JobGraph:
+    """Several jobs' graphs as one over the fabric's ranks (GPUs no job uses idle)."""
+    if len(graphs) == 1 and ranks[0] == tuple(range(gpus)):
+        return graphs[0]
+    programs: List[Tuple[Op, ...]] = [(Op(COMPUTE, "idle"),)] * gpus
+    comms: List[Comm] = []
+    for g, where in zip(graphs, ranks):
+        base = len(comms)
+        comms += [dataclasses.replace(c, group=tuple(where[r] for r in c.group))
+                  for c in g.comms]
+        for local, prog in enumerate(g.programs):
+            programs[where[local]] = tuple(
+                dataclasses.replace(op, comm=op.comm + base) if op.kind == COMM else op
+                for op in prog)
+    return JobGraph(tuple(programs), tuple(comms), " + ".join(g.name for g in graphs))
 
 
 def fabric_messages(graph: JobGraph, scenario) -> List[float]:

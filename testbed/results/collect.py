@@ -164,11 +164,21 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
     if ctx.job is not None:
         spans = [r for s in summaries
                  for r in _rows_if_any(os.path.join(records_dir, f"{s['host']}.spans.csv"))]
-        figures.update(job_figures(ctx.job.graph, ctx.job.byte_scale, spans, iterations,
-                                   ctx.time_scale, ctx.gpus_per_server, ctx.extrapolate_gpus))
-        figures["job"].update(latency_share=round(ctx.job.latency_share, 4),
-                              byte_scale_warning=ctx.job.warning or None)
-        figures["job"]["bytes_sent_per_rank"] = _job_bytes(ctx, packets, iterations)
+        jobs = []
+        for part in ctx.job.parts:  # one figure set per job; the first one's at the top
+            ranks = set(part.ranks)
+            f = job_figures(ctx.job.graph, ctx.job.byte_scale, spans, iterations,
+                            ctx.time_scale, ctx.gpus_per_server, ctx.extrapolate_gpus, ranks,
+                            part.name)
+            f["job"].update(latency_share=round(ctx.job.latency_share, 4),
+                            byte_scale_warning=ctx.job.warning or None,
+                            gpus=sorted(ranks),
+                            bytes_sent_per_rank=_job_bytes(ctx, packets, iterations, ranks))
+            f["modelled"] = modelled(f, ctx.time_scale)
+            jobs.append(f)
+        figures.update({k: v for k, v in jobs[0].items() if k != "modelled"})
+        if len(jobs) > 1:
+            figures["jobs"] = jobs
     if len(figures["collectives"]) == 1:  # the usual case: its figures at the top as well
         only = figures["collectives"][0]
         for key in ("cct_us", "algbw_gbps_emulated", "busbw_gbps_emulated",
@@ -302,15 +312,15 @@ def _workload_figures(index: int, spec: WorkloadSpec, ctx: RunContext, packets: 
     return out
 
 
-def _job_bytes(ctx: RunContext, packets: Packets, iterations: List[dict]) -> dict:
-    """Per rank, the payload one iteration sends over the fabric: as the job's graph says,
-    and as the receivers' packet records show it delivered (per iteration)."""
+def _job_bytes(ctx: RunContext, packets: Packets, iterations: List[dict], ranks) -> dict:
+    """Per rank of a job, the payload one iteration sends over the fabric: as the job's graph
+    says, and as the receivers' packet records show it delivered (per iteration)."""
     its = len({int(r["iteration"]) for r in iterations}) or 1
     delivered = packets.select(packets.delivered == 1)
     expected = fabric_bytes_sent(ctx.job.graph, ctx.gpus_per_server)
-    return {"expected": {str(r): expected.get(r, 0) for r in range(ctx.ranks)},
+    return {"expected": {str(r): expected.get(r, 0) for r in sorted(ranks)},
             "measured": {str(r): round(int(delivered.payload[delivered.src == r].sum()) / its)
-                         for r in range(ctx.ranks)}}
+                         for r in sorted(ranks)}}
 
 
 def _pooled_lag(summaries: List[dict]) -> Optional[dict]:

@@ -11,7 +11,7 @@ bubble, and what the run takes beyond it is the network's cost.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 import numpy as np
 
@@ -21,9 +21,13 @@ from traffic.jobgraph import COMPUTE, JobGraph, collective_of, replay
 
 def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
                 iterations: Sequence[dict], time_scale: float, per_server: int,
-                extrapolate_gpus: int) -> dict:
-    """``graph`` in modelled ns; ``spans`` and ``iterations`` as the records' CSV rows (ns
-    since the epoch, emulated). Times out: emulated us (``modelled`` figures beside them)."""
+                extrapolate_gpus: int, ranks: Optional[Set[int]] = None, name: str = "") -> dict:
+    """The figures of the job on ``ranks`` (default: all) of ``graph`` (modelled ns); ``spans``
+    and ``iterations`` as the records' CSV rows (ns since the epoch, emulated). Times out:
+    emulated us (``modelled`` figures beside them)."""
+    mine = set(range(graph.ranks)) if ranks is None else ranks
+    spans = [s for s in spans if int(s["rank"]) in mine]
+    iterations = [r for r in iterations if int(r["rank"]) in mine]
     by_rank_it: Dict[tuple, Dict[int, dict]] = defaultdict(dict)
     for s in spans:
         by_rank_it[(int(s["rank"]), int(s["iteration"]))][int(s["op"])] = s
@@ -45,9 +49,10 @@ def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
     samples = len(iterations) or 1
     its = sorted(starts)
     iteration_us = metrics.cct_summary([(max(ends[i]) - min(starts[i])) / 1000 for i in its])
-    ideal = replay(graph, lambda r, op: op.ns, lambda comm: 0)
-    compute_model = [sum(op.ns for op in prog if op.kind == COMPUTE) for prog in graph.programs]
-    bubble_ns = float(np.mean([ideal.end - c for c in compute_model]))
+    timeline = replay(graph, lambda r, op: op.ns, lambda comm: 0)
+    ideal_end = max(e for r in mine for _s, e in timeline.spans[r])
+    compute_model = [sum(op.ns for op in graph.programs[r] if op.kind == COMPUTE) for r in mine]
+    bubble_ns = float(np.mean([ideal_end - c for c in compute_model]))
     to_emulated = time_scale / 1000  # modelled ns -> emulated us
     idle_us = idle_total / samples / 1000
     figures = {
@@ -55,19 +60,19 @@ def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
         "job_compute_us": round(compute_total / samples / 1000, 3),
         "exposed_comm_us": {k: round(v / samples / 1000, 3) for k, v in sorted(exposed.items())
                             if v} | {"total": round(idle_us, 3)},
-        "ideal_iteration_us": round(ideal.end * to_emulated, 3),
+        "ideal_iteration_us": round(ideal_end * to_emulated, 3),
         "pipeline_bubble_us": round(bubble_ns * to_emulated, 3),
-        "network_cost_us": (round(iteration_us["p50"] - ideal.end * to_emulated, 3)
+        "network_cost_us": (round(iteration_us["p50"] - ideal_end * to_emulated, 3)
                             if iteration_us else None),
         "idle_gpu_us": round(idle_total / max(1, len(its)) / 1000, 3),
     }
     p50 = iteration_us["p50"] if iteration_us else None
     job = {
-        "name": graph.name,
-        "ranks": graph.ranks,
+        "name": name or graph.name,
+        "ranks": len(mine),
         "byte_scale": byte_scale,
         "exposed_share": round(idle_us / p50, 4) if p50 else None,
-        "bytes_per_iteration": traffic_split(graph, per_server),
+        "bytes_per_iteration": traffic_split(graph, per_server, mine),
         "full_size_iteration_ms_modelled": (round(p50 / time_scale * byte_scale / 1000, 3)
                                             if p50 else None),
         "idle_gpu_seconds_on_n_gpus": (
@@ -118,12 +123,14 @@ def fabric_bytes_sent(graph: JobGraph, per_server: int) -> Dict[int, int]:
     return dict(out)
 
 
-def traffic_split(graph: JobGraph, per_server: int) -> dict:
+def traffic_split(graph: JobGraph, per_server: int, ranks: Optional[Set[int]] = None) -> dict:
     """Bytes one iteration moves over the fabric and inside servers (scale-up), per kind, as
-    run (divided by the byte scale)."""
+    run (divided by the byte scale), of the comms among ``ranks`` (default: all)."""
     out: Dict[str, Dict[str, int]] = {"fabric": defaultdict(int), "scale_up": defaultdict(int)}
     for comm in graph.comms:
         g = comm.group
+        if ranks is not None and not set(g) <= ranks:
+            continue
         for t in collective_of(comm).transfers:
             where = "scale_up" if g[t.src] // per_server == g[t.dst] // per_server \
                 and per_server > 1 else "fabric"

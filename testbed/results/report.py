@@ -170,17 +170,45 @@ def comparison(results: dict, emulated: bool = False) -> Tuple[List[str], List[L
             else "per policy")
     if job.get("model") or job.get("file"):
         what = f"per policy ({job['model'] or job['file']} job)"
+    elif (w or {}).get("jobs"):
+        what = f"per policy ({len(w['jobs'])} jobs: the first one's figures, then each one's)"
     modelled = modelled_time(results, emulated)
     what += ", modelled time" if modelled else ", emulated time"
     views = {n: view(policies[n], not modelled) for n in names}
     rxe = any(policies[n].get("rxe") for n in names)
     job = any(policies[n].get("job") for n in names)
     coll = not job or any(policies[n].get("collectives") for n in names)
-    return ([what] + names,
-            [[label] + [(sig if modelled and label in TIME_ROWS else fmt)(get(views[n]))
-                        for n in names] for label, get in ROWS
-             if (rxe or not label.startswith("rxe ")) and (job or label not in JOB_ROWS)
-             and (coll or label not in COLLECTIVE_ROWS)])
+    rows = [[label] + [(sig if modelled and label in TIME_ROWS else fmt)(get(views[n]))
+                       for n in names] for label, get in ROWS
+            if (rxe or not label.startswith("rxe ")) and (job or label not in JOB_ROWS)
+            and (coll or label not in COLLECTIVE_ROWS)]
+    at = next((i for i, r in enumerate(rows) if r[0] == "bytes / iteration: fabric, scale-up"),
+              len(rows) - 1) + 1
+    rows[at:at] = _per_job_rows(policies, names, modelled)
+    return [what] + names, rows
+
+
+def _per_job_rows(policies: dict, names: List[str], modelled: bool) -> List[List[str]]:
+    """With several jobs on the fabric, each one's iteration, exposed communication and
+    network cost (the rows above are the first job's)."""
+    count = max(len(policies[n].get("jobs") or []) for n in names)
+    out = []
+    for k in range(count if count > 1 else 0):
+        def get(n, key, sub=None):
+            jobs = policies[n].get("jobs") or []
+            if k >= len(jobs):
+                return None
+            p = view(jobs[k], not modelled)
+            value = p.get(key)
+            return _ms(value.get(sub) if sub and value else value)
+        label = next(p["jobs"][k]["job"]["name"] for p in policies.values()
+                     if len(p.get("jobs") or []) > k)
+        for what, key, sub in (("iteration p50 (ms)", "iteration_us", "p50"),
+                               ("exposed communication (ms)", "exposed_comm_us", "total"),
+                               ("network cost p50 (ms)", "network_cost_us", None)):
+            out.append([f"job {k + 1} ({label}): {what}"]
+                       + [(sig if modelled else fmt)(get(n, key, sub)) for n in names])
+    return out
 
 
 def per_gpu(name: str, p: dict, time_scale: float = 0.0) -> Tuple[List[str], List[List[str]]]:

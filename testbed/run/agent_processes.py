@@ -101,7 +101,7 @@ def expected_duration_s(scenario: Scenario) -> float:
     """Rough time of the whole replay at line rate, compute phases and stragglers included
     (for timeouts and progress)."""
     w, t = scenario.workload, scenario.topology
-    if w.job.enabled:
+    if w.all_jobs:
         return iteration_ns(plan_job(scenario).graph, scenario) * scenario.time_scale \
             * w.iterations / 1e9
     n = t.gpus

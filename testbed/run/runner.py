@@ -624,14 +624,10 @@ def _count(value) -> str:
 
 def _workload_text(scenario: Scenario, gpus: int, job=None) -> str:
     w = scenario.workload
-    if job is not None and job.parallelism is None:
-        return (f"{w.iterations} iterations of job {job.graph.name} ({w.job.file}) on {gpus} "
-                f"GPUs (every message and compute span / {job.byte_scale:,g})")
     if job is not None:
-        p = job.parallelism
-        return (f"{w.iterations} iterations of a {job.model.name} job on {gpus} GPUs (dp {p.dp}, "
-                f"tp {p.tp}, pp {p.pp}, ep {p.ep}, {p.micro_batches} micro-batches; every "
-                f"message and compute span / {job.byte_scale:,g})")
+        jobs = "; ".join(_job_text(part) for part in job.parts)
+        return (f"{w.iterations} iterations of {jobs}, on {gpus} GPUs (every message and "
+                f"compute span / {job.byte_scale:,g})")
     sizes = (", ".join(f"{s:,}" for s in w.sizes) + " B") if w.sizes else f"{w.size_bytes:,} B"
     extra = []
     if w.compute_us:
@@ -641,6 +637,20 @@ def _workload_text(scenario: Scenario, gpus: int, job=None) -> str:
                      f"+{w.stragglers.delay_us:g} us ({w.stragglers.distribution})")
     return (f"{w.iterations} x {w.collective} of {sizes} on {gpus} GPUs"
             + (f" ({'; '.join(extra)})" if extra else ""))
+
+
+def _job_text(part) -> str:
+    p = part.parallelism
+    what = f"job {part.name}" if p is None else (
+        f"a {part.name} job (dp {p.dp}, tp {p.tp}, pp {p.pp}, ep {p.ep}, "
+        f"{p.micro_batches} micro-batches)")
+    return f"{what} on GPUs {_ranks(part.ranks)}"
+
+
+def _ranks(ranks) -> str:
+    if list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
 
 
 def switch_buffer_total(plan: FabricPlan, classes) -> int:

@@ -65,10 +65,11 @@ def describe(names: List[str] = None) -> str:
         w = s.workload
         sizes = "sweep" if w.sizes else _size(w.size_bytes)
         what = f"{w.collective} {sizes}"
-        if w.job.enabled:
-            j = w.job
-            what = (f"{j.model} job, dp {j.dp or 'auto'} tp {j.tp} pp {j.pp}"
-                    + (f" ep {j.ep}" if j.ep > 1 else ""))
+        if w.all_jobs:
+            what = " + ".join(
+                (f"{j.model} job, dp {j.dp or 'auto'} tp {j.tp} pp {j.pp}"
+                 + (f" ep {j.ep}" if j.ep > 1 else "")) if j.model else f"job {j.file}"
+                for j in w.all_jobs)
         rows.append((b.name, f"{s.topology.gpus} GPUs, {what}, {', '.join(s.policies)}",
                      b.summary))
     width = max(len(r[0]) for r in rows)

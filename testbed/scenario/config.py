@@ -187,6 +187,9 @@ class JobConfig:
                "HYBRID_TRANSFORMER_FWD_IN_BCKWD is AICB, else a Chakra prefix)"})
     comm_groups: str = field(default="", metadata={
         "empty": True, "doc": "Chakra: the communicator groups JSON ({name: [ranks]})"})
+    ranks: Tuple[int, ...] = field(default=(), metadata={
+        "item": int, "doc": "the GPUs (the fabric's ranks) the job runs on, in its rank "
+                            "order; empty: every GPU, or with several jobs the next free ones"})
 
     @property
     def enabled(self) -> bool:
@@ -223,6 +226,11 @@ class WorkloadConfig:
     seed: int = field(default=1, metadata={"min": 0, "max": 2**31,
                                            "doc": "seed of the jitter and straggler draws"})
     job: JobConfig = field(default_factory=JobConfig)
+    jobs: Tuple[JobConfig, ...] = field(default=(), metadata={
+        "item": JobConfig,
+        "doc": "several jobs on one fabric, each on its own GPUs and with the keys of "
+               "workload.job (the first one's byte_scale and iteration_s hold for all; a "
+               "GPU no job uses stays idle); replaces job"})
     extrapolate_gpus: int = field(default=10_000, metadata={
         "min": 2, "max": 10_000_000,
         "doc": "cluster size for the 'same tail on N GPUs' GPU-seconds extrapolation"})
@@ -230,6 +238,11 @@ class WorkloadConfig:
     @property
     def run_sizes(self) -> Tuple[int, ...]:
         return self.sizes or (self.size_bytes,)
+
+    @property
+    def all_jobs(self) -> Tuple[JobConfig, ...]:
+        """The jobs the GPUs replay instead of the collective (none: the collective)."""
+        return (self.job,) if self.job.enabled else self.jobs
 
 
 @dataclass(frozen=True)

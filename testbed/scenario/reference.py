@@ -56,6 +56,8 @@ def _allowed(meta, default) -> str:
         return "true, false"
     if "item" in meta:
         kind = meta["item"]
+        if dataclasses.is_dataclass(kind):
+            return "list of mappings"
         return "list of " + ("name lists" if kind == "names" else kind.__name__ + "s")
     if isinstance(default, tuple):
         return "list"

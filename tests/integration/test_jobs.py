@@ -131,3 +131,22 @@ def test_an_aicb_workload_written_to_the_published_layout_runs_on_the_fabric(tmp
     split = p["job"]["bytes_per_iteration"]
     assert set(split["scale_up"]) == {"tp"} and set(split["fabric"]) == {"dp", "ep"}
     assert p["modelled"]["exposed_comm_us"]["ep"] > 0
+
+
+def test_two_jobs_share_the_fabric_each_on_its_own_gpus(tmp_path):
+    jobs = [dict(DP_JOB, ranks=[0, 1, 4, 5]), dict(DP_JOB, ranks=[2, 3, 6, 7])]
+    _, results, run_dir = run(tmp_path, ["hyperscale"], workload={"iterations": 2,
+                                                                 "jobs": jobs})
+    p = results["policies"]["hyperscale"]
+    assert p["fidelity"]["verdict"] == "ok"
+    assert [j["job"]["gpus"] for j in p["jobs"]] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    for j in p["jobs"]:
+        moved = j["job"]["bytes_sent_per_rank"]
+        assert moved["measured"] == moved["expected"] and sum(moved["expected"].values()) > 0
+        assert j["modelled"]["iteration_us"]["p50"] > j["modelled"]["ideal_iteration_us"] > 0
+    assert p["iteration_us"] == p["jobs"][0]["iteration_us"]  # the first job's at the top
+    # each job's packets stay among its own GPUs
+    first = {0, 1, 4, 5}
+    packets = _rows(run_dir, "hyperscale", "packets")
+    assert packets and all((int(r["src"]) in first) == (int(r["dst"]) in first)
+                           for r in packets)

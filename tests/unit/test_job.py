@@ -130,7 +130,7 @@ def test_byte_scale_divides_sizes_and_compute_alike():
                                               for c in full.comms]
 
 
-@pytest.mark.parametrize("par,match", [(Parallelism(dp=3), "fabric has 4"),
+@pytest.mark.parametrize("par,match", [(Parallelism(dp=3), "the job has 4 GPUs"),
                                        (Parallelism(pp=4, tp=1, dp=1), None),
                                        (Parallelism(dp=4, ep=2), "needs a MoE model")])
 def test_a_parallelism_that_does_not_fit_is_refused(par, match):
@@ -174,3 +174,43 @@ def test_byte_scale_steps():
     from testbed.job.plan import auto_byte_scale, step_down
     assert [auto_byte_scale(x, 1) for x in (0.5, 1.5, 3, 7, 11)] == [1, 2, 5, 10, 20]
     assert [step_down(x) for x in (1000, 500, 200, 100, 2)] == [500, 200, 100, 50, 1]
+
+
+def _two_jobs(**second):
+    from testbed.scenario.config import Scenario
+    small = {"model": "custom", "layers": 2, "hidden": 1024, "heads": 8, "seq_len": 1024,
+             "vocab": 0}
+    return Scenario.from_dict({"topology": {"host_rate_mbit": 40}, "workload": {"jobs": [
+        dict(small, ranks=[0, 1, 4, 5]), dict(small, dp=2, tp=2, **second)]}})
+
+
+def test_several_jobs_share_the_fabric_on_their_own_gpus():
+    from testbed.job.plan import plan_job
+    s = _two_jobs()
+    job = plan_job(s)
+    assert [p.ranks for p in job.parts] == [(0, 1, 4, 5), (2, 3, 6, 7)]  # then the free ones
+    g = job.graph
+    J.check(g)
+    first = {c.group for c in g.comms if set(c.group) <= {0, 1, 4, 5}}
+    second = {c.group for c in g.comms if set(c.group) <= {2, 3, 6, 7}}
+    assert len(first) + len(second) == len({c.group for c in g.comms})  # nothing crosses jobs
+    assert (2, 3) in second  # job 2's tensor-parallel pair: its local ranks 0 and 1
+
+
+@pytest.mark.parametrize("data,match", [
+    ({"jobs": [{"model": "dense-7b", "ranks": [0, 1]}, {"model": "dense-7b", "ranks": [1, 2]}]},
+     r"workload.jobs\[1\].ranks: GPU 1 is already job 0's"),
+    ({"jobs": [{"model": "dense-7b", "ranks": [0, 9]}]}, "not distinct GPUs of the fabric's 8"),
+    ({"jobs": [{"model": "dense-7b"}, {"model": "dense-7b", "dp": 2}]},
+     "with several jobs, give each its ranks or dp"),
+    ({"job": {"model": "dense-7b"}, "jobs": [{"model": "dense-7b", "dp": 2}]},
+     "give job or jobs, not both"),
+    ({"jobs": [{"layers": 2}]}, r"workload.jobs\[0\]: give a model or a file"),
+    ({"jobs": [{"model": "dense-7b", "dp": 3, "ranks": [0, 1]}]}, "dp x tp x pp = 3"),
+    ({"jobs": [{"model": "dense-7b", "dp": 6}, {"model": "dense-7b", "dp": 4}]},
+     r"workload.jobs\[1\]: needs 4 GPUs, 2 are free"),
+])
+def test_jobs_that_do_not_fit_are_refused(data, match):
+    from testbed.scenario.config import Scenario
+    with pytest.raises(ConfigError, match=match):
+        Scenario.from_dict({"workload": data})

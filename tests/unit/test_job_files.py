@@ -150,9 +150,16 @@ def test_a_scenario_takes_a_job_file_whose_ranks_fit_the_fabric(tmp_path):
     prefix = _write(tmp_path, ranks=8)
     s = Scenario.from_dict({"workload": {"job": {"file": prefix}}})
     assert s.workload.job.enabled
-    small = _write(tmp_path / "..", ranks=4)
-    with pytest.raises(ConfigError, match="has 4 ranks, the fabric 8 GPUs"):
-        Scenario.from_dict({"workload": {"job": {"file": small}}})
+    from testbed.job.plan import plan_job
+    small = _write(tmp_path / "..", ranks=4)  # a smaller job: on the first GPUs, the rest idle
+    s = Scenario.from_dict({"topology": {"host_rate_mbit": 40},
+                            "workload": {"job": {"file": small}}})
+    assert plan_job(s).parts[0].ranks == (0, 1, 2, 3)
+    big = _write(tmp_path / "big", ranks=16) if (tmp_path / "big").mkdir() is None else None
+    with pytest.raises(ConfigError, match="needs 16 GPUs, 8 are free"):
+        Scenario.from_dict({"workload": {"job": {"file": big}}})
+    with pytest.raises(ConfigError, match="has 8 ranks, the job 4 GPUs"):
+        Scenario.from_dict({"workload": {"job": {"file": prefix, "ranks": [0, 1, 2, 3]}}})
     with pytest.raises(ConfigError, match="model or file, not both"):
         Scenario.from_dict({"workload": {"job": {"file": prefix, "model": "dense-7b"}}})
 
