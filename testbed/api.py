@@ -168,7 +168,10 @@ class CollectiveResult:
         "the same mean lag on extrapolate_gpus GPUs: (N - 1) x lag GPU-seconds per step, "
         "emulated and modelled")
     bytes_sent_per_rank: Optional[Dict[str, Any]] = figure(
-        "{expected by the schedule, measured from delivered packets}", unit="B")
+        "over the fabric, per iteration: {expected by the schedule, measured from delivered "
+        "packets}", unit="B")
+    scale_up_bytes_per_iteration: Optional[int] = figure(
+        "bytes the collective moved inside servers (scale-up), per iteration", unit="B")
     packets_received: Optional[int] = figure("data packets of this collective received")
     retransmissions_received: Optional[int] = figure("of which retransmissions")
     ecn_marked_packets: Optional[int] = figure("of which CE-marked (null without ECN)")

@@ -21,6 +21,7 @@ of it.
 from __future__ import annotations
 
 import csv
+from collections import defaultdict
 import glob
 import json
 import os
@@ -286,7 +287,12 @@ def _workload_figures(index: int, spec: WorkloadSpec, ctx: RunContext, packets: 
     for rank in range(ctx.ranks):
         total = int(delivered.payload[delivered.src == rank].sum())
         moved[str(rank)] = round(total / len(its)) if its else None
-    expected = {str(r): coll.bytes_sent(r) for r in range(ctx.ranks)}
+    per_server = ctx.gpus_per_server  # transfers inside a server never reach the fabric
+    fabric = defaultdict(int)
+    for t in coll.transfers:
+        if per_server == 1 or t.src // per_server != t.dst // per_server:
+            fabric[t.src] += t.nbytes
+    expected = {str(r): fabric[r] for r in range(ctx.ranks)}
     out = {
         "collective": coll.name,
         "size_bytes": size,
@@ -299,6 +305,7 @@ def _workload_figures(index: int, spec: WorkloadSpec, ctx: RunContext, packets: 
         "busbw_gbps_modelled": _round(algbw * factor * ctx.time_scale if algbw else None),
         "busbw_factor": round(factor, 6),
         "bytes_sent_per_rank": {"expected": expected, "measured": moved},
+        "scale_up_bytes_per_iteration": coll.total_bytes() - sum(fabric.values()),
         "packets_received": int(mine.src.size),
         "retransmissions_received": int(mine.retx.sum()),
         "ecn_marked_packets": int(mine.ce.sum()) if ctx.mechanisms.ecn else None,

@@ -150,3 +150,24 @@ def test_two_jobs_share_the_fabric_each_on_its_own_gpus(tmp_path):
     packets = _rows(run_dir, "hyperscale", "packets")
     assert packets and all((int(r["src"]) in first) == (int(r["dst"]) in first)
                            for r in packets)
+
+
+def test_the_hierarchical_all_reduce_reduces_inside_each_server_first(tmp_path):
+    """A collective on servers: the hierarchical all-reduce's intra-server phases go over
+    scale-up, its per-rail ring over the fabric (GPU j of every server on one leaf)."""
+    size = 256 * 1024
+    scenario, results, run_dir = run(tmp_path, ["hyperscale"], workload={
+        "collective": "hierarchical", "size_bytes": size, "iterations": 2},
+        topology={"gpus_per_server": 2, "layout": "rail-optimized"})
+    p = results["policies"]["hyperscale"]
+    (c,) = p["collectives"]
+    assert p["fidelity"]["verdict"] == "ok"
+    moved = c["bytes_sent_per_rank"]
+    assert moved["measured"] == moved["expected"]
+    n = 8  # per rail (4 servers), a ring all-reduce of S/2: 2 x 3/4 x S/2 over the fabric
+    assert set(moved["expected"].values()) == {2 * 3 * (size // 2) // 4}
+    # inside each server: reduce-scatter and all-gather, S/2 from each rank in each
+    assert c["scale_up_bytes_per_iteration"] == n * size
+    packets = _rows(run_dir, "hyperscale", "packets")
+    assert all(int(r["src"]) // 2 != int(r["dst"]) // 2 for r in packets)
+    assert all(int(r["src"]) % 2 == int(r["dst"]) % 2 for r in packets)  # one rail each
