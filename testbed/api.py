@@ -129,6 +129,12 @@ class Fidelity:
         return self.verdict == "ok"
 
 
+# the figures only a run of a training job writes (jobs: only with several jobs)
+JOB_FIGURES = frozenset({"iteration_us", "job_compute_us", "exposed_comm_us",
+                         "ideal_iteration_us", "pipeline_bubble_us", "network_cost_us",
+                         "idle_gpu_us", "job", "jobs"})
+
+
 def figure(doc: str, default: Any = None, unit: str = ""):
     """A field of results.json, with its meaning (docs/results.md is generated from these)."""
     return field(default=default, metadata={"doc": doc, "unit": unit})

@@ -2,11 +2,13 @@
 whose GPUs talk over the scale-up domain and never over the fabric, and figures that hold at
 two byte scales."""
 import csv
+import dataclasses
 import glob
 import os
 
 import pytest
 
+from testbed.api import PolicyResult
 from testbed.job.plan import plan_job
 from testbed.run import runner
 from .live import DEFAULT
@@ -45,6 +47,10 @@ def test_a_data_parallel_job_overlaps_its_buckets_with_the_backward_pass(tmp_pat
     p = results["policies"]["hyperscale"]
     assert p["fidelity"]["verdict"] == "ok"
     _delivered_every_byte(p)
+    # every job figure is written and declared by the API (jobs: with several only)
+    declared = {f.name for f in dataclasses.fields(PolicyResult)} - {"name", "raw"}
+    assert set(p) == declared - {"latency_us_by_path", "jobs"}, set(p) ^ declared
+    assert p["collectives"] == []
     m = p["modelled"]
     assert 0 < m["ideal_iteration_us"] < m["iteration_us"]["p50"]
     assert m["exposed_comm_us"]["dp"] > 0 and 0 < p["job"]["exposed_share"] < 1

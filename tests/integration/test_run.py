@@ -10,7 +10,7 @@ import pytest
 
 from testbed.run import runner
 from testbed.run.agent_processes import loops_wanted
-from testbed.api import CollectiveResult, PolicyResult
+from testbed.api import JOB_FIGURES, CollectiveResult, PolicyResult
 from testbed.results.collect import RESULTS_SCHEMA
 from traffic import roce
 from .live import DEFAULT
@@ -49,7 +49,7 @@ def test_ring_all_reduce_on_a_real_fabric(small_run):
 
     # every figure a run writes is declared (and documented) by the API, and the reverse
     declared = {f.name for f in dataclasses.fields(PolicyResult)} - {"name", "raw"}
-    optional = {"latency_us_by_path"}  # split fabrics only
+    optional = {"latency_us_by_path"} | JOB_FIGURES  # split fabrics only; jobs only
     per_collective = {f.name for f in dataclasses.fields(CollectiveResult)} - {"raw"}
     for p in on_disk["policies"].values():
         assert set(p) == declared - optional, (set(p) ^ (declared - optional))
