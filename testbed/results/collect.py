@@ -36,6 +36,9 @@ from traffic.contract import WorkloadSpec
 from .jobfigures import fabric_bytes_sent, job_figures
 
 RESULTS_SCHEMA = "ai-fabric-testbed/results/2"
+# a run of one collective repeats these figures of it at the top (a sweep or a job does not)
+COLLECTIVE_FIGURES = ("cct_us", "algbw_gbps_emulated", "busbw_gbps_emulated",
+                      "busbw_gbps_modelled", "straggler_idle_us", "extrapolation")
 
 
 def read_csv(path: str) -> List[dict]:
@@ -182,8 +185,7 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
             figures["jobs"] = jobs
     if len(figures["collectives"]) == 1:  # the usual case: its figures at the top as well
         only = figures["collectives"][0]
-        for key in ("cct_us", "algbw_gbps_emulated", "busbw_gbps_emulated",
-                    "busbw_gbps_modelled", "straggler_idle_us", "extrapolation"):
+        for key in COLLECTIVE_FIGURES:
             figures[key] = only[key]
     return figures, packets
 
