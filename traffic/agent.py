@@ -97,7 +97,7 @@ class Loop:
 
     # --- what the GPUs ask of the loop --------------------------------------------------------
     def at(self, when: int, gpu: Gpu) -> None:
-        """Wake ``gpu`` at ``when`` (the end of its compute phase)."""
+        """Wake ``gpu`` at ``when`` (the end of compute ops it runs)."""
         self.heap.push(when, gpu)
 
     def scale_up(self, when: int, sender: Gpu, t: Transfer, it: int) -> None:

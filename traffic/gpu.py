@@ -673,13 +673,14 @@ class Gpu:
             if i == 0:  # the iteration's compute phase, straggle included, adds to its first op
                 due += self.compute[0] + self.compute[1]
             if (self.it > 0 or i > 0) and due <= time.time_ns():
-                for t in self._op_done(i, due, due):
+                for t in self._op_done(i, due):
                     self._post(t, self.it)
             else:
                 self.computing.setdefault(due, []).append(i)
                 self.loop.at(due, self)
 
-    def _op_done(self, i: int, when: int, now: int):
+    def _op_done(self, i: int, now: int):
+        """Compute op ``i`` ended at ``now`` (op 0: the compute phase; the rest may start)."""
         if i == 0:
             self.collective_start = now
         return self.progress.op_ended(i, now)
@@ -694,7 +695,7 @@ class Gpu:
         else:
             self.late("compute", now - when)
         for i in ops:
-            self._go(self._op_done(i, when, now), now)
+            self._go(self._op_done(i, now), now)
 
     def _end_iteration(self, end: int) -> None:
         w = self.progress.workload_of[self.it]
@@ -739,9 +740,7 @@ class Gpu:
 
     def scale_up_arrived(self, t, it: int, when: int) -> None:
         """Scale-up transfer ``t`` to this GPU arrived at ``when``."""
-        ready = self.progress.delivered(t, it, when)
-        if it == self.it:
-            self._go(ready, when)
+        self._go(self.progress.delivered(t, it, when), when)  # nothing, for a later iteration
 
     def _compute_time(self) -> Tuple[int, int]:
         """(compute phase, straggler delay) of the next iteration, in ns."""

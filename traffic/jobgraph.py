@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .collectives import Collective, ScheduleError, Transfer, build
 
@@ -120,6 +120,18 @@ def _global(t: Transfer, g: Tuple[int, ...], bases: Dict[int, int]) -> Transfer:
     src = g[t.src]
     return replace(t, src=src, dst=g[t.dst], tag=bases[src] + t.tag,
                    after=tuple((g[s], bases[g[s]] + tag) for s, tag in t.after))
+
+
+def comm_transfers(comm: Comm) -> Iterator[Tuple[int, int, int]]:
+    """(source, destination, bytes) of every transfer of ``comm``, in global ranks."""
+    g = comm.group
+    for t in collective_of(comm).transfers:
+        yield g[t.src], g[t.dst], t.nbytes
+
+
+def same_server(a: int, b: int, per_server: int) -> bool:
+    """Whether ranks ``a`` and ``b`` are GPUs of one server (ranks S*k..S*k+S-1 are server k)."""
+    return a // per_server == b // per_server
 
 
 def rank_transfers(comm: Comm, bases: Dict[int, int], rank: int

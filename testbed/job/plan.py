@@ -12,7 +12,8 @@ from functools import lru_cache
 from typing import Callable, Dict, List, Optional, Tuple
 
 from traffic.collectives import KINDS, bus_bandwidth_factor
-from traffic.jobgraph import COMM, COMPUTE, Comm, JobGraph, Op, collective_of, replay
+from traffic.jobgraph import (COMM, COMPUTE, Comm, JobGraph, Op, comm_transfers, replay,
+                              same_server)
 
 from ..base.errors import ConfigError
 from . import aicb, chakra, graphfile
@@ -32,12 +33,19 @@ HONEST_LATENCY_SHARE = 0.1
 class JobPlan:
     graph: JobGraph  # modelled ns, bytes divided by byte_scale
     byte_scale: float
-    model: Optional[Model]  # None for a job from a file
-    parallelism: Optional[Parallelism]
     full_iteration_ns: float  # the estimate at full size, modelled
     latency_share: float  # per-message latency's share of fabric transfer time at byte_scale
     warning: str = ""  # why the byte scale may change the answer, if it may
     parts: Tuple["JobPart", ...] = ()  # the jobs, each on its GPUs
+
+    @property
+    def model(self) -> Optional[Model]:
+        """The first job's model (None for a job from a file)."""
+        return self.parts[0].model
+
+    @property
+    def parallelism(self) -> Optional[Parallelism]:
+        return self.parts[0].parallelism
 
 
 def model_of(job) -> Model:
@@ -134,7 +142,7 @@ def comm_cost(scenario) -> Callable[[Comm], int]:
         kind = KINDS[comm.collective]
         n = len(comm.group)
         factor = bus_bandwidth_factor(kind, n) if kind != "sendrecv" else 1.0
-        inside = len({r // per_server for r in comm.group}) == 1
+        inside = all(same_server(r, comm.group[0], per_server) for r in comm.group)
         gbyte_s = t.scale_up_gbyte_s if inside else t.modelled_rate_gbit / 8
         return int(comm.size * factor / gbyte_s)  # bandwidth only: the idle fabric's floor
 
@@ -144,11 +152,6 @@ def comm_cost(scenario) -> Callable[[Comm], int]:
 def iteration_ns(graph: JobGraph, scenario) -> float:
     """An iteration's modelled time when every comm takes its idle-fabric cost."""
     return replay(graph, lambda r, op: op.ns, comm_cost(scenario)).end
-
-
-def ideal_ns(graph: JobGraph) -> float:
-    """An iteration's modelled time with free communication: the compute model's."""
-    return replay(graph, lambda r, op: op.ns, lambda comm: 0).end
 
 
 @dataclass(frozen=True)
@@ -203,8 +206,7 @@ def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
                    "workload.job.byte_scale, or leave it auto)")
     graph = whole if byte_scale == 1 else merge([b(byte_scale) for b in builders],
                                                 [p.ranks for p in parts], gpus)
-    return JobPlan(graph, byte_scale, parts[0].model, parts[0].parallelism, full_ns, share,
-                   warning, tuple(parts))
+    return JobPlan(graph, byte_scale, full_ns, share, warning, tuple(parts))
 
 
 def job_size(job, gpus: int) -> int:
@@ -266,12 +268,8 @@ def fabric_messages(graph: JobGraph, scenario) -> List[float]:
     """The sizes of the transfers one iteration sends over the fabric (bytes, unscaled). A
     transfer split over several QPs still waits for one path latency: its parts go at once."""
     per_server = scenario.topology.gpus_per_server
-    out = []
-    for comm in graph.comms:
-        g = comm.group
-        out += [t.nbytes for t in collective_of(comm).transfers
-                if g[t.src] // per_server != g[t.dst] // per_server]
-    return out
+    return [nbytes for comm in graph.comms for src, dst, nbytes in comm_transfers(comm)
+            if not same_server(src, dst, per_server)]
 
 
 def latency_share(sizes: List[float], byte_scale: float, rate_gbit: float) -> float:

@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from traffic import collectives, metrics
+from traffic.jobgraph import same_server
 from traffic.contract import WorkloadSpec
 
 from .jobfigures import fabric_bytes_sent, job_figures
@@ -289,10 +290,9 @@ def _workload_figures(index: int, spec: WorkloadSpec, ctx: RunContext, packets: 
     for rank in range(ctx.ranks):
         total = int(delivered.payload[delivered.src == rank].sum())
         moved[str(rank)] = round(total / len(its)) if its else None
-    per_server = ctx.gpus_per_server  # transfers inside a server never reach the fabric
-    fabric = defaultdict(int)
+    fabric = defaultdict(int)  # transfers inside a server never reach the fabric
     for t in coll.transfers:
-        if per_server == 1 or t.src // per_server != t.dst // per_server:
+        if not same_server(t.src, t.dst, ctx.gpus_per_server):
             fabric[t.src] += t.nbytes
     expected = {str(r): fabric[r] for r in range(ctx.ranks)}
     out = {

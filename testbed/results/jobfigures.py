@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Set
 import numpy as np
 
 from traffic import collectives, metrics
-from traffic.jobgraph import COMPUTE, JobGraph, collective_of, replay
+from traffic.jobgraph import COMPUTE, JobGraph, comm_transfers, replay, same_server
 
 
 def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
@@ -116,10 +116,9 @@ def fabric_bytes_sent(graph: JobGraph, per_server: int) -> Dict[int, int]:
     """Rank -> the payload bytes it sends over the fabric in one iteration."""
     out: Dict[int, int] = defaultdict(int)
     for comm in graph.comms:
-        g = comm.group
-        for t in collective_of(comm).transfers:
-            if g[t.src] // per_server != g[t.dst] // per_server or per_server == 1:
-                out[g[t.src]] += t.nbytes
+        for src, dst, nbytes in comm_transfers(comm):
+            if not same_server(src, dst, per_server):
+                out[src] += nbytes
     return dict(out)
 
 
@@ -128,13 +127,11 @@ def traffic_split(graph: JobGraph, per_server: int, ranks: Optional[Set[int]] = 
     run (divided by the byte scale), of the comms among ``ranks`` (default: all)."""
     out: Dict[str, Dict[str, int]] = {"fabric": defaultdict(int), "scale_up": defaultdict(int)}
     for comm in graph.comms:
-        g = comm.group
-        if ranks is not None and not set(g) <= ranks:
+        if ranks is not None and not set(comm.group) <= ranks:
             continue
-        for t in collective_of(comm).transfers:
-            where = "scale_up" if g[t.src] // per_server == g[t.dst] // per_server \
-                and per_server > 1 else "fabric"
-            out[where][comm.kind] += t.nbytes
+        for src, dst, nbytes in comm_transfers(comm):
+            where = "scale_up" if same_server(src, dst, per_server) else "fabric"
+            out[where][comm.kind] += nbytes
     return {k: dict(v) for k, v in out.items()}
 
 

@@ -26,7 +26,7 @@ from ..base.ledger import Ledger
 from ..base.procutil import cpu_ticks, log_tail, stop_processes
 from ..base.topology import FabricPlan
 from ..fabric.capabilities import detect
-from ..job.plan import iteration_ns, plan_job
+from ..job.plan import JobPlan, iteration_ns, plan_job
 from ..scenario.config import DEFAULT, Scenario
 from .runplan import PolicyRun, decide
 
@@ -97,13 +97,13 @@ def job_config(run: PolicyRun) -> Optional[Job]:
     return Job(run.job.graph.scaled(run.time_scale), run.scenario.workload.iterations)
 
 
-def expected_duration_s(scenario: Scenario) -> float:
+def expected_duration_s(scenario: Scenario, job: Optional[JobPlan] = None) -> float:
     """Rough time of the whole replay at line rate, compute phases and stragglers included
     (for timeouts and progress)."""
     w, t = scenario.workload, scenario.topology
-    if w.all_jobs:
-        return iteration_ns(plan_job(scenario).graph, scenario) * scenario.time_scale \
-            * w.iterations / 1e9
+    if w.all_jobs:  # the run's job plan, else planned here
+        graph = (job or plan_job(scenario)).graph
+        return iteration_ns(graph, scenario) * scenario.time_scale * w.iterations / 1e9
     n = t.gpus
     per_byte = (n - 1) / n if w.collective == "all_to_all" else 2 * (n - 1) / n
     bits = sum(per_byte * size * 8 * 1.1 for size in w.run_sizes) * w.iterations
@@ -120,7 +120,7 @@ def finish_timeout_s(run: PolicyRun) -> float:
     scenario = run.scenario
     worst_recovery = (scenario.transport.retry_limit * MAX_RTO_FACTOR
                       * scenario.emulated_ns(run.rto_us) / 1e9)
-    return 30 + 10 * expected_duration_s(scenario) + worst_recovery
+    return 30 + 10 * expected_duration_s(scenario, run.job) + worst_recovery
 
 
 def process_groups(hosts: List[str], servers: Dict[str, str], loops: int,

@@ -502,7 +502,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
                        if scenario.measurement.pcap else None)
             background = Background(session.fabric, plan, scenario, policy,
                                     os.path.join(run_dir, "background", name), ledger)
-            expected = expected_duration_s(scenario)
+            expected = expected_duration_s(scenario, run.job)
 
             def snapshot() -> cost.Snapshot:
                 return cost.Snapshot.take({
