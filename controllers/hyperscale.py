@@ -1,5 +1,6 @@
 """Hyperscale (Tomahawk-class) policy: L3 ECMP over every spine, shallow buffers, tail drop,
-optional DCTCP-style ECN step marking, no PFC.
+ECN step marking with DCQCN senders (the bare variant, ``ecn: off``, marks nothing and its
+senders run no congestion control), no PFC.
 
 Leaves route on the destination IP: a local GPU's /32 goes out of its port; every other leaf's
 /24 is hashed over all uplinks by the 5-tuple (OVS ``multipath`` on addresses, protocol and
@@ -24,6 +25,11 @@ class HyperscalePolicy(Policy):
     parameters = HyperscaleParams
     colour = "#ff7f0e"
     cookie = 0x4853  # "HS"
+
+    @property
+    def default_congestion_control(self) -> str:
+        # operators pair the marking with DCQCN senders; unmarked, DCQCN would never act
+        return "dcqcn" if self.params.ecn == "step" else "none"
 
     def traffic_classes(self) -> Tuple[TrafficClass, ...]:
         p = self.params

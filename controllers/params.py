@@ -52,11 +52,14 @@ def _pipeline_ns(default, doc):
 
 @dataclass(frozen=True)
 class HyperscaleParams:
-    """Tomahawk-class: ECMP, shallow buffers, tail drop, optional DCTCP-style ECN."""
+    """Tomahawk-class: ECMP, shallow buffers, tail drop, ECN step marking for DCQCN."""
 
     buffer_bytes: int = _bytes(96_000, "egress buffer per port (shallow, drop when full)")
-    ecn: str = field(default="off", metadata={
-        "choices": ("off", "step"), "doc": "ECN marking: off, or DCTCP-style step marking"})
+    ecn: str = field(default="step", metadata={
+        "choices": ("off", "step"),
+        "doc": "ECN marking: step (DCTCP-style, and the senders run DCQCN when "
+               "transport.congestion_control is auto), or off (the bare variant: no marks, "
+               "no congestion control)"})
     ecn_k_bytes: int = _bytes(32_000, "step marking threshold K")
     forwarding: str = _forwarding("store_and_forward")
     switch_latency_ns: float = _pipeline_ns(250.0, "Ethernet: about 200-250 ns")

@@ -249,7 +249,8 @@ class WorkloadConfig:
 class TransportConfig:
     congestion_control: str = field(default="auto", metadata={
         "choices": ("auto", "dcqcn", "none"),
-        "doc": "sender rate control; auto: the policy's default (lossless: dcqcn, else none)"})
+        "doc": "sender rate control; auto: the policy's default (lossless and hyperscale "
+               "with ECN: dcqcn; enterprise and bare hyperscale: none)"})
     qps_per_peer: int = field(default=1, metadata={
         "min": 1, "max": 64, "doc": "queue pairs per peer; a message is split over them"})
     entropy: str = field(default="per-qp", metadata={

@@ -26,7 +26,7 @@ CONTENDED = Scenario.from_dict({
     "workload": {"collective": "double_binary_tree", "size_bytes": 512 * 1024,
                  "iterations": 4},
     "policy_params": {"enterprise": {"buffer_bytes": 4_000_000},
-                      "hyperscale": {"buffer_bytes": 4_000_000}}})
+                      "hyperscale": {"buffer_bytes": 4_000_000, "ecn": "off"}}})
 
 
 def test_a_contended_run_means_the_same_at_two_time_scales(tmp_path):

@@ -38,7 +38,8 @@ def test_hyperscale_incast_overflows_the_shallow_buffer(tmp_path):
         report = fabric.stop_queues()
     sent = 7 * 150
     assert got["packets"] < sent, "an incast into a 64 KB tail-drop buffer must lose packets"
-    assert got["ce"] == 0  # no ECN in the default hyperscale policy
+    # the default marks above K (DCQCN senders would slow down); these raw senders do not
+    assert got["ce"] > 0
     assert report["pfc_pause_events"] == 0
     assert max(report["max_backlog"]["lf4-eth2"].values()) > 50_000  # the buffer filled
     assert drops  # counters were readable

@@ -43,7 +43,11 @@ def test_one_config_per_gpu_with_all_peers():
 def test_congestion_control_follows_the_policy_unless_the_scenario_says_otherwise():
     s = Scenario.from_dict({}).for_checks()
     assert transport_config(decided("lossless", PLAN, s))["congestion_control"] == "dcqcn"
-    assert transport_config(decided("hyperscale", PLAN, s))["congestion_control"] == "none"
+    assert transport_config(decided("hyperscale", PLAN, s))["congestion_control"] == "dcqcn"
+    assert transport_config(decided("enterprise", PLAN, s))["congestion_control"] == "none"
+    # the bare hyperscale variant marks nothing, so its senders run nothing
+    bare = Scenario.from_dict({"policy_params": {"hyperscale": {"ecn": "off"}}}).for_checks()
+    assert transport_config(decided("hyperscale", PLAN, bare))["congestion_control"] == "none"
     forced = Scenario.from_dict({"transport": {"congestion_control": "none"}}).for_checks()
     assert transport_config(decided("lossless", PLAN, forced))[
         "congestion_control"] == "none"
@@ -56,7 +60,7 @@ def test_dcqcn_senders_get_rate_limiters_in_the_roce_class():
     roce = next(c for c in lossless.policy.traffic_classes() if 26 in c.dscp)
     assert lim == {"major": roce.minor, "open_bytes": 50_000_000, "burst": 210,
                    "quantum": 4210}
-    assert transport_config(decided("hyperscale", PLAN, s))["qp_limiter"] is None
+    assert transport_config(decided("enterprise", PLAN, s))["qp_limiter"] is None
 
 
 def test_transport_settings_in_emulated_units():

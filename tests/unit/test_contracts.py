@@ -44,8 +44,8 @@ def test_an_agent_reads_back_the_configs_the_runner_wrote(name):
                  for c in agent_configs(decided(name, PLAN, s), "/tmp/x"))
     config = AgentConfig(gpus, "/tmp/records")
     assert AgentConfig.from_dict(over_the_wire(config.to_dict())) == config
-    # lossless runs DCQCN: its rate limiters' settings travel as a nested contract
-    assert (config.gpus[0].transport.qp_limiter is not None) == (name == "lossless")
+    # lossless and hyperscale run DCQCN: the rate limiters' settings travel as a nested contract
+    assert (config.gpus[0].transport.qp_limiter is not None) == (name != "enterprise")
 
 
 def test_a_config_with_a_key_the_contract_does_not_have_is_refused():

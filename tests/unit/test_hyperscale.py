@@ -72,12 +72,13 @@ def test_unknown_destination_is_dropped_not_flooded(plan):
     assert got is None
 
 
-def test_one_shallow_class_and_optional_step_ecn(plan):
+def test_one_shallow_class_with_step_ecn_unless_bare(plan):
     (cls,) = HyperscalePolicy(plan).traffic_classes()
-    assert cls.ecn is None and cls.pfc is None and cls.buffer_bytes == 96_000
-    marked = HyperscalePolicy(plan, resolve("hyperscale", {"ecn": "step"}, 100.0, 4096))
-    (cls,) = marked.traffic_classes()
     assert cls.ecn.kind == "step" and cls.ecn.kmin == 32_000
+    assert cls.pfc is None and cls.buffer_bytes == 96_000
+    bare = HyperscalePolicy(plan, resolve("hyperscale", {"ecn": "off"}, 100.0, 4096))
+    (cls,) = bare.traffic_classes()
+    assert cls.ecn is None and cls.pfc is None
 
 
 def test_openflow_marking_sets_ce_on_ect_packets_through_that_port_only(plan):
