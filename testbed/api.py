@@ -285,7 +285,8 @@ class PolicyResult:
         "a job's name, ranks, byte_scale, latency_share (per-message latency's share of fabric "
         "transfer time) and byte_scale_warning, exposed_share, bytes_per_iteration {fabric, "
         "scale_up} per kind, bytes_sent_per_rank {expected, measured}, "
-        "full_size_iteration_ms_modelled, idle_gpu_seconds_on_n_gpus, and operations: per "
+        "full_size_iteration_ms_modelled, idle_gpu_seconds_on_n_gpus {gpus, modelled (as run), "
+        "full_size (times the byte scale)} per iteration, and operations: per "
         "communication kind, collective, group and size its count, time p50 (modelled) and "
         "algbw/busbw (Gbit/s)")
     jobs: Tuple[Dict[str, Any], ...] = figure(

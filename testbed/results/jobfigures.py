@@ -77,7 +77,8 @@ def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
                                             if p50 else None),
         "idle_gpu_seconds_on_n_gpus": (
             {"gpus": extrapolate_gpus,
-             "modelled": round(idle_us / time_scale / 1e6 * extrapolate_gpus, 6)}
+             "modelled": round(idle_us / time_scale / 1e6 * extrapolate_gpus, 6),
+             "full_size": round(idle_us / time_scale / 1e6 * extrapolate_gpus * byte_scale, 6)}
             if p50 else None),
         "operations": operations(spans, time_scale),
     }

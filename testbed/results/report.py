@@ -59,6 +59,7 @@ ROWS = [
     ("latency p99 / p50", lambda p: p.get("tail_ratio_p99_p50")),
     ("iteration p50 (ms)", lambda p: _ms((p.get("iteration_us") or {}).get("p50"))),
     ("iteration p99 (ms)", lambda p: _ms((p.get("iteration_us") or {}).get("p99"))),
+    ("  at full size (ms, modelled; byte scale)", lambda p: _full_size(p.get("job"))),
     ("  with a free network (ms)", lambda p: _ms(p.get("ideal_iteration_us"))),
     ("  network cost p50 (ms)", lambda p: _ms(p.get("network_cost_us"))),
     ("compute per GPU (ms)", lambda p: _ms(p.get("job_compute_us"))),
@@ -67,6 +68,8 @@ ROWS = [
     ("  dp / tp / pp / ep (ms)", lambda p: _kinds(p.get("exposed_comm_us"))),
     ("  pipeline bubble, free network (ms)", lambda p: _ms(p.get("pipeline_bubble_us"))),
     ("idle GPU time / iteration (GPU-ms)", lambda p: _ms(p.get("idle_gpu_us"))),
+    ("  at full size on N GPUs (GPU-s)",
+     lambda p: _idle_on_n((p.get("job") or {}).get("idle_gpu_seconds_on_n_gpus"))),
     ("bytes / iteration: fabric, scale-up",
      lambda p: _split((p.get("job") or {}).get("bytes_per_iteration"))),
     ("CCT p50 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p50"))),
@@ -258,10 +261,25 @@ def summary_table(results: dict, emulated: bool = False) -> str:
     for name, p in policies.items():
         if len(p.get("collectives") or []) > 1:
             out.append(sweep_table(name, p["collectives"], not modelled))
+        for job in p.get("jobs") or ([p["job"]] if p.get("job") else []):
+            out.append(table(*per_operation(name, job)))
     note = time_scale_note(results, emulated)
     if note:
         out.append(note)
     return "\n\n".join(out)
+
+
+def per_operation(policy: str, job: dict) -> Tuple[List[str], List[List[str]]]:
+    """A job's communications by kind, collective, group and size: how many per run, the
+    median time and the bandwidths they reached (modelled, at the run's byte scale)."""
+    scale = f", bytes / {job['byte_scale']:,g}" if job.get("byte_scale", 1) != 1 else ""
+    header = [f"{policy}: {job.get('name', 'job')} operations{scale}", "collective", "group",
+              "bytes",
+              "count", "time p50 (us)", "algbw (Gb/s)", "busbw (Gb/s)"]
+    rows = [[o["kind"], o["collective"], o["group"], fmt(o["bytes"]), fmt(o["count"]),
+             fmt(o["time_us_p50"]), fmt(o["algbw_gbps"]), fmt(o["busbw_gbps"])]
+            for o in job.get("operations") or []]
+    return header, rows
 
 
 def table(header: List[str], rows: List[List[str]]) -> str:
@@ -281,6 +299,17 @@ def _pair(a, b):
 
 def _ms(us):
     return None if us is None else us / 1000.0
+
+
+def _full_size(job):
+    if not job or job.get("full_size_iteration_ms_modelled") is None:
+        return None
+    return f"{sig(job['full_size_iteration_ms_modelled'], 4)} (x{job['byte_scale']:,g})"
+
+
+def _idle_on_n(on_n):
+    full = (on_n or {}).get("full_size")  # absent in results of earlier versions
+    return None if full is None else f"{sig(full, 3)} @ {on_n['gpus']:,}"
 
 
 def _gpu_s(extrapolation):

@@ -135,6 +135,29 @@ def test_summary_table_lists_policies_every_gpu_and_absent_counters_as_dashes():
     assert pfc.split()[-1] == "-" and ecn.split()[-1] == "0"
 
 
+def test_a_job_s_table_shows_full_size_figures_and_its_operations():
+    job = {"name": "dense-7b", "byte_scale": 100.0, "full_size_iteration_ms_modelled": 121.0,
+           "idle_gpu_seconds_on_n_gpus": {"gpus": 10_000, "modelled": 0.0789,
+                                          "full_size": 7.89},
+           "operations": [{"kind": "dp", "collective": "ring", "group": 4, "bytes": 2_013_265,
+                           "count": 48, "time_us_p50": 397.1, "algbw_gbps": 40.6,
+                           "busbw_gbps": 60.8}]}
+    results = {"time_scale": 2500.0, "scenario": {"topology": {"modelled_rate_gbit": 100.0}},
+               "policies": {"hyperscale": {
+                   "gpus": 8, "iteration_us": {"p50": 3_025_000.0, "p99": 3_030_000.0},
+                   "idle_gpu_us": 15_000_000.0, "job": job, "per_gpu": {}}}}
+    lines = summary_table(results).splitlines()
+    full = next(line for line in lines if line.strip().startswith("at full size (ms"))
+    assert full.split()[-2:] == ["121.0", "(x100)"]  # 1.21 ms as run, x100
+    on_n = next(line for line in lines if "full size on N GPUs" in line)
+    assert on_n.split()[-3:] == ["7.89", "@", "10,000"]
+    at = next(i for i, line in enumerate(lines) if line.startswith("hyperscale: dense-7b operations"))
+    assert "bytes / 100" in lines[at] and "busbw (Gb/s)" in lines[at]
+    assert lines[at + 2].split() == ["dp", "ring", "4", "2,013,265", "48", "397.1", "40.6",
+                                     "60.8"]
+    assert not any(line.startswith("CCT p50") for line in lines)  # no collective rows
+
+
 def test_sweep_table_has_nccl_tests_columns():
     entries = [{"collective": "ring", "size_bytes": 65536, "iterations": 5,
                 "cct_us": {"p50": 30000.0}, "algbw_gbps_emulated": 0.0175,
