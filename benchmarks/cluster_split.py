@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--servers", help="this machine first, e.g. localhost,10.0.0.2")
     p.add_argument("--emulate", action="store_true", help="emulate the second server here")
-    p.add_argument("--scenario", default="default")
+    p.add_argument("--scenario", default="ring")
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--link", default="auto", choices=("auto", "vxlan", "ssh"))
     args = p.parse_args(argv)

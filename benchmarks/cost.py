@@ -177,7 +177,7 @@ def table(rows: dict) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--scenario", default="default", help="built-in name or YAML file")
+    p.add_argument("--scenario", default="ring", help="built-in name or YAML file")
     p.add_argument("--policy", action="append", help="only these policies")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()

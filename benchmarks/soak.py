@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=15.0, help="how long to keep running")
     p.add_argument("--max-runs", type=int, default=100, help="stop after this many runs")
-    p.add_argument("--scenario", default="default", help="built-in name or YAML file")
+    p.add_argument("--scenario", default="ring", help="built-in name or YAML file")
     p.add_argument("--iterations", type=int, help="override the scenario's iterations")
     p.add_argument("--out", help="where the runs go (default results/soak-<time>)")
     args = p.parse_args(argv)

@@ -39,7 +39,7 @@ def cmd_calibrate(args) -> int:
     rows = [[name, f"{share:.0%}"] for name, share in cal.busy.items()]
     print(table(["policy", f"CPUs busy ({cal.gpus} GPUs at {cal.host_rate_mbit:g} Mbit/s)"],
                 rows))
-    for scenario in (DEFAULT, find("large")):
+    for scenario in (find("default"), find("large")):
         t = scenario.topology
         choice = timescale.choose(timescale.AUTO, scenario.policies, t.gpus, cal)
         print(f"{scenario.name}: {t.gpus} GPUs at auto run at {choice.host_rate_mbit:g} Mbit/s "
@@ -55,7 +55,13 @@ def cmd_run(args) -> int:
     from .scenario.config import parse_sizes
     from .results.report import summary_table
 
-    scenario = find(args.scenario) if args.scenario else DEFAULT
+    # without a scenario, options that shape one collective start from the ring
+    one_collective = args.sizes or args.collective
+    scenario = find(args.scenario or ("ring" if one_collective else "default"))
+    if one_collective and scenario.workload.all_jobs:
+        raise ConfigError(f"--sizes and --collective replay one collective; scenario "
+                          f"{scenario.name!r} is a training job (leave --scenario out for the "
+                          "ring, or name a collective scenario)")
     if args.iterations is not None:
         scenario = scenario.override({"workload": {"iterations": args.iterations}})
     if args.sizes:
@@ -283,14 +289,15 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run the scenario and print the comparison")
     r.add_argument("--scenario", metavar="NAME|FILE",
                    help="a built-in scenario (python -m testbed scenarios) or a YAML file "
-                        "(keys: scenarios --reference); default: the default scenario")
+                        "(keys: scenarios --reference); default: the default scenario, a "
+                        "training job (the ring with --collective or --sizes)")
     r.add_argument("--policy", help=f"comma-separated policies, or all (default: all: "
                                     f"{', '.join(ALL_POLICIES)})")
     r.add_argument("--iterations", type=int,
-                   help=f"training iterations to replay (at each size; default: "
-                        f"{DEFAULT.workload.iterations})")
-    r.add_argument("--collective", help=f"{', '.join(ALGORITHM_NAMES)} (default: "
-                                        f"{DEFAULT.workload.collective})")
+                   help="training iterations to replay (at each size; default: the "
+                        "scenario's)")
+    r.add_argument("--collective", help=f"{', '.join(ALGORITHM_NAMES)}: replay this "
+                                        f"collective (default: the scenario's)")
     r.add_argument("--sizes", metavar="FROM:TO|LIST",
                    help="message-size sweep like nccl-tests: 64K:4M doubles from 64 KiB to "
                         "4 MiB; 64K,1M runs exactly those")

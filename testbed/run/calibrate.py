@@ -1,5 +1,5 @@
 """Calibration (thin edge of ``testbed.scenario.timescale``): how busy this machine's CPUs get
-while the reference fabric - the default scenario, 8 GPUs at 40 Mbit/s - runs under each
+while the reference fabric - the ring scenario, 8 GPUs at 40 Mbit/s - runs under each
 policy.
 
 Measured once per machine by short real runs, kept in ``cache_path()`` (keyed by the machine: its

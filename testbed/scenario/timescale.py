@@ -39,7 +39,7 @@ RATE_STEPS = (0.5, 1.0, 2.0, 2.5, 4.0, 5.0, 8.0, 10.0, 16.0, 20.0, 25.0, 32.0, 4
               64.0, 80.0, 100.0, 125.0, 160.0, 200.0, 250.0, 320.0, 400.0, 500.0, 640.0,
               800.0, 1000.0)
 NOISE_MARGIN = 1.5  # measured delay x this must stay within the tolerance
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4  # a new one when the reference run changes (hyperscale: DCQCN)
 # A run at auto: the rate chosen first, then at most this many slower ones after rejections.
 MAX_ATTEMPTS = 3
 # Runs a scenario's policy must have been rejected in before its next runs start slower: one

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from testbed.scenario.timescale import AUTO, RATE_STEPS, TARGET_BUSY, Calibration, choose
+from testbed.scenario.timescale import (AUTO, CALIBRATION_VERSION, RATE_STEPS, TARGET_BUSY,
+                                        Calibration, choose)
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +81,7 @@ def test_a_run_at_auto_that_the_monitor_rejects_goes_again_slower_and_is_remembe
     optimistic = {"machine": calibrate.machine_key(), "cpus": os.cpu_count(),
                   "measured": "2026-12-03 09:00", "gpus": 8, "host_rate_mbit": 40.0,
                   "busy": {"hyperscale": 0.1}, "noise_us": {"hyperscale": 21.0},
-                  "allowed_us": 208.6, "version": 3}
+                  "allowed_us": 208.6, "version": CALIBRATION_VERSION}
     (cache / "calibration.json").write_text(json.dumps(optimistic))
     small = tmp_path / "small.yaml"
     small.write_text("policies: [hyperscale]\ntopology: {leaves: 2, gpus_per_leaf: 2}\n"

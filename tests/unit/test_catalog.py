@@ -11,7 +11,7 @@ from testbed.base.errors import ConfigError
 from testbed.run.runner import validate
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-REQUIRED = {"default", "incast", "oversubscribed", "straggler", "ecmp-collisions", "sweep"}
+REQUIRED = {"default", "ring", "incast", "oversubscribed", "straggler", "ecmp-collisions", "sweep"}
 
 
 def test_the_required_built_in_scenarios_exist_and_say_what_they_are():
@@ -32,7 +32,8 @@ def test_every_example_file_validates(path):
 
 
 def test_find_takes_a_name_or_a_file_and_names_the_built_ins_otherwise(tmp_path):
-    assert catalog.find("default") == DEFAULT
+    assert catalog.find("ring") == DEFAULT.override({"name": "ring"})  # every key's default
+    assert catalog.find("default").workload.job.enabled  # the default run is a training job
     f = tmp_path / "mine.yaml"
     f.write_text("workload: {iterations: 2}\n")
     assert catalog.find(str(f)).workload.iterations == 2

@@ -39,6 +39,26 @@ def test_policy_all_and_lists(monkeypatch):
     assert seen == [("enterprise", "hyperscale", "lossless")] * 2 + [("lossless", "hyperscale")]
 
 
+def test_the_default_run_is_the_job_and_collective_options_start_from_the_ring(
+        monkeypatch, capsys):
+    seen = []
+
+    def fake_run(scenario, **_kw):
+        seen.append(scenario)
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(testbed.run.runner, "run", fake_run)
+    main(["run"])
+    main(["run", "--collective", "all_to_all"])
+    main(["run", "--sizes", "64K,1M"])
+    assert seen[0].name == "default" and seen[0].workload.all_jobs
+    assert seen[1].name == "ring" and seen[1].workload.collective == "all_to_all"
+    assert seen[2].name == "ring" and seen[2].workload.run_sizes == (65536, 1 << 20)
+    capsys.readouterr()
+    assert main(["run", "--scenario", "3d", "--collective", "ring"]) == 2
+    assert "scenario '3d' is a training job" in capsys.readouterr().err
+
+
 def test_run_options():
     args = build_parser().parse_args(["run", "--policy", "hyperscale", "--out", "x", "--json"])
     assert (args.policy, args.out, args.json) == ("hyperscale", "x", True)
