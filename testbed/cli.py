@@ -39,7 +39,7 @@ def cmd_calibrate(args) -> int:
     rows = [[name, f"{share:.0%}"] for name, share in cal.busy.items()]
     print(table(["policy", f"CPUs busy ({cal.gpus} GPUs at {cal.host_rate_mbit:g} Mbit/s)"],
                 rows))
-    for scenario in (find("default"), find("large")):
+    for scenario in (find("ring"), find("large")):
         t = scenario.topology
         choice = timescale.choose(timescale.AUTO, scenario.policies, t.gpus, cal)
         print(f"{scenario.name}: {t.gpus} GPUs at auto run at {choice.host_rate_mbit:g} Mbit/s "

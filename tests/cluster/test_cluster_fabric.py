@@ -181,7 +181,8 @@ def test_clean_servers_after_kill_9_removes_the_split_run_on_both(tmp_path, serv
 
     from ..integration.runs import wait_for_line
 
-    proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "--policy", "hyperscale",
+    proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "--scenario", "ring",
+                             "--policy", "hyperscale",
                              "--iterations", "200", "--servers",
                              f"localhost,{server.address}", "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

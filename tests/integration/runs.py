@@ -25,9 +25,12 @@ def in_private_netns(test_file):
 
 
 def start_run(out_dir, *args):
-    """`python -m testbed run --out out_dir ...` as a process, its output piped."""
+    """`python -m testbed run --out out_dir ...` as a process, its output piped; the ring
+    scenario unless ``args`` name one (the tests count its iterations)."""
+    scenario = [] if "--scenario" in args else ["--scenario", "ring"]
     return subprocess.Popen([sys.executable, "-m", "testbed", "run", "--out", str(out_dir),
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             *scenario, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def stop(proc, timeout=60.0):

@@ -35,15 +35,15 @@ def test_calibrate_then_auto_runs_at_the_rate_that_fits(tmp_path):
         kept = json.load(f)
     assert set(kept["busy"]) == {"enterprise", "hyperscale", "lossless"}
     assert all(0 < v <= 1 for v in kept["busy"].values()) and kept["allowed_us"] > 0
-    chosen = re.search(r"default: 8 GPUs at auto run at ([\d.]+) Mbit/s", cal.stdout)
+    chosen = re.search(r"ring: 8 GPUs at auto run at ([\d.]+) Mbit/s", cal.stdout)
     assert chosen and float(chosen.group(1)) in RATE_STEPS, cal.stdout
-    # the default's three policies fit that rate; hyperscale alone, the rate the same
+    # the ring's three policies fit that rate; hyperscale alone, the rate the same
     # calibration gives that policy (as fast or faster)
     alone = choose(AUTO, ("hyperscale",), 8, Calibration.from_dict(kept)).host_rate_mbit
     assert alone >= float(chosen.group(1))
 
-    run = cli(cache, "run", "--policy", "hyperscale", "--iterations", "2", "--out",
-                  str(tmp_path / "auto"))
+    run = cli(cache, "run", "--scenario", "ring", "--policy", "hyperscale", "--iterations", "2",
+              "--out", str(tmp_path / "auto"))
     assert run.returncode == 0, run.stderr
     assert f"time scale: GPU NICs at {alone:g} Mbit/s" in run.stderr
     assert "calibrating" not in run.stderr  # the kept calibration, not a new one
