@@ -3,7 +3,8 @@ no network access needed to view it), plus the plots as PNG files in ``plots/``.
 
 ``write(run_dir)`` reads only what the run left in its directory, so it serves both the end of
 a run and ``python -m testbed report DIR``. The page: status, fidelity verdict, the comparison
-table, the plots, per-GPU and sweep tables, the scenario, capabilities and the files.
+table, the plots, sweep, job-operation and per-GPU tables, the scenario, capabilities and the
+files.
 """
 from __future__ import annotations
 
@@ -65,8 +66,18 @@ def _plots(run_dir: str, results: dict, progress) -> Tuple[List[Figure], str]:
     lat = {name: rundata.latencies(run_dir, name) for name in policies}
     out.append(("latency-cdf.png", "One-way latency of every data packet received, per "
                 "policy (kernel timestamps; dotted lines: p99).", plots.latency_cdf(lat)))
-    out.append(("cct.png", "Collective completion time of every iteration, per policy.",
-                plots.cct_per_iteration(rundata.ccts(results))))
+    iterations = rundata.iterations(results)
+    if iterations:
+        out.append(("iterations.png", "The training job's iteration time, every iteration, "
+                    "per policy.", plots.cct_per_iteration(iterations, "Iteration time",
+                                                           "iteration")))
+        out.append(("iteration-parts.png", "A GPU's median iteration per policy: compute, and "
+                    "the communication no compute hid, per kind; the tick is the iteration "
+                    "with a free network.",
+                    plots.iteration_parts(rundata.iteration_parts(results))))
+    else:
+        out.append(("cct.png", "Collective completion time of every iteration, per policy.",
+                    plots.cct_per_iteration(rundata.ccts(results))))
     for name in policies:
         tl = rundata.timeline(run_dir, name)
         if not tl.t_s:
@@ -191,6 +202,11 @@ def render(results: dict, figures: List[Figure], plot_note: str = "") -> str:
     if sweeps:
         parts.append("<h2>Message-size sweep</h2>")
         parts += [_table(*report.sweep(n, entries)) for n, entries in sweeps]
+    jobs = [(n, job) for n, p in policies.items()
+            for job in p.get("jobs") or ([p["job"]] if p.get("job") else [])]
+    if jobs:
+        parts.append("<h2>Training job operations</h2>")
+        parts += [_table(*report.per_operation(n, job)) for n, job in jobs]
     parts.append("<h2>Per GPU</h2>")
     scale = results.get("time_scale") if report.modelled_time(results) else 0.0
     parts += [_table(*report.per_gpu(n, p, scale)) for n, p in policies.items()]

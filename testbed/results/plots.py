@@ -69,8 +69,10 @@ def latency_cdf(latencies: Mapping[str, Sequence[float]]) -> bytes:
     return _png(fig)
 
 
-def cct_per_iteration(ccts: Mapping[str, Sequence[float]]) -> bytes:
-    """Collective completion time (ms) of every iteration, one line per series."""
+def cct_per_iteration(ccts: Mapping[str, Sequence[float]],
+                      what: str = "Collective completion time", short: str = "CCT") -> bytes:
+    """``what`` (ms; CCT, or a job's iteration time) of every iteration, one line per
+    series."""
     fig = Figure(figsize=SIZE)
     ax = fig.add_subplot()
     drawn = False
@@ -86,11 +88,40 @@ def cct_per_iteration(ccts: Mapping[str, Sequence[float]]) -> bytes:
     else:
         ax.set_xlabel("iteration")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("CCT (ms, emulated time)")
+        ax.set_ylabel(f"{short} (ms, emulated time)")
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend()
-    ax.set_title("Collective completion time per iteration")
+    ax.set_title(f"{what} per iteration")
+    return _png(fig)
+
+
+def iteration_parts(parts: Mapping[str, Mapping[str, float]]) -> bytes:
+    """Per policy one bar of a GPU's iteration (modelled ms): compute, then the exposed
+    communication of each kind stacked on it; a tick marks the free-network iteration."""
+    fig = Figure(figsize=SIZE)
+    ax = fig.add_subplot()
+    kinds = sorted({k for p in parts.values() for k in p} - {"compute", "ideal"})
+    if not parts:
+        _empty(ax, "no job iterations")
+    else:
+        y = np.arange(len(parts))
+        left = np.asarray([p.get("compute", 0.0) for p in parts.values()])
+        ax.barh(y, left, color="#bbbbbb", label="compute")
+        for i, kind in enumerate(kinds):
+            width = np.asarray([p.get(kind, 0.0) for p in parts.values()])
+            ax.barh(y, width, left=left, color=OTHER_COLOURS[i % len(OTHER_COLOURS)],
+                    label=f"exposed {kind}")
+            left = left + width
+        ax.scatter([p.get("ideal", 0.0) for p in parts.values()], y, marker="|", s=400,
+                   color="black", label="free network", zorder=3)
+        ax.set_yticks(y)
+        ax.set_yticklabels(list(parts))
+        ax.invert_yaxis()  # the policies top to bottom, as in the table
+        ax.set_xlabel("ms per iteration and GPU (modelled)")
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.legend(fontsize="small")
+    ax.set_title("What an iteration is made of")
     return _png(fig)
 
 

@@ -49,6 +49,27 @@ def ccts(results: dict) -> Dict[str, List[float]]:
     return out
 
 
+def iterations(results: dict) -> Dict[str, List[float]]:
+    """Policy -> a training job's iteration time (us, emulated) per iteration."""
+    return {name: list((p.get("iteration_us") or {}).get("per_iteration") or [])
+            for name, p in (results.get("policies") or {}).items() if p.get("iteration_us")}
+
+
+def iteration_parts(results: dict) -> Dict[str, Dict[str, float]]:
+    """Policy -> what a GPU's median iteration is made of, in modelled ms: compute, exposed
+    communication per kind, and the iteration with a free network ("ideal")."""
+    out: Dict[str, Dict[str, float]] = {}
+    for name, p in (results.get("policies") or {}).items():
+        m = p.get("modelled") or {}
+        if not m.get("iteration_us"):
+            continue
+        exposed = {k: v / 1000 for k, v in (m.get("exposed_comm_us") or {}).items()
+                   if k != "total"}
+        out[name] = {"compute": (m.get("job_compute_us") or 0.0) / 1000, **exposed,
+                     "ideal": (m.get("ideal_iteration_us") or 0.0) / 1000}
+    return out
+
+
 def spine_loads(results: dict) -> Dict[str, Dict[str, int]]:
     return {name: dict(p.get("spine_load_packets") or {})
             for name, p in (results.get("policies") or {}).items()

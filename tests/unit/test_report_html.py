@@ -72,6 +72,33 @@ def test_the_report_holds_the_table_the_plots_the_scenario_and_the_verdicts(tmp_
     assert 'id="status" class="ok">complete' in page
 
 
+def test_a_job_s_report_plots_its_iterations_and_lists_its_operations(tmp_path):
+    run = make_run(tmp_path)
+    with open(os.path.join(run, "results.json")) as f:
+        results = json.load(f)
+    for k, p in enumerate(results["policies"].values()):
+        iteration = {"p50": 3e6 + k, "per_iteration": [3e6, 3.1e6 + k]}
+        job = {"name": "dense-7b", "byte_scale": 100.0, "operations": [
+            {"kind": "dp", "collective": "ring", "group": 4, "bytes": 2_013_265, "count": 48,
+             "time_us_p50": 402.6, "algbw_gbps": 40.0, "busbw_gbps": 60.0}]}
+        p.update(iteration_us=iteration, job=job, modelled={
+            **p.get("modelled", {}), "iteration_us": iteration, "job_compute_us": 373.5,
+            "exposed_comm_us": {"dp": 770.0, "tp": 37.0, "total": 807.0},
+            "ideal_iteration_us": 373.3})
+    with open(os.path.join(run, "results.json"), "w") as f:
+        json.dump(results, f)
+    page = open(htmlreport.write(run), encoding="utf-8").read()
+    plotted = sorted(os.listdir(os.path.join(run, "plots")))
+    assert "iterations.png" in plotted and "iteration-parts.png" in plotted
+    assert "cct.png" not in plotted  # a job has iterations, not one collective's CCT
+    section = page[page.index("<h2>Training job operations</h2>"):page.index("<h2>Per GPU")]
+    assert section.count("<table") == 2 and "hyperscale: dense-7b operations" in section
+    assert "402.6" in section and "busbw (Gb/s)" in section
+    parts = rundata.iteration_parts(results)
+    assert parts["hyperscale"] == {"compute": 0.3735, "dp": 0.77, "tp": 0.037,
+                                   "ideal": 0.3733}
+
+
 def test_an_incomplete_run_says_so_and_plots_what_it_has(tmp_path):
     run = make_run(tmp_path, status="incomplete", policies=("enterprise",))
     os.remove(os.path.join(run, "switchq-enterprise.timeline.csv"))
@@ -160,4 +187,5 @@ def test_plots_of_nothing_are_still_images(values):
     from testbed.results import plots
     assert plots.latency_cdf(values).startswith(PNG)
     assert plots.cct_per_iteration(values).startswith(PNG)
+    assert plots.iteration_parts({}).startswith(PNG)
     assert plots.spine_load({}).startswith(PNG)
