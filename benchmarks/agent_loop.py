@@ -22,6 +22,7 @@ loop, timers - costs on top of putting a frame on the wire.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -91,7 +92,9 @@ def loop_run(gpus, size: int, iterations: int, rate_bps: float) -> dict:
         return tuple(Peer(p["rank"], p["host"], p["ip"], h["far_mac"])
                      for p in gpus if p is not h)
 
-    transport = reference_transport()
+    # no congestion control: the loop's own cost, as measured before hyperscale ran DCQCN
+    transport = dataclasses.replace(reference_transport(), congestion_control="none",
+                                    qp_limiter=None)
     configs = [GpuConfig(rank=h["rank"], host=h["host"], intf=h["intf"], ip=h["ip"],
                          mac=h["mac"], ranks=len(gpus), mtu=4096, transport=transport,
                          link_rate_bps=rate_bps, seed=1,

@@ -57,10 +57,12 @@ def make_agent(mtu: int, entropy: str = "per-qp"):
     from testbed.run.agent_processes import reference_transport
     from traffic.gpu import Gpu
     from traffic.contract import Compute, GpuConfig, WorkloadSpec
-    # the send path alone: no retransmission timeout in the way, and no DCQCN byte-counter
-    # increase within a test's few hundred KB (test_transport's pacing check sets the rate)
+    # the send path alone: no retransmission timeout in the way, no congestion control and no
+    # kernel rate limiters (test_transport's pacing check turns DCQCN on and sets the rate),
+    # and no DCQCN byte-counter increase within a test's few hundred KB
     transport = replace(reference_transport(), entropy=entropy, rto_ns=10**12,
-                        max_rto_ns=10**12, dcqcn_byte_counter=1 << 20, dcqcn_timer_ns=10**7)
+                        max_rto_ns=10**12, dcqcn_byte_counter=1 << 20, dcqcn_timer_ns=10**7,
+                        congestion_control="none", qp_limiter=None)
     cfg = GpuConfig(rank=0, host="bench", intf="bench0", ip=ME["ip"], mac=ME["mac"], ranks=2,
                     workloads=(WorkloadSpec("ring", 2 * mtu, 1),), mtu=mtu, compute=Compute(),
                     straggler=None, seed=1, transport=transport,

@@ -54,7 +54,7 @@ def transport_config(run: PolicyRun) -> Transport:
 
 
 def reference_transport(policy_name: str = "hyperscale") -> Transport:
-    """What the default scenario's agents get under ``policy_name`` at the reference rate
+    """What the ring scenario's agents get under ``policy_name`` at the reference rate
     (for benchmarks that drive an agent without a run)."""
     s = DEFAULT.for_checks()
     return transport_config(decide(policy_name, FabricPlan.for_topology(s.topology), s,
