@@ -182,7 +182,7 @@ def test_calibrate_if_missing_keeps_the_machines_calibration(tmp_path, monkeypat
     monkeypatch.setattr(calibrate, "load", lambda path=None: mine)
     monkeypatch.setattr(calibrate, "measure", lambda *a, **k: pytest.fail("measured again"))
     assert main(["calibrate", "--if-missing", "--quiet"]) == 0
-    assert "default: 8 GPUs at auto run at 40 Mbit/s" in capsys.readouterr().out
+    assert "ring: 8 GPUs at auto run at 40 Mbit/s" in capsys.readouterr().out
 
 
 def _fidelity(**failed):
