@@ -18,7 +18,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.9",
     packages=find_packages(include=["testbed", "testbed.*", "controllers", "traffic"]),
-    package_data={"testbed.scenario": ["builtin/*.yaml"]},
+    package_data={"testbed.scenario": ["builtin/*.yaml", "builtin/jobs/*.yaml"]},
     ext_modules=[NICIO],
     install_requires=[
         "os-ken>=4.0,<5",

@@ -198,7 +198,7 @@ def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
             byte_scale = step_down(byte_scale)
     share = latency_share(sizes, byte_scale, rate)
     warning = ""
-    if share > HONEST_LATENCY_SHARE:
+    if byte_scale > 1 and share > HONEST_LATENCY_SHARE:  # at full size it is the job's own
         warning = (f"byte scale {byte_scale:,g}: per-message latency ({MESSAGE_LATENCY_US:g} us) "
                    f"takes {share:.0%} of the fabric's transfer time, against "
                    f"{latency_share(sizes, 1, rate):.0%} at full size: the scaled job's "

@@ -68,7 +68,7 @@ def describe(names: List[str] = None) -> str:
         if w.all_jobs:
             what = " + ".join(
                 (f"{j.model} job, dp {j.dp or 'auto'} tp {j.tp} pp {j.pp}"
-                 + (f" ep {j.ep}" if j.ep > 1 else "")) if j.model else f"job {j.file}"
+                 + (f" ep {j.ep}" if j.ep > 1 else "")) if j.model else f"job {os.path.basename(j.file)}"
                 for j in w.all_jobs)
         rows.append((b.name, f"{s.topology.gpus} GPUs, {what}, {', '.join(s.policies)}",
                      b.summary))

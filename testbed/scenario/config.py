@@ -15,6 +15,7 @@ bounds, unit and help text in one tree, from which docs/scenario-reference.md is
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Tuple, Union
 
@@ -180,7 +181,8 @@ class JobConfig:
         "empty": True,
         "doc": "a job from a file instead of a model: a Chakra trace (the prefix of "
                "<prefix>.<rank>.et), a SimAI/AICB workload, or the project's own graph "
-               "(.yaml, .json; docs/guide.md); relative to the current directory"})
+               "(.yaml, .json; docs/guide.md); relative to the scenario file's folder (to "
+               "the current directory in a scenario given as a mapping)"})
     format: str = field(default="auto", metadata={
         "choices": ("auto", "chakra", "aicb", "graph"),
         "doc": "the file's format (auto: .yaml/.json are graphs, a file starting "
@@ -586,9 +588,30 @@ def load_file(path: str) -> Scenario:
     if data is None:
         data = {}
     try:
-        return Scenario.from_dict(data)
+        return Scenario.from_dict(_job_files_beside(data, os.path.dirname(path)))
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}")
+
+
+def _job_files_beside(data: Any, folder: str) -> Any:
+    """``data`` with its jobs' relative file paths made relative to ``folder`` (the scenario
+    file's), so a scenario and its job files move together."""
+    workload = data.get("workload") if isinstance(data, dict) else None
+    if not isinstance(workload, dict):
+        return data
+
+    def placed(job):
+        if isinstance(job, dict) and isinstance(job.get("file"), str) and job["file"] \
+                and not os.path.isabs(job["file"]):
+            return dict(job, file=os.path.join(folder, job["file"]))
+        return job
+
+    workload = dict(workload)
+    if "job" in workload:
+        workload["job"] = placed(workload["job"])
+    if isinstance(workload.get("jobs"), list):
+        workload["jobs"] = [placed(j) for j in workload["jobs"]]
+    return dict(data, workload=workload)
 
 
 # Keys that were emulated time or rate and are now the modelled fabric's: (section path, old

@@ -47,8 +47,8 @@ def test_scenarios_command_lists_names_and_shows_one(capsys):
     assert main(["scenarios"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in REQUIRED)
-    assert main(["scenarios", "--show", "incast"]) == 0
-    assert "period_us" in capsys.readouterr().out
+    assert main(["scenarios", "--show", "noisy-neighbour"]) == 0
+    assert "rate_gbit: 37.5" in capsys.readouterr().out
     assert main(["scenarios", "--show", "nope"]) == 2
 
 

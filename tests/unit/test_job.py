@@ -170,6 +170,14 @@ def test_a_byte_scale_that_makes_messages_latency_bound_is_warned_about():
     assert "latency-bound" in job.warning and "byte_scale" in job.warning
 
 
+def test_a_job_latency_bound_at_full_size_is_not_warned_about():
+    from testbed.job.plan import HONEST_LATENCY_SHARE, plan_job
+    from testbed.scenario.catalog import find
+    job = plan_job(find("incast").override({"topology": {"host_rate_mbit": 20}}))
+    assert job.byte_scale == 1 and job.latency_share > HONEST_LATENCY_SHARE
+    assert not job.warning  # its bursts are small by design, not by scaling
+
+
 def test_byte_scale_steps():
     from testbed.job.plan import auto_byte_scale, step_down
     assert [auto_byte_scale(x, 1) for x in (0.5, 1.5, 3, 7, 11)] == [1, 2, 5, 10, 20]
