@@ -145,6 +145,25 @@ def test_a_malformed_graph_file_is_refused_naming_the_entry(tmp_path, mutate, ma
     assert "tiny.yaml" in str(e.value)
 
 
+def test_a_scenario_file_finds_its_job_files_beside_it(tmp_path, monkeypatch):
+    import yaml
+    from testbed.scenario.config import load_file
+    (tmp_path / "jobs").mkdir()
+    graph = {"name": "tiny", "comms": [{"collective": "ring", "group": [0, 1], "bytes": 64}],
+             "programs": [[{"comm": 0}], [{"comm": 0}]]}
+    (tmp_path / "jobs" / "tiny.yaml").write_text(yaml.safe_dump(graph))
+    (tmp_path / "mine.yaml").write_text(
+        "topology: {leaves: 2, gpus_per_leaf: 1, host_rate_mbit: 40}\n"
+        "workload:\n  jobs:\n    - {file: jobs/tiny.yaml}\n")
+    monkeypatch.chdir("/")  # not the scenario's folder
+    s = load_file(str(tmp_path / "mine.yaml"))
+    assert s.workload.jobs[0].file == str(tmp_path / "jobs" / "tiny.yaml")
+    absolute = str(tmp_path / "jobs" / "tiny.yaml")
+    (tmp_path / "other.yaml").write_text(f"workload: {{job: {{file: {absolute}}}}}\n"
+                                         "topology: {leaves: 2, gpus_per_leaf: 1}\n")
+    assert load_file(str(tmp_path / "other.yaml")).workload.job.file == absolute
+
+
 def test_a_scenario_takes_a_job_file_whose_ranks_fit_the_fabric(tmp_path):
     from testbed.scenario.config import Scenario
     prefix = _write(tmp_path, ranks=8)
