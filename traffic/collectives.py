@@ -77,6 +77,7 @@ class Collective:
     size: int
     transfers: Tuple[Transfer, ...]
     kind: str  # "allreduce" | "alltoall" | "allgather" | "reducescatter" | "sendrecv"
+    scratch: int = 0  # staging bytes past the buffer the schedule writes and reads (PXN)
 
     def sends(self, rank: int) -> List[Transfer]:
         return [t for t in self.transfers if t.src == rank]
@@ -348,20 +349,36 @@ def hierarchical(n: int, size: int, chunks: int = 1, group: int = 1, **_) -> Col
     return Collective("hierarchical", n, size, tuple(b.transfers), "allreduce")
 
 
-def all_to_all(n: int, size: int, **_) -> Collective:
+def all_to_all(n: int, size: int, pxn: Tuple[Tuple[int, int], ...] = (), **_) -> Collective:
     """Every rank sends block j (S/n bytes, floor) of its input buffer to rank j, which places
-    it at block (sender) of its output."""
+    it at block (sender) of its output.
+
+    ``pxn``: each rank's (server, rail). A block for a rank on another server and another
+    rail then first goes to the rank of the sender's server on the destination's rail (over
+    the scale-up domain), which stages it past its buffer and sends it on along its rail, as
+    NCCL's PXN does; without such a rank in the group the block goes directly."""
     _at_least(n, 2, "all_to_all")
     block = size // n
     if block < 1:
         raise ScheduleError(f"all_to_all: {size} B cannot be split over {n} ranks")
+    relay_of = {place: r for r, place in enumerate(pxn)}
     b = _Builder(n)
+    staged = 0
     for r in range(n):
         for k in range(1, n):  # r+1 first, then r+2, ...: not everyone at rank 0 at once
             j = (r + k) % n
-            b.send(r, j, j * block, block, "copy", (), "exchange", dst_offset=r * block,
-                   source="input")
-    return Collective("all_to_all", n, size, tuple(b.transfers), "alltoall")
+            relay = (relay_of.get((pxn[r][0], pxn[j][1]))
+                     if pxn and pxn[r][0] != pxn[j][0] and pxn[r][1] != pxn[j][1] else None)
+            if relay is None:
+                b.send(r, j, j * block, block, "copy", (), "exchange", dst_offset=r * block,
+                       source="input")
+                continue
+            at = size + staged
+            staged += block
+            hop = b.send(r, relay, j * block, block, "copy", (), "pxn to rail", dst_offset=at,
+                         source="input")
+            b.send(relay, j, at, block, "copy", (hop,), "pxn along rail", dst_offset=r * block)
+    return Collective("all_to_all", n, size, tuple(b.transfers), "alltoall", staged)
 
 
 def all_gather(n: int, size: int, chunks: int = 1, **_) -> Collective:
@@ -412,11 +429,12 @@ KINDS = {"ring": "allreduce", "halving_doubling": "allreduce",
 ALIASES = {"ring_allreduce": "ring"}
 
 
-def build(name: str, n: int, size: int, chunks: int = 1, group: int = 1) -> Collective:
+def build(name: str, n: int, size: int, chunks: int = 1, group: int = 1,
+          pxn: Tuple[Tuple[int, int], ...] = ()) -> Collective:
     name = ALIASES.get(name, name)
     if name not in ALGORITHMS:
         raise ScheduleError(f"unknown collective {name!r} (known: {', '.join(ALGORITHMS)})")
-    return ALGORITHMS[name](n, size, chunks=chunks, group=group)
+    return ALGORITHMS[name](n, size, chunks=chunks, group=group, pxn=pxn)
 
 
 def bus_bandwidth_factor(kind: str, n: int) -> float:
@@ -433,12 +451,13 @@ def bus_bandwidth_factor(kind: str, n: int) -> float:
 
 # --- symbolic replay --------------------------------------------------------------------------
 def simulate(c: Collective, seed: int = 0) -> List[List[Counter]]:
-    """Each rank's buffer after the collective: per byte, a multiset of (rank, byte) inputs.
+    """Each rank's buffer after the collective (its staging space after it): per byte, a
+    multiset of (rank, byte) inputs.
 
     Adversarial order: every transfer is sent as soon as its dependencies have been delivered
     (so it carries no data it did not wait for), and deliveries happen in random order.
     Raises ``ScheduleError`` on a deadlock or a transfer that reads outside the buffer."""
-    n, size = c.ranks, c.size
+    n, size = c.ranks, c.size + c.scratch
     inputs = [[Counter({(r, i): 1}) for i in range(size)] for r in range(n)]
     work = [[Counter(x) for x in row] for row in inputs]
     pending = {t.ref: t for t in c.transfers}

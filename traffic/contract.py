@@ -52,7 +52,8 @@ class WorkloadSpec:
     size: int
     iterations: int
     chunks: int = 1
-    group: int = 1  # GPUs per leaf (the hierarchical collective's groups)
+    group: int = 1  # GPUs per server, else per leaf (the hierarchical collective's groups)
+    pxn: bool = False  # an all-to-all over PXN, on servers of ``group`` GPUs
 
 
 @dataclass(frozen=True)

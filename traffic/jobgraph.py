@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .collectives import Collective, ScheduleError, Transfer, build
+from .collectives import ALIASES, Collective, ScheduleError, Transfer, build
 
 COMPUTE, COMM = "compute", "comm"
 
@@ -49,6 +49,7 @@ class Comm:
     chunks: int = 1
     kind: str = "coll"  # what it serves, for the results: dp, tp, pp, ep, coll
     local_group: int = 1  # hierarchical: consecutive ranks of the group per server
+    pxn: Tuple[Tuple[int, int], ...] = ()  # all-to-all over PXN: each member's (server, rail)
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,12 @@ class JobGraph:
 
 
 def collective_graph(collective: str, ranks: int, size: int, chunks: int = 1,
-                     local_group: int = 1) -> JobGraph:
-    """Today's iteration as a graph: a compute phase, then one collective over every rank."""
+                     local_group: int = 1, pxn: bool = False) -> JobGraph:
+    """Today's iteration as a graph: a compute phase, then one collective over every rank
+    (``pxn``: an all-to-all over PXN, servers of ``local_group`` GPUs)."""
     comm = Comm(collective, tuple(range(ranks)), size, chunks, "coll", local_group)
+    if pxn:
+        comm = replace(comm, pxn=pxn_places(comm.group, local_group))
     prog = (Op(COMPUTE, "compute"), Op(COMM, collective, "coll", after=(0,), comm=0))
     return JobGraph(tuple(prog for _ in range(ranks)), (comm,), collective)
 
@@ -81,7 +85,21 @@ def collective_graph(collective: str, ranks: int, size: int, chunks: int = 1,
 @lru_cache(maxsize=None)
 def collective_of(comm: Comm) -> Collective:
     """The comm's collective in its group's local ranks (built once per shape)."""
-    return build(comm.collective, len(comm.group), comm.size, comm.chunks, comm.local_group)
+    return build(comm.collective, len(comm.group), comm.size, comm.chunks, comm.local_group,
+                 comm.pxn)
+
+
+def pxn_places(group: Tuple[int, ...], per_server: int) -> Tuple[Tuple[int, int], ...]:
+    """Each rank's (server, rail): global rank S*k + i is GPU i of server k."""
+    return tuple(divmod(g, per_server) for g in group)
+
+
+def with_pxn(graph: JobGraph, per_server: int) -> JobGraph:
+    """``graph`` with its all-to-alls over PXN on servers of ``per_server`` GPUs."""
+    comms = tuple(replace(c, pxn=pxn_places(c.group, per_server))
+                  if ALIASES.get(c.collective, c.collective) == "all_to_all" else c
+                  for c in graph.comms)
+    return replace(graph, comms=comms)
 
 
 @lru_cache(maxsize=None)

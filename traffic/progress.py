@@ -34,14 +34,15 @@ class Phase:
 
 
 @lru_cache(maxsize=None)
-def _collective_graph(name: str, n: int, size: int, chunks: int, group: int) -> JobGraph:
-    return collective_graph(name, n, size, chunks, group)
+def _collective_graph(name: str, n: int, size: int, chunks: int, group: int,
+                      pxn: bool) -> JobGraph:
+    return collective_graph(name, n, size, chunks, group, pxn)
 
 
 def phases(specs: Sequence[WorkloadSpec], n: int) -> List[Phase]:
     """Collective workloads as phases, each graph built once per process."""
     return [Phase(s.collective, s.size, _collective_graph(s.collective, n, s.size, s.chunks,
-                                                          s.group), s.iterations)
+                                                          s.group, s.pxn), s.iterations)
             for s in specs]
 
 

@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from traffic.collectives import KINDS, bus_bandwidth_factor
 from traffic.jobgraph import (COMM, COMPUTE, Comm, JobGraph, Op, comm_transfers, replay,
-                              same_server)
+                              same_server, with_pxn)
 
 from ..base.errors import ConfigError
 from . import aicb, chakra, graphfile
@@ -185,7 +185,9 @@ def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
             builders.append(lambda s, m=model, p=par, g=gpu: build(m, p, g, s))
             parts.append(JobPart(model.name, ranks, model, par))
         fulls.append(full)
-    whole = merge(fulls, [p.ranks for p in parts], gpus)
+    pxn = (lambda g: with_pxn(g, scenario.topology.gpus_per_server)) if scenario.workload.pxn \
+        else (lambda g: g)
+    whole = pxn(merge(fulls, [p.ranks for p in parts], gpus))
     full_ns = iteration_ns(whole, scenario)
     sizes = fabric_messages(whole, scenario)
     rate = scenario.topology.modelled_rate_gbit
@@ -204,8 +206,8 @@ def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
                    f"{latency_share(sizes, 1, rate):.0%} at full size: the scaled job's "
                    "communication is latency-bound where the real one is not (lower "
                    "workload.job.byte_scale, or leave it auto)")
-    graph = whole if byte_scale == 1 else merge([b(byte_scale) for b in builders],
-                                                [p.ranks for p in parts], gpus)
+    graph = whole if byte_scale == 1 else pxn(merge([b(byte_scale) for b in builders],
+                                                    [p.ranks for p in parts], gpus))
     return JobPlan(graph, byte_scale, full_ns, share, warning, tuple(parts))
 
 

@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from traffic import collectives, metrics
-from traffic.jobgraph import same_server
+from traffic.jobgraph import collective_graph, collective_of, same_server
 from traffic.contract import WorkloadSpec
 
 from .jobfigures import fabric_bytes_sent, job_figures
@@ -274,7 +274,8 @@ def _workload_figures(index: int, spec: WorkloadSpec, ctx: RunContext, packets: 
     rows = [r for r in iterations if int(r["workload"]) == index]
     its = sorted({int(r["iteration"]) for r in rows})
     size = spec.size
-    coll = collectives.build(spec.collective, ctx.ranks, size, spec.chunks, spec.group)
+    coll = collective_of(collective_graph(spec.collective, ctx.ranks, size, spec.chunks,
+                                          spec.group, spec.pxn).comms[0])  # as the agents ran it
     cct = metrics.cct_summary(metrics.iteration_cct_us(rows))
     factor = collectives.bus_bandwidth_factor(coll.kind, ctx.ranks)
     algbw = metrics.algbw_gbps(size, cct["p50"]) if cct else None

@@ -131,7 +131,7 @@ def workload_specs(scenario: Scenario, plan: FabricPlan) -> Tuple[WorkloadSpec, 
     hierarchical collective's groups are the servers, or without servers the leaves."""
     w = scenario.workload
     group = plan.gpus_per_server if plan.gpus_per_server > 1 else plan.gpus_per_leaf
-    return tuple(WorkloadSpec(w.collective, size, w.iterations, w.chunks, group)
+    return tuple(WorkloadSpec(w.collective, size, w.iterations, w.chunks, group, w.pxn)
                  for size in w.run_sizes)
 
 

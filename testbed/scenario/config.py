@@ -216,6 +216,11 @@ class WorkloadConfig:
     chunks: int = field(default=4, metadata={
         "min": 1, "max": 64,
         "doc": "pipelining: each ring block / tree half is sent in this many pieces"})
+    pxn: bool = field(default=False, metadata={
+        "doc": "all-to-alls (the collective, and a job's expert parallelism) over PXN, as NCCL "
+               "2.12+ does: a block for a GPU on another server and another rail first goes "
+               "over the scale-up domain to the GPU of the sender's server on that rail, whose "
+               "NIC sends it along the rail; needs topology.gpus_per_server > 1"})
     mtu: int = field(default=4096, metadata={
         "choices": (256, 512, 1024, 2048, 4096), "unit": "B", "doc": "RoCE path MTU"})
     compute_us: float = field(default=0.0, metadata={
@@ -664,6 +669,9 @@ def _derive(scenario: "Scenario", data: Mapping[str, Any]) -> "Scenario":
                               "Mbit/s, outside 0.1..1000")
         t = dataclasses.replace(t, fabric_rate_mbit=rate)
     FabricPlan.for_topology(t)  # servers and layout fit the leaves
+    if scenario.workload.pxn and t.gpus_per_server < 2:
+        raise ConfigError("workload.pxn: PXN relays over a server's scale-up domain; set "
+                          "topology.gpus_per_server above 1")
     scenario = dataclasses.replace(scenario, topology=t)
     check_fits(scenario)
     return scenario

@@ -181,3 +181,26 @@ def test_the_hierarchical_all_reduce_reduces_inside_each_server_first(tmp_path):
     packets = _rows(run_dir, "hyperscale", "packets")
     assert all(int(r["src"]) // 2 != int(r["dst"]) // 2 for r in packets)
     assert all(int(r["src"]) % 2 == int(r["dst"]) % 2 for r in packets)  # one rail each
+
+
+def test_pxn_keeps_an_all_to_all_on_the_rails(tmp_path):
+    """All-to-all over PXN on rail-optimized servers of 2: a block for the other rail of
+    another server hops to the sender's server-mate on that rail first, so nothing crosses
+    rails over the fabric, and every block still arrives."""
+    size = 1 << 20
+    scenario, results, run_dir = run(tmp_path, ["hyperscale"], workload={
+        "collective": "all_to_all", "size_bytes": size, "iterations": 2, "pxn": True},
+        topology={"gpus_per_server": 2, "layout": "rail-optimized"})
+    p = results["policies"]["hyperscale"]
+    (c,) = p["collectives"]
+    assert p["fidelity"]["verdict"] == "ok"
+    moved = c["bytes_sent_per_rank"]
+    assert moved["measured"] == moved["expected"]
+    block = size // 8
+    # per GPU over the fabric: its own block to its rail-mate on each of 3 other servers,
+    # and the 3 blocks its server-mate relays to those
+    assert set(moved["expected"].values()) == {6 * block}
+    # over scale-up: the block for its server-mate, and one to relay per other server
+    assert c["scale_up_bytes_per_iteration"] == 8 * 4 * block
+    packets = _rows(run_dir, "hyperscale", "packets")
+    assert packets and all(int(r["src"]) % 2 == int(r["dst"]) % 2 for r in packets)

@@ -34,7 +34,7 @@ def test_one_config_per_gpu_with_all_peers():
     assert (c["rank"], c["ip"], c["intf"], c["ranks"]) == (2, "10.0.2.1", "gpu3-eth0", 8)
     assert len(c["peers"]) == 7 and all(p["rank"] != 2 for p in c["peers"])
     assert c["workloads"] == [{"collective": "ring", "size": 1 << 20, "iterations": 10,
-                               "chunks": 4, "group": 2}]
+                               "chunks": 4, "group": 2, "pxn": False}]
     assert c["mtu"] == 4096 and c["out_dir"] == "/tmp/x"
     assert c["compute"] == {"ns": 0, "jitter_ns": 0} and c["straggler"] is None
     assert c["link_rate_bps"] == 40e6

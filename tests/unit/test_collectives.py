@@ -66,6 +66,34 @@ def test_all_to_all_sends_s_over_n_to_every_other_rank(n):
         assert all(not t.after for t in sends)
 
 
+@pytest.mark.parametrize("servers,per_server", [(4, 2), (2, 4), (3, 3)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pxn_all_to_all_keeps_the_fabric_on_rails_and_every_block_right(servers, per_server,
+                                                                       seed):
+    from traffic.jobgraph import pxn_places
+    n = servers * per_server
+    places = pxn_places(tuple(range(n)), per_server)
+    c = C.all_to_all(n, n * 7, pxn=places)
+    out = C.simulate(c, seed)
+    assert all(C.result_ok(c, r, out[r]) for r in range(n))
+    for t in c.transfers:  # between servers only along a rail; across rails only inside one
+        (sa, ra), (sb, rb) = places[t.src], places[t.dst]
+        assert sa == sb or ra == rb, t
+    relayed = [t for t in c.transfers if t.phase == "pxn to rail"]
+    assert len(relayed) == servers * (servers - 1) * per_server * (per_server - 1)
+    assert c.scratch == len(relayed) * 7  # one staged block each, past the buffer
+
+
+def test_pxn_s_forward_waits_for_the_block_it_relays():
+    from traffic.jobgraph import pxn_places
+    c = C.all_to_all(4, 28, pxn=pxn_places(tuple(range(4)), 2))
+    broken = tuple(C.Transfer(t.src, t.dst, t.tag, t.offset, t.dst_offset, t.nbytes, t.op, (),
+                              t.phase, t.source) for t in c.transfers)
+    bad = C.Collective(c.name, 4, 28, broken, c.kind, c.scratch)
+    assert any(not C.result_ok(bad, r, C.simulate(bad, s)[r])
+               for s in range(4) for r in range(4))
+
+
 def test_ring_sends_only_to_the_next_rank_in_2_n_minus_1_steps_and_pipelines_chunks():
     n, chunks = 6, 4
     c = C.ring(n, 6000, chunks=chunks)

@@ -178,6 +178,25 @@ def test_a_job_latency_bound_at_full_size_is_not_warned_about():
     assert not job.warning  # its bursts are small by design, not by scaling
 
 
+def test_pxn_puts_a_job_s_expert_all_to_alls_on_the_rails():
+    from testbed.base.errors import ConfigError
+    from testbed.job.plan import plan_job
+    from testbed.scenario.config import Scenario
+    from traffic.jobgraph import check, collective_of, comm_transfers, same_server
+    data = {"topology": {"host_rate_mbit": 40, "gpus_per_server": 2,
+                         "layout": "rail-optimized"},
+            "workload": {"pxn": True, "job": {"model": "moe-8x2", "layers": 1, "ep": 4}}}
+    job = plan_job(Scenario.from_dict(data))
+    a2a = [c for c in job.graph.comms if c.collective == "all_to_all"]
+    assert a2a and all(c.pxn == tuple(divmod(g, 2) for g in c.group) for c in a2a)
+    check(job.graph)  # still every value made before it is read
+    assert any(t.phase == "pxn to rail" for c in a2a for t in collective_of(c).transfers)
+    for c in a2a:  # over the fabric only along a rail
+        assert all(same_server(a, b, 2) or a % 2 == b % 2 for a, b, _ in comm_transfers(c))
+    with pytest.raises(ConfigError, match="workload.pxn: PXN relays over a server"):
+        Scenario.from_dict({"workload": {"pxn": True}})
+
+
 def test_byte_scale_steps():
     from testbed.job.plan import auto_byte_scale, step_down
     assert [auto_byte_scale(x, 1) for x in (0.5, 1.5, 3, 7, 11)] == [1, 2, 5, 10, 20]
