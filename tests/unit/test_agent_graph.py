@@ -156,6 +156,19 @@ def test_straggler_delays_follow_their_distribution():
     assert min(c) >= 8_000_000 and max(c) <= 12_000_000 and max(c) - min(c) > 3_000_000
 
 
+def test_a_straggler_delays_a_job_s_first_compute_op():
+    from traffic.jobgraph import COMM, COMPUTE, Comm, JobGraph, Op
+    from traffic.progress import Phase
+    prog = (Op(COMPUTE, "forward", ns=1_000_000), Op(COMM, "dp", "dp", after=(0,), comm=0))
+    graph = JobGraph((prog,) * 4, (Comm("ring", (0, 1, 2, 3), 4096, kind="dp"),), "tiny")
+    cfg = _agent(straggler={"delay_ns": 5_000_000, "distribution": "fixed",
+                            "probability": 1}).cfg
+    gpu = Gpu(cfg, _Loop(), [Phase("tiny", 0, graph, 2)])
+    start = 10**18  # far ahead: the op is timed, not ended at once
+    gpu._begin(start)
+    assert gpu.loop.timers == [start + 1_000_000 + 5_000_000]  # its span, then the straggle
+
+
 def test_lag_histogram_quantiles_and_merge():
     h = metrics.LagHistogram()
     for ns in [500, 2_000, 30_000] + [100_000] * 97:  # 0.5 us, 2 us, 30 us, 97 x 100 us
