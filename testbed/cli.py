@@ -53,11 +53,16 @@ def cmd_run(args) -> int:
     from .run import runner
     from .scenario.catalog import find
     from .scenario.config import parse_sizes
+    from .results import nccltests
     from .results.report import summary_table
 
     # without a scenario, options that shape one collective start from the ring
     one_collective = args.sizes or args.collective
     scenario = find(args.scenario or ("ring" if one_collective else "default"))
+    if args.format != "table" and scenario.workload.all_jobs:
+        raise ConfigError(f"--format {args.format}: reports collectives; scenario "
+                          f"{scenario.name!r} is a training job (its operations are in the "
+                          "table)")
     if one_collective and scenario.workload.all_jobs:
         raise ConfigError(f"--sizes and --collective replay one collective; scenario "
                           f"{scenario.name!r} is a training job (leave --scenario out for the "
@@ -82,12 +87,19 @@ def cmd_run(args) -> int:
     if args.json:
         json.dump(results, sys.stdout, indent=2)
         print()
+    elif args.format == "nccl-tests-json":
+        json.dump(nccltests.as_json(results), sys.stdout, indent=2)
+        print()
     else:
-        print(summary_table(results, emulated=args.emulated))
-        print(f"\nresults: {os.path.join(run_dir, 'results.json')}")
+        table = args.format == "table"
+        print(summary_table(results, emulated=args.emulated) if table else
+              "\n\n".join(nccltests.text(name, p)
+                           for name, p in results.get("policies", {}).items()))
+        where = sys.stdout if table else sys.stderr  # an nccl-tests log holds nothing else
+        print(f"\nresults: {os.path.join(run_dir, 'results.json')}", file=where)
         report = os.path.join(run_dir, "report.html")
         if os.path.exists(report):
-            print(f"report:  {report}")
+            print(f"report:  {report}", file=where)
     _print_verdicts(results)
     return 0
 
@@ -312,6 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "the collective (scenario key rxe; needs rdma_rxe and perftest)")
     r.add_argument("--out", default="results",
                    help="directory that receives the run directory (default: ./results)")
+    r.add_argument("--format", choices=("table", "nccl-tests", "nccl-tests-json"),
+                   default="table",
+                   help="what to print: the comparison table, or per policy the collectives "
+                        "as nccl-tests 2.x prints them (modelled time, GB/s), or that as JSON")
     r.add_argument("--json", action="store_true", help="print results.json to stdout")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.add_argument("--emulated", action="store_true",

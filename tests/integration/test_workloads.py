@@ -87,6 +87,26 @@ def test_an_injected_straggler_shows_up_in_straggler_idle(tmp_path):
         9_999 * c["straggler_idle_us"]["mean"] / (n - 1) / 1e6, rel=1e-3)
 
 
+def test_the_sweep_built_in_prints_an_nccl_tests_log_with_the_results_busbw(tmp_path):
+    import json
+
+    from tests.unit.test_nccltests import parse
+    proc = subprocess.run(
+        [sys.executable, "-m", "testbed", "run", "--scenario", "sweep", "--policy",
+         "hyperscale", "--iterations", "2", "--format", "nccl-tests", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    names, rows, avg = parse(proc.stdout)
+    assert names[:3] == ["size", "count", "type"] and "busbw" in names
+    (run_dir,) = os.listdir(tmp_path)
+    with open(os.path.join(tmp_path, run_dir, "results.json")) as f:
+        sweep = json.load(f)["policies"]["hyperscale"]["collectives"]
+    assert [int(r["size"]) for r in rows] == [c["size_bytes"] for c in sweep]
+    for r, c in zip(rows, sweep):  # GB/s against the results' Gbit/s
+        assert float(r["busbw"]) == pytest.approx(c["busbw_gbps_modelled"] / 8, abs=0.006)
+    assert avg == pytest.approx(sum(float(r["busbw"]) for r in rows) / len(rows), rel=1e-3)
+
+
 def test_a_sweep_prints_busbw_rising_with_size(tmp_path):
     cfg = tmp_path / "sweep.yaml"
     # the reference rate: at auto a rejected run would go again slower until it passed
