@@ -61,8 +61,8 @@ def cmd_run(args) -> int:
     scenario = find(args.scenario or ("ring" if one_collective else "default"))
     if args.format != "table" and scenario.workload.all_jobs:
         raise ConfigError(f"--format {args.format}: reports collectives; scenario "
-                          f"{scenario.name!r} is a training job (its operations are in the "
-                          "table)")
+                          f"{scenario.name!r} is a training job (name a collective scenario, "
+                          "e.g. --scenario sweep; a job's operations are in the table)")
     if one_collective and scenario.workload.all_jobs:
         raise ConfigError(f"--sizes and --collective replay one collective; scenario "
                           f"{scenario.name!r} is a training job (leave --scenario out for the "
