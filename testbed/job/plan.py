@@ -185,9 +185,12 @@ def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
             builders.append(lambda s, m=model, p=par, g=gpu: build(m, p, g, s))
             parts.append(JobPart(model.name, ranks, model, par))
         fulls.append(full)
-    pxn = (lambda g: with_pxn(g, scenario.topology.gpus_per_server)) if scenario.workload.pxn \
-        else (lambda g: g)
-    whole = pxn(merge(fulls, [p.ranks for p in parts], gpus))
+    def on_fabric(graphs: List[JobGraph]) -> JobGraph:
+        """The jobs' graphs as one over the fabric's GPUs, all-to-alls over PXN if asked."""
+        g = merge(graphs, [p.ranks for p in parts], gpus)
+        return with_pxn(g, scenario.topology.gpus_per_server) if scenario.workload.pxn else g
+
+    whole = on_fabric(fulls)
     full_ns = iteration_ns(whole, scenario)
     sizes = fabric_messages(whole, scenario)
     rate = scenario.topology.modelled_rate_gbit
@@ -206,8 +209,7 @@ def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
                    f"{latency_share(sizes, 1, rate):.0%} at full size: the scaled job's "
                    "communication is latency-bound where the real one is not (lower "
                    "workload.job.byte_scale, or leave it auto)")
-    graph = whole if byte_scale == 1 else pxn(merge([b(byte_scale) for b in builders],
-                                                    [p.ranks for p in parts], gpus))
+    graph = whole if byte_scale == 1 else on_fabric([b(byte_scale) for b in builders])
     return JobPlan(graph, byte_scale, full_ns, share, warning, tuple(parts))
 
 

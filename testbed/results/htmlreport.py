@@ -202,8 +202,7 @@ def render(results: dict, figures: List[Figure], plot_note: str = "") -> str:
     if sweeps:
         parts.append("<h2>Message-size sweep</h2>")
         parts += [_table(*report.sweep(n, entries)) for n, entries in sweeps]
-    jobs = [(n, job) for n, p in policies.items()
-            for job in p.get("jobs") or ([p["job"]] if p.get("job") else [])]
+    jobs = [(n, job) for n, p in policies.items() for job in report.jobs_of(p)]
     if jobs:
         parts.append("<h2>Training job operations</h2>")
         parts += [_table(*report.per_operation(n, job)) for n, job in jobs]

@@ -67,6 +67,7 @@ def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
         "idle_gpu_us": round(idle_total / max(1, len(its)) / 1000, 3),
     }
     p50 = iteration_us["p50"] if iteration_us else None
+    on_n = idle_us / time_scale / 1e6 * extrapolate_gpus  # modelled GPU-s, as run
     job = {
         "name": name or graph.name,
         "ranks": len(mine),
@@ -76,9 +77,8 @@ def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
         "full_size_iteration_ms_modelled": (round(p50 / time_scale * byte_scale / 1000, 3)
                                             if p50 else None),
         "idle_gpu_seconds_on_n_gpus": (
-            {"gpus": extrapolate_gpus,
-             "modelled": round(idle_us / time_scale / 1e6 * extrapolate_gpus, 6),
-             "full_size": round(idle_us / time_scale / 1e6 * extrapolate_gpus * byte_scale, 6)}
+            {"gpus": extrapolate_gpus, "modelled": round(on_n, 6),
+             "full_size": round(on_n * byte_scale, 6)}
             if p50 else None),
         "operations": operations(spans, time_scale),
     }

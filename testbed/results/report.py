@@ -261,12 +261,16 @@ def summary_table(results: dict, emulated: bool = False) -> str:
     for name, p in policies.items():
         if len(p.get("collectives") or []) > 1:
             out.append(sweep_table(name, p["collectives"], not modelled))
-        for job in p.get("jobs") or ([p["job"]] if p.get("job") else []):
-            out.append(table(*per_operation(name, job)))
+        out += [table(*per_operation(name, job)) for job in jobs_of(p)]
     note = time_scale_note(results, emulated)
     if note:
         out.append(note)
     return "\n\n".join(out)
+
+
+def jobs_of(policy: dict) -> List[dict]:
+    """A policy's job figures: each job's with several, else the one job's (none: [])."""
+    return policy.get("jobs") or ([policy["job"]] if policy.get("job") else [])
 
 
 def per_operation(policy: str, job: dict) -> Tuple[List[str], List[List[str]]]:
@@ -274,8 +278,7 @@ def per_operation(policy: str, job: dict) -> Tuple[List[str], List[List[str]]]:
     median time and the bandwidths they reached (modelled, at the run's byte scale)."""
     scale = f", bytes / {job['byte_scale']:,g}" if job.get("byte_scale", 1) != 1 else ""
     header = [f"{policy}: {job.get('name', 'job')} operations{scale}", "collective", "group",
-              "bytes",
-              "count", "time p50 (us)", "algbw (Gb/s)", "busbw (Gb/s)"]
+              "bytes", "count", "time p50 (us)", "algbw (Gb/s)", "busbw (Gb/s)"]
     rows = [[o["kind"], o["collective"], o["group"], fmt(o["bytes"]), fmt(o["count"]),
              fmt(o["time_us_p50"]), fmt(o["algbw_gbps"]), fmt(o["busbw_gbps"])]
             for o in job.get("operations") or []]
