@@ -52,7 +52,7 @@ from .dcqcn import NotificationPoint, Parameters, ReactionPoint
 from .delayline import DelayLine
 from .metrics import LagHistogram
 from .progress import Phase, Progress, phases
-from .rc import Requester, Responder
+from .rc import SYNDROME_ACK, Requester, Responder
 from .rxsocket import open_rx, open_tx
 
 if TYPE_CHECKING:
@@ -224,6 +224,7 @@ class Gpu:
         self.ns_per_byte = 8e9 / config.link_rate_bps
         self.tx_pending: Dict[int, tuple] = {}  # key -> (sent_ns, bytes, kind)
         self.tx_log: List[tuple] = []  # (sent_ns, kernel transmit ns, bytes, kind)
+        self.events: List[tuple] = []  # (ns, "rto" | "nak", peer rank): the timeline's instants
         self.limiters: Optional[ratelimit.Limiters] = None  # DCQCN's rate limiters in the NIC
         self.holding: set = set()  # QPs whose limiter holds frames
         self.full_frame = config.mtu + FRAME_OVERHEAD
@@ -389,6 +390,8 @@ class Gpu:
                 if op in MESSAGE_ENDS:
                     self._message_end(qp, it, st, rx_ns)
         if response is not None:
+            if response.syndrome != SYNDROME_ACK:
+                self.events.append((rx_ns, "nak", qp.peer))
             self.control.append((qp, bytes(qp.ack.fill(response.psn, response.syndrome,
                                                        response.msn))))
         if resp.reorder_ns:
@@ -621,6 +624,7 @@ class Gpu:
         last timer that acted."""
         late = kind = None
         if qp.req.check_timeout(now):
+            self.events.append((now, "rto", qp.peer))
             self._queue(qp)
             late, kind = now - when, "rto"
         rp = qp.rp
@@ -641,6 +645,7 @@ class Gpu:
                 qp.next_sample_ns = now + self.rate_sample_ns
         nak = qp.resp.tick(now)
         if nak is not None:
+            self.events.append((now, "nak", qp.peer))
             self.control.append((qp, bytes(qp.ack.fill(nak.psn, nak.syndrome, nak.msn))))
             late, kind = now - when, "nak"
         self.dirty.add(qp)

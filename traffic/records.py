@@ -1,6 +1,6 @@
 """What an agent writes for each GPU when its iterations are done (the runner's
 ``testbed.results.collect`` reads them): packets, transmit times, transfers, op spans,
-iterations, QP rates (CSV) and a summary (JSON)."""
+iterations, RTO/NAK events, QP rates (CSV) and a summary (JSON)."""
 from __future__ import annotations
 
 import csv
@@ -28,6 +28,8 @@ ITERATION_FIELDS = ("rank", "iteration", "workload", "collective", "size", "comp
 QP_FIELDS = ("qpn", "peer", "t_ns", "rate_bps", "bytes_sent")
 # one row per op of each iteration (traffic.jobgraph): a compute span or this rank's part in a
 # communication, from when the ops it waits for ended to when it ended
+# retransmission timeouts (at the sender) and NAKs (at the receiver that sent them)
+EVENT_FIELDS = ("t_ns", "kind", "peer")
 SPAN_FIELDS = ("rank", "iteration", "op", "name", "kind", "stream", "comm_kind", "collective",
                "group_size", "bytes", "start_ns", "end_ns")
 
@@ -91,6 +93,7 @@ def write(gpu: Gpu, out_dir: str) -> None:
     write_csv(base + ".ops.csv", OP_FIELDS, gpu.progress.op_rows(gpu.iteration_rows))
     write_csv(base + ".iterations.csv", ITERATION_FIELDS, gpu.iteration_rows)
     write_csv(base + ".spans.csv", SPAN_FIELDS, gpu.progress.span_rows(gpu.iteration_rows))
+    write_csv(base + ".events.csv", EVENT_FIELDS, gpu.events)
     ready = limiter_ready_times(gpu)
     write_csv(base + ".tx.csv", TX_FIELDS,
               (row + (ready.get(row[0], ""),) for row in gpu.tx_log))
