@@ -11,12 +11,20 @@ bubble, and what the run takes beyond it is the network's cost.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from traffic import collectives, metrics
 from traffic.jobgraph import COMPUTE, JobGraph, comm_transfers, replay, same_server
+
+
+class Wait(NamedTuple):
+    """An idle gap of a rank's compute stream (ns) and the op index it is charged to (None:
+    nothing the graph names)."""
+    start: int
+    end: int
+    blocker: Optional[int]
 
 
 def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
@@ -28,9 +36,7 @@ def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
     mine = set(range(graph.ranks)) if ranks is None else ranks
     spans = [s for s in spans if int(s["rank"]) in mine]
     iterations = [r for r in iterations if int(r["rank"]) in mine]
-    by_rank_it: Dict[tuple, Dict[int, dict]] = defaultdict(dict)
-    for s in spans:
-        by_rank_it[(int(s["rank"]), int(s["iteration"]))][int(s["op"])] = s
+    by_rank_it = ops_by_rank_iteration(spans)
     starts: Dict[int, List[int]] = defaultdict(list)
     ends: Dict[int, List[int]] = defaultdict(list)
     exposed = defaultdict(float)
@@ -41,11 +47,11 @@ def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
         starts[it].append(begin)
         ends[it].append(end)
         ops = by_rank_it[(r, it)]
-        busy, gaps = _compute_gaps(graph.programs[r], ops, begin, end)
+        busy, waits = compute_waits(graph.programs[r], ops, begin, end)
         compute_total += busy
-        for kind, ns in gaps.items():
-            exposed[kind] += ns
-            idle_total += ns
+        for wait in waits:
+            exposed[waited_for(ops, wait)] += wait.end - wait.start
+            idle_total += wait.end - wait.start
     samples = len(iterations) or 1
     its = sorted(starts)
     iteration_us = metrics.cct_summary([(max(ends[i]) - min(starts[i])) / 1000 for i in its])
@@ -85,32 +91,44 @@ def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
     return {**figures, "job": job}
 
 
-def _compute_gaps(program, ops: Dict[int, dict], begin: int, end: int):
-    """(compute busy ns, idle ns per kind) of one rank's iteration."""
-    def kind_of(i: int) -> str:
-        s = ops.get(i)
-        return (s["comm_kind"] or "other") if s and s["kind"] != COMPUTE else "other"
+def ops_by_rank_iteration(spans: Sequence[dict]) -> Dict[tuple, Dict[int, dict]]:
+    """(rank, iteration) -> op index -> its span row."""
+    out: Dict[tuple, Dict[int, dict]] = defaultdict(dict)
+    for s in spans:
+        out[(int(s["rank"]), int(s["iteration"]))][int(s["op"])] = s
+    return out
 
+
+def compute_waits(program, ops: Dict[int, dict], begin: int, end: int
+                  ) -> Tuple[int, List[Wait]]:
+    """(compute busy ns, the idle gaps of the compute stream) of one rank's iteration: each gap
+    until a compute op, charged to the op it waited for last (of those the graph makes it wait
+    for); the gap after the last compute op, to the op that ended last."""
     def ended(i: int) -> int:
         s = ops.get(i)
         return int(s["end_ns"]) if s else begin
 
     busy = 0
-    gaps: Dict[str, float] = defaultdict(float)
+    waits: List[Wait] = []
     at = begin
     computes = sorted((int(s["start_ns"]), i) for i, s in ops.items() if s["kind"] == COMPUTE)
     for start, i in computes:
         stop = int(ops[i]["end_ns"])
         if start > at:
             after = program[i].after if i < len(program) else ()
-            blocker = max(after, key=ended) if after else None
-            gaps[kind_of(blocker) if blocker is not None else "other"] += start - at
+            waits.append(Wait(at, start, max(after, key=ended) if after else None))
         busy += stop - start
         at = max(at, stop)
     if end > at and ops:
-        last = max(ops, key=ended)
-        gaps[kind_of(last)] += end - at
-    return busy, gaps
+        waits.append(Wait(at, end, max(ops, key=ended)))
+    return busy, waits
+
+
+def waited_for(ops: Dict[int, dict], wait: Wait) -> str:
+    """The kind a wait is charged to: its op's communication kind, else ``other`` (a compute
+    that ended late, the agent's own lag)."""
+    s = ops.get(wait.blocker) if wait.blocker is not None else None
+    return (s["comm_kind"] or "other") if s and s["kind"] != COMPUTE else "other"
 
 
 def fabric_bytes_sent(graph: JobGraph, per_server: int) -> Dict[int, int]:
@@ -148,11 +166,19 @@ def operations(spans: Sequence[dict], time_scale: float) -> List[dict]:
     rows = []
     for (kind, coll, n, size), times in sorted(groups.items()):
         t = float(np.percentile(times, 50))
-        ckind = collectives.KINDS.get(coll, "sendrecv")
-        factor = collectives.bus_bandwidth_factor(ckind, n) if ckind != "sendrecv" else 1.0
-        algbw = metrics.algbw_gbps(size, t) if t > 0 else None
+        algbw, busbw = bandwidths(coll, n, size, t)
         rows.append({"kind": kind, "collective": coll, "group": n, "bytes": size,
                      "count": len(times), "time_us_p50": round(t, 3),
-                     "algbw_gbps": round(algbw, 3) if algbw else None,
-                     "busbw_gbps": round(algbw * factor, 3) if algbw else None})
+                     "algbw_gbps": algbw, "busbw_gbps": busbw})
     return rows
+
+
+def bandwidths(collective: str, group: int, size: int, time_us: float):
+    """(algbw, busbw) in Gbit/s of a communication of ``size`` bytes per rank that took
+    ``time_us`` (None, None when it took no time)."""
+    if time_us <= 0 or not size:
+        return None, None
+    kind = collectives.KINDS.get(collective, "sendrecv")
+    factor = collectives.bus_bandwidth_factor(kind, group) if kind != "sendrecv" else 1.0
+    algbw = metrics.algbw_gbps(size, time_us)
+    return round(algbw, 3), round(algbw * factor, 3)
