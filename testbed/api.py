@@ -29,7 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from .base.errors import ConfigError
+from .results import breakdown
 from .scenario.config import Scenario
+
+OPERATIONS_CSV = (breakdown.FILE, breakdown.COLUMN_DOCS)  # a run's operations.csv: its columns
 
 
 def _from(cls, data: Optional[Mapping[str, Any]]):
@@ -289,6 +292,12 @@ class PolicyResult:
         "full_size (times the byte scale)} per iteration, and operations: per "
         "communication kind, collective, group and size its count, time p50 (modelled) and "
         "algbw/busbw (Gbit/s)")
+    operations: Tuple[Dict[str, Any], ...] = figure(
+        "the per-operation breakdown (operations.csv): per job, layer, kind (compute or the "
+        "communication's kind), collective, group size and bytes: count, and per GPU and "
+        "iteration compute_us, exposed_us (the compute stream's waits charged to it), comm_us "
+        "(its spans), time_us_p50 of one op, algbw/busbw (Gbit/s)", unit="us, modelled",
+        default=())
     jobs: Tuple[Dict[str, Any], ...] = figure(
         "several jobs on the fabric: each one's figures (the job figures above, its job and "
         "modelled; job.gpus names its GPUs); the figures above are the first one's",

@@ -12,6 +12,7 @@ Layout of a run directory (``results/<run-id>/``)::
     records/<policy>/<host>.ops.csv         one row per transfer sent or received
     records/<policy>/<host>.spans.csv       one row per op of each iteration (compute span
                                             or communication; a job's figures come from them)
+    records/<policy>/<host>.events.csv      retransmission timeouts and NAKs: when, to whom
     records/<policy>/<host>.qps.csv         DCQCN: each QP's rate over time, bytes sent
     records/<policy>/<host>.summary.json    the agent's counters and timer lag
 
@@ -26,7 +27,7 @@ import glob
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -34,7 +35,9 @@ from traffic import collectives, metrics
 from traffic.jobgraph import collective_graph, collective_of, same_server
 from traffic.contract import WorkloadSpec
 
-from .jobfigures import fabric_bytes_sent, job_figures
+from . import breakdown, trace
+from .jobfigures import (compute_waits, fabric_bytes_sent, job_figures, ops_by_rank_iteration,
+                         waited_for)
 
 RESULTS_SCHEMA = "ai-fabric-testbed/results/2"
 # a run of one collective repeats these figures of it at the top (a sweep or a job does not)
@@ -128,8 +131,7 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
     """
     summaries = _summaries(records_dir)
     packets, per_gpu, app_clock = _load_packets(records_dir, summaries)
-    iterations = [r for s in summaries
-                  for r in _rows_if_any(os.path.join(records_dir, f"{s['host']}.iterations.csv"))]
+    iterations = _rows(records_dir, summaries, "iterations")
     counters: Dict[str, int] = {}
     for summary in summaries:
         for key, value in summary["counters"].items():
@@ -166,9 +168,12 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
                         for i, spec in enumerate(ctx.workloads)],
         "per_gpu": dict(sorted(per_gpu.items(), key=lambda kv: kv[1]["rank"])),
     }
-    if ctx.job is not None:
-        spans = [r for s in summaries
-                 for r in _rows_if_any(os.path.join(records_dir, f"{s['host']}.spans.csv"))]
+    spans = _rows(records_dir, summaries, "spans")
+    program_of = programs(ctx)
+    if ctx.job is None:
+        figures["operations"] = breakdown.rows("", spans, iterations, program_of, ctx.time_scale)
+    else:
+        figures["operations"] = []
         jobs = []
         for part in ctx.job.parts:  # one figure set per job; the first one's at the top
             ranks = set(part.ranks)
@@ -181,6 +186,9 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
                             bytes_sent_per_rank=_job_bytes(ctx, packets, iterations, ranks))
             f["modelled"] = modelled(f, ctx.time_scale)
             jobs.append(f)
+            figures["operations"] += breakdown.rows(
+                f["job"]["name"], [s for s in spans if int(s["rank"]) in ranks],
+                [r for r in iterations if int(r["rank"]) in ranks], program_of, ctx.time_scale)
         figures.update({k: v for k, v in jobs[0].items() if k != "modelled"})
         if len(jobs) > 1:
             figures["jobs"] = jobs
@@ -211,6 +219,43 @@ def modelled(figures: dict, time_scale: float) -> dict:
             return _round(value / time_scale, 9)
         return value
     return {k: scaled(figures[k]) for k in MODELLED_TIMES if figures.get(k) is not None}
+
+
+def programs(ctx: RunContext) -> Callable[[int, int], tuple]:
+    """(rank, workload index) -> the rank's ops as the agents ran them."""
+    if ctx.job is not None:
+        return lambda rank, _workload: ctx.job.graph.programs[rank]
+    graphs = [collective_graph(spec.collective, ctx.ranks, spec.size, spec.chunks, spec.group,
+                               spec.pxn) for spec in ctx.workloads]
+    return lambda rank, workload: graphs[workload].programs[rank]
+
+
+def timeline(records_dir: str, ctx: RunContext, queue_csvs: Sequence[str]) -> dict:
+    """The run's trace (``testbed.results.trace``) from its records and the queue emulators'
+    timeline CSVs."""
+    summaries = _summaries(records_dir)
+    spans = _rows(records_dir, summaries, "spans")
+    iterations = _rows(records_dir, summaries, "iterations")
+    program_of = programs(ctx)
+    by_rank_it = ops_by_rank_iteration(spans)
+    waits = {}
+    for row in iterations:
+        r, it = int(row["rank"]), int(row["iteration"])
+        ops = by_rank_it[(r, it)]
+        _busy, ws = compute_waits(program_of(r, int(row["workload"])), ops,
+                                  int(row["compute_start_ns"]), int(row["end_ns"]))
+        waits[(r, it)] = [(w.start, w.end, waited_for(ops, w),
+                           ops[w.blocker]["name"] if w.blocker in ops else "") for w in ws]
+    events = {s["rank"]: _rows_if_any(os.path.join(records_dir, f"{s['host']}.events.csv"))
+              for s in summaries}
+    return trace.build({s["rank"]: s["host"] for s in summaries}, spans, iterations, waits,
+                       events, [read_csv(p) for p in queue_csvs], ctx.time_scale)
+
+
+def _rows(records_dir: str, summaries: List[dict], kind: str) -> List[dict]:
+    """Every GPU's rows of one record file (``<host>.<kind>.csv``)."""
+    return [r for s in summaries
+            for r in _rows_if_any(os.path.join(records_dir, f"{s['host']}.{kind}.csv"))]
 
 
 def _summaries(records_dir: str) -> List[dict]:

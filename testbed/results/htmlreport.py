@@ -2,7 +2,8 @@
 no network access needed to view it), plus the plots as PNG files in ``plots/``.
 
 ``write(run_dir)`` reads only what the run left in its directory, so it serves both the end of
-a run and ``python -m testbed report DIR``. The page: status, fidelity verdict, the comparison
+a run and ``python -m testbed report DIR``; it also (re)writes operations.csv from
+results.json. The page: status, fidelity verdict, the comparison
 table, the plots, sweep, job-operation and per-GPU tables, the scenario, capabilities and the
 files.
 """
@@ -17,7 +18,7 @@ from typing import Callable, List, Tuple
 import yaml
 
 from ..base.atomic import write_atomic
-from . import report, rundata
+from . import breakdown, report, rundata
 
 LOG = logging.getLogger(__name__)
 REPORT = "report.html"
@@ -44,6 +45,7 @@ pre{background:#f6f8fa;padding:.8em;overflow:auto;font-size:.85em}
 def write(run_dir: str, progress: Callable[[str], None] = lambda s: None) -> str:
     """Draw the plots and write ``report.html`` into ``run_dir``; returns its path."""
     results = rundata.load_results(run_dir)
+    breakdown.write(run_dir, results)
     figures, plot_note = _plots(run_dir, results, progress)
     page = render(results, figures, plot_note)
     path = os.path.join(run_dir, REPORT)
@@ -78,6 +80,16 @@ def _plots(run_dir: str, results: dict, progress) -> Tuple[List[Figure], str]:
     else:
         out.append(("cct.png", "Collective completion time of every iteration, per policy.",
                     plots.cct_per_iteration(rundata.ccts(results))))
+    for name in policies:
+        panels = rundata.gantt_panels(run_dir, name)
+        if panels:
+            out.append((f"gantt-{name}.png",
+                        f"{name}: what each GPU did in its first and its slowest iteration "
+                        f"(modelled us; the first {plots.GANTT_RANKS} ranks): compute spans, "
+                        "the waits of its compute stream, each communication stream. Every "
+                        f"iteration and the switch queues: open timeline-{name}.json in "
+                        "Perfetto (ui.perfetto.dev, Open trace file) or chrome://tracing.",
+                        plots.gantt(name, panels)))
     for name in policies:
         tl = rundata.timeline(run_dir, name)
         if not tl.t_s:
@@ -155,7 +167,12 @@ def _plain(v) -> str:
 def _files(results: dict) -> str:
     links = [("results.json", "every figure (schema " + str(results.get("schema")) + ")"),
              ("records/", "per-packet, per-iteration and per-operation CSV of every GPU"),
+             (breakdown.FILE, "per policy, job, layer and kind: compute, exposed and total "
+                              "communication per GPU and iteration, bandwidths"),
              (PLOTS_DIR + "/", "the plots as PNG")]
+    for name in results.get("policies") or {}:
+        links.append((f"timeline-{name}.json", f"{name}: the run as a trace (Chrome trace "
+                      "format): open it in Perfetto (ui.perfetto.dev) or chrome://tracing"))
     for name, p in (results.get("policies") or {}).items():
         for host, entry in (p.get("pcap") or {}).items():
             links.append((entry["file"], f"{name}: capture on {host} ({entry['bytes']:,} B)"))

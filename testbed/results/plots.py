@@ -161,6 +161,59 @@ def queue_timeline(policy: str, t_s: Sequence[float], backlogs: Mapping[str, Seq
     return _png(fig)
 
 
+KIND_COLOURS = {"compute": "#9fb3c8", "wait": "#e8590c", "dp": "#2f9e44", "tp": "#1971c2",
+                "pp": "#9c36b5", "ep": "#a0522d", "coll": "#0c8599"}
+GANTT_RANKS = 8
+
+Bar = Tuple[str, float, float, str]  # track, start, duration (modelled us), category
+
+
+def gantt(policy: str, panels: Sequence[Tuple[str, Mapping[int, Sequence[Bar]]]],
+          max_ranks: int = GANTT_RANKS) -> bytes:
+    """Per rank (the first ``max_ranks``) one row for its compute stream - compute spans and
+    the waits between them - and one per communication track; one panel per iteration."""
+    ranks = sorted({r for _title, bars in panels for r in bars})[:max_ranks]
+    rows: List[Tuple[int, str]] = []
+    for r in ranks:
+        tracks = sorted({b[0] for _t, bars in panels for b in bars.get(r, ())},
+                        key=lambda t: (t != "compute", t))
+        rows += [(r, t) for t in tracks]
+    fig = Figure(figsize=(SIZE[0] + 2, 1.4 + 0.22 * max(4, len(rows))))
+    axes = fig.subplots(1, max(1, len(panels)), sharey=True, squeeze=False)[0]
+    seen = set()
+    for ax, (title, bars) in zip(axes, panels):
+        for y, (r, track) in enumerate(rows):
+            for cat in sorted({b[3] for b in bars.get(r, ()) if b[0] == track}):
+                spans = [(b[1], max(b[2], 1e-3)) for b in bars.get(r, ())
+                         if b[0] == track and b[3] == cat]
+                ax.broken_barh(spans, (y - 0.4, 0.8), color=KIND_COLOURS.get(cat, "#868e96"),
+                               label=None if cat in seen else
+                               ("waiting (compute stream idle)" if cat == "wait" else cat))
+                seen.add(cat)
+        ax.set_title(title, fontsize="medium")
+        ax.set_xlabel("us since the iteration began (modelled)")
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.set_xlim(left=0)
+    if not rows:
+        _empty(axes[0], "no spans recorded")
+    else:
+        axes[0].set_yticks(range(len(rows)))
+        axes[0].set_yticklabels([f"rank {r} {t}" for r, t in rows], fontsize="x-small")
+        axes[0].set_ylim(len(rows) - 0.5, -0.5)
+        handles, labels = axes[0].get_legend_handles_labels()
+        for ax in axes[1:]:
+            h, lab = ax.get_legend_handles_labels()
+            handles, labels = handles + h, labels + lab
+        fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)),
+                   fontsize="small", frameon=False)
+    fig.suptitle(f"{policy}: what each GPU did, iteration by iteration", fontsize="medium")
+    FigureCanvasAgg(fig)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
 def spine_load(loads: Mapping[str, Mapping[str, int]]) -> bytes:
     """Packets each spine forwarded, grouped bars per policy (one spine = no ECMP)."""
     fig = Figure(figsize=SIZE)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
 from ..base.errors import ConfigError
+from . import trace
 from .collect import load_packets
 
 
@@ -74,6 +75,27 @@ def spine_loads(results: dict) -> Dict[str, Dict[str, int]]:
     return {name: dict(p.get("spine_load_packets") or {})
             for name, p in (results.get("policies") or {}).items()
             if p.get("spine_load_packets")}
+
+
+def trace_path(run_dir: str, policy: str) -> str:
+    return os.path.join(run_dir, f"timeline-{policy}.json")
+
+
+def gantt_panels(run_dir: str, policy: str):
+    """(title, rank -> bars) of the first and the slowest iteration in the policy's
+    timeline-<policy>.json (empty when the run wrote none)."""
+    path = trace_path(run_dir, policy)
+    if not os.path.exists(path):
+        return []
+    t = trace.load(path)
+    info = t.get("otherData") or {}
+    if not info.get("iterations"):
+        return []
+    first, slowest = info["first_iteration"], info["slowest_iteration"]
+    panels = [(f"first iteration ({first})", trace.iteration_bars(t, first))]
+    if slowest != first:
+        panels.append((f"slowest iteration ({slowest})", trace.iteration_bars(t, slowest)))
+    return panels
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import glob
 import logging
 import os
 import secrets
@@ -37,8 +38,9 @@ from ..fabric.ovs_buffers import needed_bytes, ovs_socket_buffers, raised_socket
 from ..fabric.placement import by_server
 from ..fabric.queues import drain, egress_stats, queue_drops, queued_frames, spine_load
 from ..fabric.rxe import RxeTraffic, endpoints as rxe_endpoints, require as require_rxe
-from ..results import htmlreport
-from ..results.collect import RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled
+from ..results import breakdown, htmlreport, trace
+from ..results.collect import (RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled,
+                               timeline)
 from ..results.latency import expected_latency_us, latency_parts
 from ..scenario import capacity, timescale
 from ..scenario.config import Scenario
@@ -209,6 +211,7 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
                     results["policies"][name] = run_policy(decide(name, plan, scenario, caps),
                                                            caps, run_dir, ledger, say, results)
                     write_json_atomic(path, results)
+                    breakdown.write(run_dir, results)
                 again = run_again(asked, scenario, choice, results, run_dir, progress)
                 if again is None:
                     break
@@ -563,6 +566,9 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
                                            cnp=cc == "dcqcn"),
                      job=run.job, gpus_per_server=plan.gpus_per_server)
     figures, packets = collect(records, ctx)
+    trace.write(os.path.join(run_dir, f"timeline-{name}.json"),
+                timeline(records, ctx, sorted(glob.glob(os.path.join(
+                    run_dir, f"switchq-{name}*.timeline.csv")))))
     figures["emulation_cost"] = dict(
         cost.cost_report(before, finished, figures["packets_received"], os.cpu_count() or 1),
         agents_start_cpu_s=round(cost.breakdown(before, started)["agents"], 3))

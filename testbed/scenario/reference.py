@@ -116,7 +116,7 @@ RESULTS_GENERATED = ("generated from testbed/api.py by "
 def results_markdown() -> str:
     """The per-policy and per-collective keys of results.json with their unit and meaning,
     from the API's dataclasses (the end of docs/results.md)."""
-    from ..api import CollectiveResult, PolicyResult
+    from ..api import OPERATIONS_CSV, CollectiveResult, PolicyResult
 
     out = [f"<!-- {RESULTS_GENERATED} -->"]
     for title, cls in (("`policies.<name>`", PolicyResult),
@@ -125,6 +125,11 @@ def results_markdown() -> str:
                 "| key | unit | meaning |", "|---|---|---|"]
         out += [f"| `{f.name}` | {f.metadata.get('unit', '')} | {f.metadata['doc']} |"
                 for f in dataclasses.fields(cls) if f.name != "raw"]
+    file, columns = OPERATIONS_CSV
+    out += ["", f"## `{file}`", "", "One row per policy, job, layer, kind, collective, group "
+            "and size (the figure `operations` of each policy, as CSV).", "",
+            "| column | meaning |", "|---|---|"]
+    out += [f"| `{name}` | {doc} |" for name, doc in columns.items()]
     return "\n".join(out) + "\n"
 
 

@@ -4,6 +4,7 @@ two byte scales."""
 import csv
 import dataclasses
 import glob
+import json
 import os
 
 import pytest
@@ -12,6 +13,7 @@ from testbed.api import PolicyResult
 from testbed.job.plan import plan_job
 from testbed.results.collect import COLLECTIVE_FIGURES
 from testbed.run import runner
+from tests.tracecheck import check as check_trace
 from .live import DEFAULT
 
 pytestmark = pytest.mark.integration
@@ -65,6 +67,23 @@ def test_a_data_parallel_job_overlaps_its_buckets_with_the_backward_pass(tmp_pat
     assert first_bucket < last_backward
     buckets = [s for s in spans if s["comm_kind"] == "dp"]
     assert len(buckets) == DP_JOB["layers"]
+    # the trace shows the same: its compute-stream waits and operations.csv's exposed time
+    # add up to the exposed communication in the results
+    with open(os.path.join(run_dir, "timeline-hyperscale.json")) as f:
+        t = json.load(f)
+    check_trace(t)
+    samples = scenario.workload.iterations * scenario.topology.gpus
+    waits = [e for e in t["traceEvents"] if e["ph"] == "X" and e["cat"] == "wait"]
+    assert {e["args"]["kind"] for e in waits} >= {"dp"}
+    total = m["exposed_comm_us"]["total"]
+    assert sum(e["dur"] for e in waits) / samples == pytest.approx(total, rel=0.01)
+    with open(os.path.join(run_dir, "operations.csv")) as f:
+        ops = list(csv.DictReader(f))
+    assert {r["policy"] for r in ops} == {"hyperscale"}
+    assert {r["layer"] for r in ops} >= {f"L{i}" for i in range(DP_JOB["layers"])}
+    assert sum(float(r["exposed_us"]) for r in ops) == pytest.approx(total, rel=0.01)
+    assert sum(float(r["compute_us"]) for r in ops) == pytest.approx(m["job_compute_us"],
+                                                                     rel=0.01)
 
 
 def test_a_server_s_gpus_talk_over_scale_up_and_never_over_the_fabric(tmp_path):

@@ -1,5 +1,7 @@
 """A real run on a real fabric: every GPU's packets arrive, shaping holds, nothing is left."""
+import csv
 import dataclasses
+import glob
 import json
 import os
 import re
@@ -13,6 +15,7 @@ from testbed.run.agent_processes import loops_wanted
 from testbed.api import JOB_FIGURES, CollectiveResult, PolicyResult
 from testbed.results.collect import RESULTS_SCHEMA
 from traffic import roce
+from tests.tracecheck import check as check_trace
 from .live import DEFAULT
 
 pytestmark = pytest.mark.integration
@@ -94,6 +97,43 @@ def test_ring_all_reduce_on_a_real_fabric(small_run):
     assert any(f"iteration {w.iterations}/{w.iterations}" in m for m in messages)
 
 
+def test_every_policy_writes_a_trace_perfetto_loads_in_modelled_time(small_run):
+    """timeline-<policy>.json: loadable (tracecheck), a process per GPU with its compute and
+    stream tracks, every op of every iteration, switch counters, and modelled time."""
+    results, run_dir, _messages = small_run
+    n, w = 4, SMALL.workload
+    for name in SMALL.policies:
+        with open(os.path.join(run_dir, f"timeline-{name}.json")) as f:
+            t = json.load(f)
+        phases = check_trace(t)
+        gpus = {e["args"]["name"] for e in t["traceEvents"]
+                if e["ph"] == "M" and e["name"] == "process_name" and e["pid"] <= n}
+        assert gpus == {f"gpu{r + 1} (rank {r})" for r in range(n)}
+        ops = [e for e in t["traceEvents"] if e["ph"] == "X" and e["cat"] == "coll"]
+        assert len(ops) == n * w.iterations  # the all-reduce, once per rank and iteration
+        assert {e["args"]["collective"] for e in ops} == {"ring"}
+        assert {e["args"]["bytes"] for e in ops} == {w.size_bytes}
+        assert phases["C"] > 0, "no switch queue counters"
+        # modelled time: the trace's span of the run, times the time scale, is the emulated one
+        scale = results["time_scale"]
+        assert t["otherData"]["time_scale"] == pytest.approx(scale, rel=1e-3)
+        rows = [r for path in glob.glob(os.path.join(run_dir, "records", name,
+                                                     "*.iterations.csv"))
+                for r in csv.DictReader(open(path))]
+        emulated_us = (max(int(r["end_ns"]) for r in rows)
+                       - min(int(r["compute_start_ns"]) for r in rows)) / 1000
+        its = [e for e in t["traceEvents"] if e["ph"] == "X" and e["cat"] == "iteration"]
+        assert max(e["ts"] + e["dur"] for e in its) * scale == pytest.approx(emulated_us,
+                                                                            rel=1e-3)
+        # each iteration's all-reduce, first rank's start to last rank's end, is its CCT (the
+        # ops begin when the iteration's start op ended, up to the agents' lag after the
+        # collective's start that the CCT counts from)
+        cct = results["policies"][name]["modelled"]["cct_us"]["per_iteration"]
+        spans = [[e for e in ops if e["args"]["iteration"] == i] for i in range(w.iterations)]
+        assert [max(e["ts"] + e["dur"] for e in s) - min(e["ts"] for e in s)
+                for s in spans] == pytest.approx(cct, rel=0.01)
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
@@ -112,7 +152,7 @@ def test_the_report_renders_in_headless_chromium(small_run, tmp_path):
     screenshot shows the plots (each policy's colour drawn)."""
     from matplotlib.image import imread
 
-    from testbed.results.plots import POLICY_COLOURS
+    from testbed.results.plots import KIND_COLOURS, POLICY_COLOURS
 
     results, run_dir, messages = small_run
     url = "file://" + os.path.join(run_dir, "report.html")
@@ -123,12 +163,18 @@ def test_the_report_renders_in_headless_chromium(small_run, tmp_path):
     header = re.findall(r"<th>(.*?)</th>", table.group(1).split("</thead>")[0])
     assert header[1:] == list(results["policies"]) == list(SMALL.policies)
     assert len(re.findall(r"<img src=\"data:image/png;base64,", dom)) >= 4
+    for name in SMALL.policies:  # each policy's Gantt, and the trace it links to
+        assert f'href="plots/gantt-{name}.png"' in dom and f'href="timeline-{name}.json"' in dom
 
     shot = tmp_path / "report.png"
-    _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,7000", url)
+    _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,9000", url)
     pixels = (imread(str(shot))[:, :, :3] * 255).round()
     assert pixels.std() > 20, "blank screenshot"
     for name in SMALL.policies:
         rgb = [int(POLICY_COLOURS[name][i:i + 2], 16) for i in (1, 3, 5)]
         drawn = (abs(pixels - rgb).max(axis=2) <= 8).sum()
         assert drawn > 200, f"{name}'s colour is not in the rendered plots ({drawn} pixels)"
+    for kind in ("compute", "coll"):  # the Gantts' bars
+        rgb = [int(KIND_COLOURS[kind][i:i + 2], 16) for i in (1, 3, 5)]
+        drawn = (abs(pixels - rgb).max(axis=2) <= 8).sum()
+        assert drawn > 200, f"no {kind} bars in the rendered Gantts ({drawn} pixels)"

@@ -90,6 +90,7 @@ def test_an_injected_straggler_shows_up_in_straggler_idle(tmp_path):
 def test_the_sweep_built_in_prints_an_nccl_tests_log_with_the_results_busbw(tmp_path):
     import json
 
+    from tests.tracecheck import check as check_trace
     from tests.unit.test_nccltests import parse
     proc = subprocess.run(
         [sys.executable, "-m", "testbed", "run", "--scenario", "sweep", "--policy",
@@ -105,6 +106,13 @@ def test_the_sweep_built_in_prints_an_nccl_tests_log_with_the_results_busbw(tmp_
     for r, c in zip(rows, sweep):  # GB/s against the results' Gbit/s
         assert float(r["busbw"]) == pytest.approx(c["busbw_gbps_modelled"] / 8, abs=0.006)
     assert avg == pytest.approx(sum(float(r["busbw"]) for r in rows) / len(rows), rel=1e-3)
+    # the sweep's trace: every size's iterations, each op with its size
+    with open(os.path.join(tmp_path, run_dir, "timeline-hyperscale.json")) as f:
+        t = json.load(f)
+    check_trace(t)
+    sized = {e["args"]["size_bytes"] for e in t["traceEvents"]
+             if e["ph"] == "X" and e["cat"] == "iteration"}
+    assert sized == {c["size_bytes"] for c in sweep}
 
 
 def test_a_sweep_prints_busbw_rising_with_size(tmp_path):
