@@ -54,6 +54,7 @@ def cmd_run(args) -> int:
     from .scenario.catalog import find
     from .scenario.config import parse_sizes
     from .results import nccltests
+    from .results.model import RunResult
     from .results.report import summary_table
 
     # without a scenario, options that shape one collective start from the ring
@@ -84,27 +85,27 @@ def cmd_run(args) -> int:
         scenario = scenario.with_policies(ALL_POLICIES if names == ["all"] else names)
     results, run_dir = runner.run(scenario, out_root=args.out,
                                   progress=_progress(args.quiet or args.json))
+    run = RunResult.from_json(run_dir, results)
     if args.json:
         json.dump(results, sys.stdout, indent=2)
         print()
     elif args.format == "nccl-tests-json":
-        json.dump(nccltests.as_json(results), sys.stdout, indent=2)
+        json.dump(nccltests.as_json(run), sys.stdout, indent=2)
         print()
     else:
         table = args.format == "table"
-        print(summary_table(results, emulated=args.emulated) if table else
-              "\n\n".join(nccltests.text(name, p)
-                           for name, p in results.get("policies", {}).items()))
+        print(summary_table(run, emulated=args.emulated) if table else
+              "\n\n".join(nccltests.text(name, p) for name, p in run.policies.items()))
         where = sys.stdout if table else sys.stderr  # an nccl-tests log holds nothing else
         print(f"\nresults: {os.path.join(run_dir, 'results.json')}", file=where)
         report = os.path.join(run_dir, "report.html")
         if os.path.exists(report):
             print(f"report:  {report}", file=where)
-    _print_verdicts(results)
+    _print_verdicts(run)
     return 0
 
 
-def _print_verdicts(results: dict) -> None:
+def _print_verdicts(results) -> None:
     from .results.report import fidelity_warnings
 
     for line in fidelity_warnings(results):
@@ -115,16 +116,16 @@ def cmd_report(args) -> int:
     """Redraw the plots and report.html of a saved run."""
     from .results.htmlreport import write
 
-    path = write(args.run_dir, _progress(args.quiet))
+    path = write(args.run_dir, _progress(args.quiet), emulated=args.emulated)
     print(path)
     return 0
 
 
 def cmd_compare(args) -> int:
     from .results.compare import compare
-    from .results.rundata import load_results
+    from .results.rundata import load_run
 
-    a, b = load_results(args.run_a), load_results(args.run_b)
+    a, b = load_run(args.run_a), load_run(args.run_b)
     print(compare(a, b, args.run_a, args.run_b))
     return 0
 
@@ -360,6 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="redraw the plots and report.html of a saved run")
     rp.add_argument("run_dir", metavar="DIR", help="a run directory (results/<run id>)")
     rp.add_argument("--quiet", action="store_true", help="no progress lines")
+    rp.add_argument("--emulated", action="store_true",
+                    help="plots and tables in emulated time (default: the modelled fabric's)")
     rp.set_defaults(func=cmd_report)
     cp = sub.add_parser("compare", help="what changed between two saved runs")
     cp.add_argument("run_a", metavar="DIR_A")

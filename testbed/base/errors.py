@@ -36,3 +36,10 @@ class AgentError(TestbedError):
 
 class RunBusyError(TestbedError):
     """Another testbed run holds the machine's fabric names."""
+
+
+class ResultsError(TestbedError):
+    """Results (a results.json, or a producer's figures) do not match their declarations in
+    testbed/results/model.py."""
+
+    exit_code = 2

@@ -126,10 +126,8 @@ def csv_text(per_policy: Dict[str, Sequence[dict]]) -> str:
 FILE = "operations.csv"
 
 
-def write(run_dir: str, results: dict) -> str:
-    """``operations.csv`` of every policy in ``results`` (a results.json's content)."""
+def write(run_dir: str, operations: Dict[str, Sequence[dict]]) -> str:
+    """``operations.csv`` of every policy (name -> its ``operations`` figure)."""
     path = os.path.join(run_dir, FILE)
-    write_atomic(path, csv_text({name: p.get("operations") or []
-                                 for name, p in (results.get("policies") or {}).items()})
-                 .encode("utf-8"))
+    write_atomic(path, csv_text(operations).encode("utf-8"))
     return path

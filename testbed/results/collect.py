@@ -1,8 +1,11 @@
-"""Results: gather the agents' records into per-policy figures, write them, print the table.
+"""Results: gather the agents' records into per-policy figures (the runner types them).
 
 Layout of a run directory (``results/<run-id>/``)::
 
-    results.json                 the figures below, per policy (schema RESULTS_SCHEMA)
+    results.json                 the figures below, per policy (schema RESULTS_SCHEMA; typed
+                                 and written by testbed.results.model)
+    operations.csv               the per-operation breakdown (testbed.results.breakdown)
+    timeline-<policy>.json       the run as a Chrome trace (testbed.results.trace)
     controller-<policy>.log      the os-ken controller's log
     agent-<policy>-<k>.log       each agent process's log (it serves several GPUs)
     records/<policy>/<host>.packets.csv     one row per data packet that arrived
@@ -26,6 +29,7 @@ from collections import defaultdict
 import glob
 import json
 import os
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -38,6 +42,7 @@ from traffic.contract import WorkloadSpec
 from . import breakdown, trace
 from .jobfigures import (compute_waits, fabric_bytes_sent, job_figures, ops_by_rank_iteration,
                          waited_for)
+from .model import Modelled
 
 RESULTS_SCHEMA = "ai-fabric-testbed/results/2"
 # a run of one collective repeats these figures of it at the top (a sweep or a job does not)
@@ -199,10 +204,7 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
     return figures, packets
 
 
-MODELLED_TIMES = ("latency_us", "jitter_us", "cct_us", "straggler_idle_us", "pfc_paused_ms",
-                  "latency_queueing_us", "path_delay_us", "latency_floor_us", "iteration_us",
-                  "job_compute_us", "exposed_comm_us", "ideal_iteration_us",
-                  "pipeline_bubble_us", "network_cost_us", "idle_gpu_us")
+MODELLED_TIMES = tuple(f.name for f in dataclasses.fields(Modelled))  # declared once, there
 NOT_TIMES = ("count", "ipdv_count")  # counts inside the time summaries
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Tuple
 
 from . import report
+from .model import RunResult
 
 
 def flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
@@ -48,10 +49,10 @@ def _change(a, b) -> str:
     return "=" if a == b else "changed"
 
 
-def compare(a: dict, b: dict, label_a: str = "A", label_b: str = "B") -> str:
-    pa, pb = a.get("policies") or {}, b.get("policies") or {}
-    out = [f"A = {label_a} ({a.get('scenario', {}).get('name', '?')}, {a.get('status')})",
-           f"B = {label_b} ({b.get('scenario', {}).get('name', '?')}, {b.get('status')})"]
+def compare(a: RunResult, b: RunResult, label_a: str = "A", label_b: str = "B") -> str:
+    pa, pb = a.policies, b.policies
+    out = [f"A = {label_a} ({a.scenario.name or '?'}, {a.status})",
+           f"B = {label_b} ({b.scenario.name or '?'}, {b.status})"]
     both = [n for n in pa if n in pb]
     only = [f"{n} only in A" for n in pa if n not in pb] + \
            [f"{n} only in B" for n in pb if n not in pa]
@@ -70,7 +71,8 @@ def compare(a: dict, b: dict, label_a: str = "A", label_b: str = "B") -> str:
             show = report.sig if modelled and label in report.TIME_ROWS else report.fmt
             rows.append([label, show(va), show(vb), _change(va, vb)])
         out.append(report.table([name, "A", "B", "B - A"], rows))
-    diff = scenario_diff(a.get("scenario") or {}, b.get("scenario") or {})
+    diff = scenario_diff(a.raw.get("scenario") or {},  # the scenarios as the runs wrote them
+                         b.raw.get("scenario") or {})
     if diff:
         out.append(report.table(["scenario key", "A", "B"],
                                  [[k, _value(va), _value(vb)] for k, va, vb in diff]))

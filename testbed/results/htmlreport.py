@@ -19,6 +19,7 @@ import yaml
 
 from ..base.atomic import write_atomic
 from . import breakdown, report, rundata
+from .model import RunResult
 
 LOG = logging.getLogger(__name__)
 REPORT = "report.html"
@@ -42,12 +43,15 @@ pre{background:#f6f8fa;padding:.8em;overflow:auto;font-size:.85em}
 """
 
 
-def write(run_dir: str, progress: Callable[[str], None] = lambda s: None) -> str:
-    """Draw the plots and write ``report.html`` into ``run_dir``; returns its path."""
-    results = rundata.load_results(run_dir)
-    breakdown.write(run_dir, results)
-    figures, plot_note = _plots(run_dir, results, progress)
-    page = render(results, figures, plot_note)
+def write(run_dir: str, progress: Callable[[str], None] = lambda s: None,
+          emulated: bool = False) -> str:
+    """Draw the plots and write ``report.html`` into ``run_dir``; returns its path. Times in
+    the modelled fabric's time (``emulated``: as run)."""
+    results = rundata.load_run(run_dir)
+    breakdown.write(run_dir, {n: p.operations for n, p in results.policies.items()})
+    modelled = report.modelled_time(results, emulated)
+    figures, plot_note = _plots(run_dir, results, progress, modelled)
+    page = render(results, figures, plot_note, emulated)
     path = os.path.join(run_dir, REPORT)
     write_atomic(path, page.encode("utf-8"))
     return path
@@ -56,30 +60,34 @@ def write(run_dir: str, progress: Callable[[str], None] = lambda s: None) -> str
 Figure = Tuple[str, str, bytes]  # file name, caption, PNG
 
 
-def _plots(run_dir: str, results: dict, progress) -> Tuple[List[Figure], str]:
-    """Every plot the run's data supports, also saved under ``plots/``."""
+def _plots(run_dir: str, results: RunResult, progress, modelled: bool
+           ) -> Tuple[List[Figure], str]:
+    """Every plot the run's data supports, also saved under ``plots/``; times in the modelled
+    fabric's time unless not ``modelled``."""
     try:
         from . import plots
     except ImportError as e:  # the page is still useful without them
         return [], f"plots were not drawn: matplotlib is missing ({e}); run scripts/install.sh"
-    policies = list(results.get("policies") or {})
+    policies = list(results.policies)
+    scale = results.time_scale if modelled else 1.0
+    time = "modelled" if modelled else "emulated"
     out: List[Figure] = []
     progress(f"drawing plots for {len(policies)} policies")
-    lat = {name: rundata.latencies(run_dir, name) for name in policies}
+    lat = {name: rundata.latencies(run_dir, name, scale) for name in policies}
     out.append(("latency-cdf.png", "One-way latency of every data packet received, per "
-                "policy (kernel timestamps; dotted lines: p99).", plots.latency_cdf(lat)))
-    iterations = rundata.iterations(results)
+                "policy (kernel timestamps; dotted lines: p99).", plots.latency_cdf(lat, time)))
+    iterations = rundata.iterations(results, not modelled)
     if iterations:
         out.append(("iterations.png", "The training job's iteration time, every iteration, "
                     "per policy.", plots.cct_per_iteration(iterations, "Iteration time",
-                                                           "iteration")))
+                                                           "iteration", time)))
         out.append(("iteration-parts.png", "A GPU's median iteration per policy: compute, and "
                     "the communication no compute hid, per kind; the tick is the iteration "
                     "with a free network.",
                     plots.iteration_parts(rundata.iteration_parts(results))))
     else:
         out.append(("cct.png", "Collective completion time of every iteration, per policy.",
-                    plots.cct_per_iteration(rundata.ccts(results))))
+                    plots.cct_per_iteration(rundata.ccts(results, not modelled), time=time)))
     for name in policies:
         panels = rundata.gantt_panels(run_dir, name)
         if panels:
@@ -98,7 +106,8 @@ def _plots(run_dir: str, results: dict, progress) -> Tuple[List[Figure], str]:
                     f"{name}: peak egress backlog per window of the four busiest switch ports"
                     + (" and the intervals PFC held each paused queue" if tl.paused else "")
                     + " (sampled by the queue emulator).",
-                    plots.queue_timeline(name, tl.t_s, plots.busiest(tl.backlogs), tl.paused)))
+                    plots.queue_timeline(name, tl.in_us(scale), plots.busiest(tl.backlogs),
+                                         tl.paused_us(scale), time)))
     loads = rundata.spine_loads(results)
     if loads:
         out.append(("spine-load.png", "Packets forwarded by each spine, per policy (one busy "
@@ -123,36 +132,35 @@ def _table(header: List[str], rows: List[List[str]], table_id: str = "") -> str:
     return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _verdicts(results: dict) -> str:
+def _verdicts(results: RunResult) -> str:
     items = []
-    for name, p in (results.get("policies") or {}).items():
-        f = p.get("fidelity") or {}
-        verdict = f.get("verdict")
-        if verdict is None:
+    for name, p in results.policies.items():
+        f = p.fidelity
+        if f is None or f.verdict is None:
             items.append(f"<li><b>{_e(name)}</b>: no fidelity verdict recorded</li>")
             continue
-        cls = "ok" if verdict == "ok" else "bad"
-        text = f"<li><b>{_e(name)}</b>: <span class=\"{cls}\">{_e(verdict)}</span>"
-        if f.get("problems"):
-            text += ": " + _e("; ".join(f["problems"]))
-        if f.get("advice") and verdict != "ok":
-            text += f"<br><i>{_e(f['advice'])}</i>"
-        text += f"<br>emulation cost: {_e(report.cost_text(p.get('emulation_cost')))}"
+        cls = "ok" if f.ok else "bad"
+        text = f"<li><b>{_e(name)}</b>: <span class=\"{cls}\">{_e(f.verdict)}</span>"
+        if f.problems:
+            text += ": " + _e("; ".join(f.problems))
+        if f.advice and not f.ok:
+            text += f"<br><i>{_e(f.advice)}</i>"
+        text += f"<br>emulation cost: {_e(report.cost_text(p.emulation_cost))}"
         items.append(text + "</li>")
-    for name, p in (results.get("policies") or {}).items():
-        for w in p.get("warnings") or []:
+    for name, p in results.policies.items():
+        for w in p.warnings:
             items.append(f"<li><b>{_e(name)}</b>: <span class=\"warn\">warning</span>: "
                          f"{_e(w)}</li>")
     return "<ul id=\"fidelity\">" + "".join(items) + "</ul>"
 
 
-def _capabilities(results: dict) -> str:
-    caps = results.get("capabilities") or {}
+def _capabilities(results: RunResult) -> str:
+    caps = results.capabilities or {}
     rows = [[k, _plain(v)] for k, v in caps.items()]
     rows += [[f"link emulation: {k}", _plain(v)]
-             for k, v in (results.get("link_emulation") or {}).items()]
+             for k, v in (results.link_emulation or {}).items()]
     rows += [[f"CPU wake-ups: {k}", _plain(v)]
-             for k, v in (results.get("cpu_wakeup") or {}).items()]
+             for k, v in (results.cpu_wakeup or {}).items()]
     return _table(["capability", "value"], rows, "capabilities")
 
 
@@ -164,17 +172,17 @@ def _plain(v) -> str:
     return "-" if v is None else str(v)
 
 
-def _files(results: dict) -> str:
-    links = [("results.json", "every figure (schema " + str(results.get("schema")) + ")"),
+def _files(results: RunResult) -> str:
+    links = [("results.json", "every figure (schema " + str(results.schema) + ")"),
              ("records/", "per-packet, per-iteration and per-operation CSV of every GPU"),
              (breakdown.FILE, "per policy, job, layer and kind: compute, exposed and total "
                               "communication per GPU and iteration, bandwidths"),
              (PLOTS_DIR + "/", "the plots as PNG")]
-    for name in results.get("policies") or {}:
+    for name in results.policies:
         links.append((f"timeline-{name}.json", f"{name}: the run as a trace (Chrome trace "
                       "format): open it in Perfetto (ui.perfetto.dev) or chrome://tracing"))
-    for name, p in (results.get("policies") or {}).items():
-        for host, entry in (p.get("pcap") or {}).items():
+    for name, p in results.policies.items():
+        for host, entry in (p.pcap or {}).items():
             links.append((entry["file"], f"{name}: capture on {host} ({entry['bytes']:,} B)"))
     items = "".join(f"<li><a href=\"{_e(href)}\">{_e(href)}</a>: {_e(what)}</li>"
                     for href, what in links)
@@ -182,27 +190,31 @@ def _files(results: dict) -> str:
            f"policy's controller, agents and queue emulator</li></ul>"
 
 
-def render(results: dict, figures: List[Figure], plot_note: str = "") -> str:
-    """The page as a string (pure: results and PNGs in)."""
-    scenario = results.get("scenario") or {}
-    policies = results.get("policies") or {}
-    status = results.get("status", "unknown")
-    parts = [f"<h1>AI-fabric testbed: {_e(scenario.get('name', 'run'))}</h1>",
-             f"<p class=\"meta\">run {_e(results.get('run_id'))} &middot; status "
+def render(results: RunResult, figures: List[Figure], plot_note: str = "",
+           emulated: bool = False) -> str:
+    """The page as a string (pure: results and PNGs in); times in the modelled fabric's time
+    unless ``emulated``."""
+    scenario = results.scenario.to_dict()
+    policies = results.policies
+    status = results.status
+    parts = [f"<h1>AI-fabric testbed: {_e(results.scenario.name)}</h1>",
+             f"<p class=\"meta\">run {_e(results.run_id)} &middot; status "
              f"<span id=\"status\" class=\"{'ok' if status == 'complete' else 'bad'}\">"
-             f"{_e(status)}</span> &middot; {_e(results.get('started'))} to "
-             f"{_e(results.get('finished') or '-')} &middot; testbed "
-             f"{_e(results.get('version'))} &middot; policies {_e(', '.join(policies))}</p>"]
+             f"{_e(status)}</span> &middot; {_e(results.started)} to "
+             f"{_e(results.finished or '-')} &middot; testbed "
+             f"{_e(results.version)} &middot; policies {_e(', '.join(policies))}</p>"]
     if status != "complete":
         parts.append(f"<p class=\"banner\">This run is <b>{_e(status)}</b>"
-                     + (f" ({_e(results['error'])})" if results.get("error") else "")
+                     + (f" ({_e(results.error)})" if results.error else "")
                      + ": the figures cover what was gathered before it stopped.</p>")
-    note = report.time_scale_note(results)
+    note = report.time_scale_note(results, emulated)
     if note:
         parts.append(f"<p class=\"meta\">{_e(note)}</p>")
+    modelled = report.modelled_time(results, emulated)
     parts.append("<h2>Fidelity</h2>" + _verdicts(results))
-    parts.append("<h2>Comparison</h2>" + _table(*report.comparison(results), "comparison"))
-    if report.modelled_time(results):
+    parts.append("<h2>Comparison</h2>" + _table(*report.comparison(results, emulated),
+                                                "comparison"))
+    if modelled:
         parts.append("<details><summary>The same in emulated time</summary>"
                      + _table(*report.comparison(results, emulated=True), "comparison-emulated")
                      + "</details>")
@@ -214,24 +226,23 @@ def render(results: dict, figures: List[Figure], plot_note: str = "") -> str:
         parts.append(f"<figure><img src=\"data:image/png;base64,{data}\" alt=\"{_e(caption)}\">"
                      f"<figcaption>{_e(caption)} <a href=\"{PLOTS_DIR}/{_e(name)}\">"
                      f"{_e(name)}</a></figcaption></figure>")
-    sweeps = [(n, p["collectives"]) for n, p in policies.items()
-              if len(p.get("collectives") or []) > 1]
+    views = {n: report.view(p, not modelled) for n, p in policies.items()}
+    sweeps = [(n, p.collectives) for n, p in policies.items() if len(p.collectives) > 1]
     if sweeps:
         parts.append("<h2>Message-size sweep</h2>")
-        parts += [_table(*report.sweep(n, entries)) for n, entries in sweeps]
+        parts += [_table(*report.sweep(n, entries, not modelled)) for n, entries in sweeps]
     jobs = [(n, job) for n, p in policies.items() for job in report.jobs_of(p)]
     if jobs:
         parts.append("<h2>Training job operations</h2>")
         parts += [_table(*report.per_operation(n, job)) for n, job in jobs]
     parts.append("<h2>Per GPU</h2>")
-    scale = results.get("time_scale") if report.modelled_time(results) else 0.0
-    parts += [_table(*report.per_gpu(n, p, scale)) for n, p in policies.items()]
+    parts += [_table(*report.per_gpu(n, v, modelled)) for n, v in views.items()]
     parts.append("<h2>Scenario</h2><pre id=\"scenario\">"
                  + _e(yaml.safe_dump(scenario, sort_keys=False, default_flow_style=False))
                  + "</pre>")
     parts.append("<h2>Machine and emulation</h2>" + _capabilities(results))
     parts.append("<h2>Files</h2>" + _files(results))
-    title = f"testbed report {results.get('run_id', '')}"
+    title = f"testbed report {results.run_id or ''}"
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{_e(title)}</title><style>{CSS}</style></head><body>\n"
             + "\n".join(parts) + "\n</body></html>\n")

@@ -12,6 +12,8 @@ from typing import List, Optional
 
 from traffic.collectives import KINDS, bus_bandwidth_factor
 
+from .model import PolicyResult, RunResult
+
 ELEMENT_TYPE, ELEMENT_BYTES = "float", 4
 REDOP = {"allreduce": "sum", "reducescatter": "sum"}  # the rest reduce nothing: "none"
 HEADER = ("#                                                              out-of-place",
@@ -19,20 +21,21 @@ HEADER = ("#                                                              out-of
           "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)")
 
 
-def rows(policy: dict) -> List[dict]:
+def rows(policy: PolicyResult) -> List[dict]:
     """One row per collective size the policy replayed with a modelled completion time."""
     out = []
-    for entry in policy.get("collectives") or []:
-        cct = ((entry.get("modelled") or {}).get("cct_us") or {}).get("p50")
+    for entry in policy.collectives:
+        modelled = entry.modelled.cct_us if entry.modelled else None
+        cct = modelled.p50 if modelled else None
         if not cct:
             continue
-        kind = KINDS[entry["collective"]]
-        size = int(entry["size_bytes"])
+        kind = KINDS[entry.collective]
+        size = int(entry.size_bytes)
         algbw = size / 1e3 / cct  # B/us = 1e6 B/s; GB/s = B / 1e9 / s
         out.append({"size": size, "count": size // ELEMENT_BYTES, "type": ELEMENT_TYPE,
                     "redop": REDOP.get(kind, "none"), "root": -1, "time": cct,
                     "algbw": algbw,
-                    "busbw": algbw * bus_bandwidth_factor(kind, int(policy["gpus"])),
+                    "busbw": algbw * bus_bandwidth_factor(kind, int(policy.gpus)),
                     "wrong": None})
     return out
 
@@ -48,11 +51,11 @@ def average_busbw(table: List[dict]) -> Optional[float]:
     return sum(r["busbw"] for r in table) / len(table) if table else None
 
 
-def text(name: str, policy: dict) -> str:
+def text(name: str, policy: PolicyResult) -> str:
     """One policy's collectives as an nccl-tests log."""
     table = rows(policy)
-    what = ", ".join(sorted({e["collective"] for e in policy.get("collectives") or []}))
-    lines = [f"# testbed: policy {name}, {what} on {policy.get('gpus')} GPUs; modelled "
+    what = ", ".join(sorted({e.collective for e in policy.collectives}))
+    lines = [f"# testbed: policy {name}, {what} on {policy.gpus} GPUs; modelled "
              "fabric time and GB/s", "#", *HEADER]
     for r in table:
         lines.append(f"{r['size']:12d}  {r['count']:12d}  {r['type']:>8s}  {r['redop']:>6s}  "
@@ -65,12 +68,12 @@ def text(name: str, policy: dict) -> str:
     return "\n".join(lines)
 
 
-def as_json(results: dict) -> dict:
+def as_json(results: RunResult) -> dict:
     """The same rows per policy, with the average bus bandwidth."""
     out = {}
-    for name, policy in (results.get("policies") or {}).items():
+    for name, policy in results.policies.items():
         table = rows(policy)
-        out[name] = {"gpus": policy.get("gpus"), "rows": table,
+        out[name] = {"gpus": policy.gpus, "rows": table,
                      "avg_bus_bandwidth": average_busbw(table)}
     return {"format": "nccl-tests", "time": "us, modelled", "bandwidth": "GB/s",
             "policies": out}

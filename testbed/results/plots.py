@@ -41,8 +41,9 @@ def _empty(ax, text: str) -> None:
     ax.set_yticks([])
 
 
-def latency_cdf(latencies: Mapping[str, Sequence[float]]) -> bytes:
-    """One CDF of per-packet one-way latency (us, log scale) per policy, p99 marked."""
+def latency_cdf(latencies: Mapping[str, Sequence[float]], time: str = "modelled") -> bytes:
+    """One CDF of per-packet one-way latency (us in ``time``, log scale) per policy, p99
+    marked."""
     fig = Figure(figsize=SIZE)
     ax = fig.add_subplot()
     drawn = False
@@ -60,7 +61,7 @@ def latency_cdf(latencies: Mapping[str, Sequence[float]]) -> bytes:
         _empty(ax, "no packets received")
     else:
         ax.set_xscale("log")
-        ax.set_xlabel("one-way latency (us, emulated time; dotted: p99)")
+        ax.set_xlabel(f"one-way latency (us, {time} time; dotted: p99)")
         ax.set_ylabel("fraction of packets")
         ax.set_ylim(0, 1.01)
         ax.grid(True, which="both", alpha=0.3)
@@ -70,9 +71,10 @@ def latency_cdf(latencies: Mapping[str, Sequence[float]]) -> bytes:
 
 
 def cct_per_iteration(ccts: Mapping[str, Sequence[float]],
-                      what: str = "Collective completion time", short: str = "CCT") -> bytes:
-    """``what`` (ms; CCT, or a job's iteration time) of every iteration, one line per
-    series."""
+                      what: str = "Collective completion time", short: str = "CCT",
+                      time: str = "modelled") -> bytes:
+    """``what`` (ms in ``time``; CCT, or a job's iteration time) of every iteration, one line
+    per series."""
     fig = Figure(figsize=SIZE)
     ax = fig.add_subplot()
     drawn = False
@@ -88,7 +90,7 @@ def cct_per_iteration(ccts: Mapping[str, Sequence[float]],
     else:
         ax.set_xlabel("iteration")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(f"{short} (ms, emulated time)")
+        ax.set_ylabel(f"{short} (ms, {time} time)")
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend()
@@ -125,16 +127,17 @@ def iteration_parts(parts: Mapping[str, Mapping[str, float]]) -> bytes:
     return _png(fig)
 
 
-def queue_timeline(policy: str, t_s: Sequence[float], backlogs: Mapping[str, Sequence[float]],
-                   paused: Mapping[str, List[Tuple[float, float]]]) -> bytes:
-    """Egress backlog (KB) of the busiest ports over time and, below it, when PFC held which
-    port paused."""
+def queue_timeline(policy: str, t_us: Sequence[float], backlogs: Mapping[str, Sequence[float]],
+                   paused: Mapping[str, List[Tuple[float, float]]],
+                   time: str = "modelled") -> bytes:
+    """Egress backlog (KB) of the busiest ports over time (us in ``time`` since the first
+    sample) and, below it, when PFC held which port paused."""
     fig = Figure(figsize=(SIZE[0], SIZE[1] + (1.2 if paused else 0)))
     if paused:
         ax, bx = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     else:
         ax, bx = fig.add_subplot(), None
-    t = np.asarray(t_s, dtype=float)
+    t = np.asarray(t_us, dtype=float)
     for i, (port, values) in enumerate(backlogs.items()):
         ax.plot(t, np.asarray(values, dtype=float) / 1000.0, linewidth=1, color=f"C{i % 10}",
                 label=port)
@@ -149,15 +152,16 @@ def queue_timeline(policy: str, t_s: Sequence[float], backlogs: Mapping[str, Seq
                  + (" and PFC pauses" if paused else ""))
     if bx is not None:
         ports = list(paused)
+        least = 1e-3 * (t[-1] - t[0]) if t.size > 1 else 1.0  # a pause stays visible
         for row, port in enumerate(ports):
-            bx.broken_barh([(a, max(b - a, 1e-4)) for a, b in paused[port]], (row - 0.4, 0.8),
+            bx.broken_barh([(a, max(b - a, least)) for a, b in paused[port]], (row - 0.4, 0.8),
                            color="#d62728")
         bx.set_yticks(range(len(ports)))
         bx.set_yticklabels(ports, fontsize="small")
         bx.set_ylabel("paused")
-        bx.set_xlabel("time since the first sample (s)")
+        bx.set_xlabel(f"us since the first sample ({time} time)")
     else:
-        ax.set_xlabel("time since the first sample (s)")
+        ax.set_xlabel(f"us since the first sample ({time} time)")
     return _png(fig)
 
 

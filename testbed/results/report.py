@@ -1,12 +1,14 @@
 """What a run prints: the comparison table, the size sweep, fidelity warnings (pure text).
 
-Times lead in the modelled fabric's time (each policy's ``modelled`` figures: the emulated
-time divided by the time scale); ``emulated=True`` shows the emulated times instead.
+Reads the typed results (``testbed.results.model``). Times lead in the modelled fabric's time
+(the emulated time divided by the time scale); ``emulated=True`` shows them as run.
 """
 from __future__ import annotations
 
 import math
-from typing import List, Tuple
+from typing import Dict, List, Sequence, Tuple
+
+from .model import CollectiveResult, PolicyResult, RunResult
 
 
 def fmt(value, digits=1) -> str:
@@ -28,72 +30,76 @@ def sig(value, digits: int = 4) -> str:
     return f"{value:,.{max(0, digits - 1 - math.floor(math.log10(abs(value))))}f}"
 
 
-def view(p: dict, emulated: bool = False) -> dict:
-    """A policy's figures with its time summaries in modelled time (``emulated``: as run)."""
-    if emulated or not p.get("modelled"):
-        return p
-    return {**p, **p["modelled"]}
+def view(p: PolicyResult, emulated: bool = False) -> PolicyResult:
+    """A policy's figures as the tables show them: modelled time (as read), or as run."""
+    return p.emulated if emulated else p
+
+
+def _at(record, name: str):
+    """A figure of a nested record (None when the record is)."""
+    return None if record is None else getattr(record, name)
+
+
+def _of(mapping, key: str):
+    """An entry of a mapping figure (None when the figure is)."""
+    return None if not mapping else mapping.get(key)
 
 
 ROWS = [
-    ("GPUs", lambda p: p.get("gpus")),
-    ("packets sent", lambda p: p.get("packets_sent")),
-    ("packets received", lambda p: p.get("packets_received")),
-    ("drops (sent - received)", lambda p: p.get("drops")),
-    ("  of which switch queue drops", lambda p: p.get("switch_queue_drops")),
-    ("  of which still queued at the end", lambda p: p.get("queued_at_end")),
-    ("ECN-marked packets received", lambda p: p.get("ecn_marked_packets")),
-    ("PFC pause events", lambda p: p.get("pfc_pause_events")),
-    ("PFC paused time (ms)", lambda p: p.get("pfc_paused_ms")),
-    ("latency p50 (us)", lambda p: (p.get("latency_us") or {}).get("p50")),
-    ("  fixed path delay on one leaf (us)",
-     lambda p: (p.get("path_delay_us") or {}).get("same_leaf")),
-    ("  fixed path delay across leaves (us)",
-     lambda p: (p.get("path_delay_us") or {}).get("cross_leaf")),
-    ("  queueing + forwarding p50 (us)", lambda p: (p.get("latency_queueing_us") or {}).get("p50")),
-    ("latency p99 (us)", lambda p: (p.get("latency_us") or {}).get("p99")),
-    ("  queueing + forwarding p99 (us)", lambda p: (p.get("latency_queueing_us") or {}).get("p99")),
-    ("latency p99.9 (us)", lambda p: (p.get("latency_us") or {}).get("p999")),
-    ("latency max (us)", lambda p: (p.get("latency_us") or {}).get("max")),
-    ("jitter |IPDV| p99 (us)", lambda p: (p.get("jitter_us") or {}).get("ipdv_abs_p99")),
-    ("latency p99 / p50", lambda p: p.get("tail_ratio_p99_p50")),
-    ("iteration p50 (ms)", lambda p: _ms((p.get("iteration_us") or {}).get("p50"))),
-    ("iteration p99 (ms)", lambda p: _ms((p.get("iteration_us") or {}).get("p99"))),
-    ("  at full size (ms, modelled; byte scale)", lambda p: _full_size(p.get("job"))),
-    ("  with a free network (ms)", lambda p: _ms(p.get("ideal_iteration_us"))),
-    ("  network cost p50 (ms)", lambda p: _ms(p.get("network_cost_us"))),
-    ("compute per GPU (ms)", lambda p: _ms(p.get("job_compute_us"))),
-    ("exposed communication (ms)", lambda p: _ms((p.get("exposed_comm_us") or {}).get("total"))),
-    ("  share of the iteration", lambda p: _share((p.get("job") or {}).get("exposed_share"))),
-    ("  dp / tp / pp / ep (ms)", lambda p: _kinds(p.get("exposed_comm_us"))),
-    ("  pipeline bubble, free network (ms)", lambda p: _ms(p.get("pipeline_bubble_us"))),
-    ("idle GPU time / iteration (GPU-ms)", lambda p: _ms(p.get("idle_gpu_us"))),
+    ("GPUs", lambda p: p.gpus),
+    ("packets sent", lambda p: p.packets_sent),
+    ("packets received", lambda p: p.packets_received),
+    ("drops (sent - received)", lambda p: p.drops),
+    ("  of which switch queue drops", lambda p: p.switch_queue_drops),
+    ("  of which still queued at the end", lambda p: p.queued_at_end),
+    ("ECN-marked packets received", lambda p: p.ecn_marked_packets),
+    ("PFC pause events", lambda p: p.pfc_pause_events),
+    ("PFC paused time (ms)", lambda p: p.pfc_paused_ms),
+    ("latency p50 (us)", lambda p: _at(p.latency_us, "p50")),
+    ("  fixed path delay on one leaf (us)", lambda p: _of(p.path_delay_us, "same_leaf")),
+    ("  fixed path delay across leaves (us)", lambda p: _of(p.path_delay_us, "cross_leaf")),
+    ("  queueing + forwarding p50 (us)", lambda p: _at(p.latency_queueing_us, "p50")),
+    ("latency p99 (us)", lambda p: _at(p.latency_us, "p99")),
+    ("  queueing + forwarding p99 (us)", lambda p: _at(p.latency_queueing_us, "p99")),
+    ("latency p99.9 (us)", lambda p: _at(p.latency_us, "p999")),
+    ("latency max (us)", lambda p: _at(p.latency_us, "max")),
+    ("jitter |IPDV| p99 (us)", lambda p: _at(p.jitter_us, "ipdv_abs_p99")),
+    ("latency p99 / p50", lambda p: p.tail_ratio_p99_p50),
+    ("iteration p50 (ms)", lambda p: _ms(_at(p.iteration_us, "p50"))),
+    ("iteration p99 (ms)", lambda p: _ms(_at(p.iteration_us, "p99"))),
+    ("  at full size (ms, modelled; byte scale)", lambda p: _full_size(p.job)),
+    ("  with a free network (ms)", lambda p: _ms(p.ideal_iteration_us)),
+    ("  network cost p50 (ms)", lambda p: _ms(p.network_cost_us)),
+    ("compute per GPU (ms)", lambda p: _ms(p.job_compute_us)),
+    ("exposed communication (ms)", lambda p: _ms(_of(p.exposed_comm_us, "total"))),
+    ("  share of the iteration", lambda p: _share(_of(p.job, "exposed_share"))),
+    ("  dp / tp / pp / ep (ms)", lambda p: _kinds(p.exposed_comm_us)),
+    ("  pipeline bubble, free network (ms)", lambda p: _ms(p.pipeline_bubble_us)),
+    ("idle GPU time / iteration (GPU-ms)", lambda p: _ms(p.idle_gpu_us)),
     ("  at full size on N GPUs (GPU-s)",
-     lambda p: _idle_on_n((p.get("job") or {}).get("idle_gpu_seconds_on_n_gpus"))),
+     lambda p: _idle_on_n(_of(p.job, "idle_gpu_seconds_on_n_gpus"))),
     ("bytes / iteration: fabric, scale-up",
-     lambda p: _split((p.get("job") or {}).get("bytes_per_iteration"))),
-    ("CCT p50 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p50"))),
-    ("CCT p99 (ms)", lambda p: _ms((p.get("cct_us") or {}).get("p99"))),
-    ("CCT max (ms)", lambda p: _ms((p.get("cct_us") or {}).get("max"))),
-    ("busbw (Gbit/s, modelled)", lambda p: p.get("busbw_gbps_modelled")),
-    ("straggler idle / iteration (ms)",
-     lambda p: _ms((p.get("straggler_idle_us") or {}).get("mean"))),
-    ("same tail on N GPUs (GPU-s/step)", lambda p: _gpu_s(p.get("extrapolation"))),
-    ("retransmitted packets", lambda p: p.get("retransmitted_packets")),
-    ("NAKs / RTO timeouts", lambda p: _pair(p.get("naks"), p.get("rto_timeouts"))),
-    ("CNPs sent", lambda p: p.get("cnps_sent")),
-    ("path delay (emulation.path_delay)", lambda p: _hop(p.get("per_hop_latency"))),
-    ("latency floor across leaves (us)", lambda p: (p.get("latency_floor_us") or {}).get("cross_leaf")),
-    ("ECN marking", lambda p: " ".join(filter(None, (p.get("ecn_marking"),
-                                                     p.get("ecn_marking_via")))) or None),
+     lambda p: _split(_of(p.job, "bytes_per_iteration"))),
+    ("CCT p50 (ms)", lambda p: _ms(_at(p.cct_us, "p50"))),
+    ("CCT p99 (ms)", lambda p: _ms(_at(p.cct_us, "p99"))),
+    ("CCT max (ms)", lambda p: _ms(_at(p.cct_us, "max"))),
+    ("busbw (Gbit/s, modelled)", lambda p: p.busbw_gbps_modelled),
+    ("straggler idle / iteration (ms)", lambda p: _ms(_at(p.straggler_idle_us, "mean"))),
+    ("same tail on N GPUs (GPU-s/step)", lambda p: _gpu_s(p.extrapolation)),
+    ("retransmitted packets", lambda p: p.retransmitted_packets),
+    ("NAKs / RTO timeouts", lambda p: _pair(p.naks, p.rto_timeouts)),
+    ("CNPs sent", lambda p: p.cnps_sent),
+    ("path delay (emulation.path_delay)", lambda p: _hop(p.per_hop_latency)),
+    ("latency floor across leaves (us)", lambda p: _of(p.latency_floor_us, "cross_leaf")),
+    ("ECN marking", lambda p: " ".join(filter(None, (p.ecn_marking, p.ecn_marking_via)))
+     or None),
     ("rxe ib_write_lat typical (us)", lambda p: _rxe(p, "ib_write_lat", "t_typical_usec")),
     ("rxe ib_write_bw average (MB/s)", lambda p: _rxe(p, "ib_write_bw", "bw_average_mb_per_sec")),
-    ("fidelity", lambda p: (p.get("fidelity") or {}).get("verdict")),
-    ("CPU per delivered frame (us)",
-     lambda p: (p.get("emulation_cost") or {}).get("total_us_per_frame")),
-    ("  agents / OVS / kernel / rest", lambda p: _cost_split(p.get("emulation_cost"))),
+    ("fidelity", lambda p: _at(p.fidelity, "verdict")),
+    ("CPU per delivered frame (us)", lambda p: _of(p.emulation_cost, "total_us_per_frame")),
+    ("  agents / OVS / kernel / rest", lambda p: _cost_split(p.emulation_cost)),
     ("spine load (packets)", lambda p: " / ".join(
-        f"{v:,}" for v in (p.get("spine_load_packets") or {}).values()) or None),
+        f"{v:,}" for v in (p.spine_load_packets or {}).values()) or None),
 ]
 """The comparison: (label, figure of a policy's results) per row."""
 JOB_ROWS = {label for label, _ in ROWS[ROWS.index(next(r for r in ROWS if r[0].startswith(
@@ -149,63 +155,61 @@ def _cost_split(c):
     return " / ".join(f"{v:,.0f}" for v in [us[k] for k in big] + [rest])
 
 
-def _rxe(p, test, figure):
-    t = ((p.get("rxe") or {}).get("tests") or {}).get(test)
+def _rxe(p: PolicyResult, test, figure):
+    t = ((p.rxe or {}).get("tests") or {}).get(test)
     if not t:
         return None
     return (t.get("results") or {}).get(figure) if not t.get("error") else "failed"
 
 
-def modelled_time(results: dict, emulated: bool = False) -> bool:
+def modelled_time(results: RunResult, emulated: bool = False) -> bool:
     """Whether the tables show modelled time (every policy has its modelled figures)."""
-    policies = results.get("policies") or {}
-    return not emulated and bool(policies) and all(p.get("modelled") for p in policies.values())
+    return not emulated and results.modelled
 
 
-def comparison(results: dict, emulated: bool = False) -> Tuple[List[str], List[List[str]]]:
+def comparison(results: RunResult, emulated: bool = False) -> Tuple[List[str], List[List[str]]]:
     """The comparison table as text cells: header (what, then one column per policy), rows."""
-    policies = results.get("policies", {})
+    policies = results.policies
     names = list(policies)
-    w = results.get("scenario", {}).get("workload", {})
-    job = (w or {}).get("job") or {}
-    what = (f"per policy ({w.get('collective')}, {_size(w.get('size_bytes'))})"
-            if w and not w.get("sizes") and not job.get("model") and not job.get("file")
-            else "per policy")
-    if job.get("model") or job.get("file"):
-        what = f"per policy ({job['model'] or job['file']} job)"
-    elif (w or {}).get("jobs"):
-        what = f"per policy ({len(w['jobs'])} jobs: the first one's figures, then each one's)"
+    w = results.scenario.workload
+    if w.job.enabled:
+        what = f"per policy ({w.job.model or w.job.file} job)"
+    elif w.jobs:
+        what = f"per policy ({len(w.jobs)} jobs: the first one's figures, then each one's)"
+    elif not w.sizes:
+        what = f"per policy ({w.collective}, {_size(w.size_bytes)})"
+    else:
+        what = "per policy"
     modelled = modelled_time(results, emulated)
     what += ", modelled time" if modelled else ", emulated time"
     views = {n: view(policies[n], not modelled) for n in names}
-    rxe = any(policies[n].get("rxe") for n in names)
-    job = any(policies[n].get("job") for n in names)
-    coll = not job or any(policies[n].get("collectives") for n in names)
+    rxe = any(policies[n].rxe for n in names)
+    job = any(policies[n].job for n in names)
+    coll = not job or any(policies[n].collectives for n in names)
     rows = [[label] + [(sig if modelled and label in TIME_ROWS else fmt)(get(views[n]))
                        for n in names] for label, get in ROWS
             if (rxe or not label.startswith("rxe ")) and (job or label not in JOB_ROWS)
             and (coll or label not in COLLECTIVE_ROWS)]
     at = next((i for i, r in enumerate(rows) if r[0] == "bytes / iteration: fabric, scale-up"),
               len(rows) - 1) + 1
-    rows[at:at] = _per_job_rows(policies, names, modelled)
+    rows[at:at] = _per_job_rows({n: views[n] for n in names}, names, modelled)
     return [what] + names, rows
 
 
-def _per_job_rows(policies: dict, names: List[str], modelled: bool) -> List[List[str]]:
+def _per_job_rows(views: Dict[str, PolicyResult], names: List[str],
+                  modelled: bool) -> List[List[str]]:
     """With several jobs on the fabric, each one's iteration, exposed communication and
     network cost (the rows above are the first job's)."""
-    count = max(len(policies[n].get("jobs") or []) for n in names)
+    count = max(len(views[n].jobs) for n in names)
     out = []
     for k in range(count if count > 1 else 0):
         def get(n, key, sub=None):
-            jobs = policies[n].get("jobs") or []
+            jobs = views[n].jobs
             if k >= len(jobs):
                 return None
-            p = view(jobs[k], not modelled)
-            value = p.get(key)
+            value = jobs[k].get(key)
             return _ms(value.get(sub) if sub and value else value)
-        label = next(p["jobs"][k]["job"]["name"] for p in policies.values()
-                     if len(p.get("jobs") or []) > k)
+        label = next(p.jobs[k]["job"]["name"] for p in views.values() if len(p.jobs) > k)
         for what, key, sub in (("iteration p50 (ms)", "iteration_us", "p50"),
                                ("exposed communication (ms)", "exposed_comm_us", "total"),
                                ("network cost p50 (ms)", "network_cost_us", None)):
@@ -214,22 +218,21 @@ def _per_job_rows(policies: dict, names: List[str], modelled: bool) -> List[List
     return out
 
 
-def per_gpu(name: str, p: dict, time_scale: float = 0.0) -> Tuple[List[str], List[List[str]]]:
-    """One row per GPU; latencies in modelled time given the run's ``time_scale`` (0:
-    emulated)."""
-    def t(us):
-        return sig(us / time_scale) if time_scale and us is not None else fmt(us)
+def per_gpu(name: str, p: PolicyResult, modelled: bool = True
+            ) -> Tuple[List[str], List[List[str]]]:
+    """One row per GPU; latencies in the time of ``p`` (modelled: 4 significant digits)."""
+    t = sig if modelled else fmt
     return ([f"{name}: per GPU", "rank", "sent", "received", "rx p50 (us)", "rx p99 (us)"],
             [[host, fmt(g["rank"]), fmt(g["packets_sent"]), fmt(g["packets_received"]),
               t(g["latency_us_p50"]), t(g["latency_us_p99"])]
-             for host, g in (p.get("per_gpu") or {}).items()])
+             for host, g in (p.per_gpu or {}).items()])
 
 
-def time_scale_note(results: dict, emulated: bool = False) -> str:
-    scale = results.get("time_scale")
+def time_scale_note(results: RunResult, emulated: bool = False) -> str:
+    scale = results.time_scale
     if not scale:
         return ""
-    modelled = results.get("scenario", {}).get("topology", {}).get("modelled_rate_gbit")
+    modelled = results.scenario.topology.modelled_rate_gbit
     if modelled_time(results, emulated):
         shown = (f"latencies and CCTs are the modelled fabric's time (emulated / {scale:,.0f}; "
                  "emulated figures in results.json, or --emulated)")
@@ -237,7 +240,7 @@ def time_scale_note(results: dict, emulated: bool = False) -> str:
         shown = "latencies and CCTs are emulated time"
     note = (f"time scale: emulated links run {scale:,.0f}x slower than the modelled "
             f"{modelled:g} Gbit/s fabric; {shown}")
-    choice = results.get("time_scale_choice") or {}
+    choice = results.time_scale_choice or {}
     if choice.get("chosen_by") == "auto":
         note += (f" (GPU NICs at {choice['host_rate_mbit']:g} Mbit/s: chosen for this machine, "
                  f"predicted CPUs {choice['predicted_busy']:.0%} busy)")
@@ -251,16 +254,15 @@ def time_scale_note(results: dict, emulated: bool = False) -> str:
     return note
 
 
-def summary_table(results: dict, emulated: bool = False) -> str:
+def summary_table(results: RunResult, emulated: bool = False) -> str:
     """The comparison printed at the end of a run: one column per policy, then per GPU."""
-    policies = results.get("policies", {})
     modelled = modelled_time(results, emulated)
-    scale = results.get("time_scale") if modelled else 0.0
     out = [table(*comparison(results, emulated))]
-    out += [table(*per_gpu(name, p, scale)) for name, p in policies.items()]
-    for name, p in policies.items():
-        if len(p.get("collectives") or []) > 1:
-            out.append(sweep_table(name, p["collectives"], not modelled))
+    out += [table(*per_gpu(name, view(p, not modelled), modelled))
+            for name, p in results.policies.items()]
+    for name, p in results.policies.items():
+        if len(p.collectives) > 1:
+            out.append(sweep_table(name, p.collectives, not modelled))
         out += [table(*per_operation(name, job)) for job in jobs_of(p)]
     note = time_scale_note(results, emulated)
     if note:
@@ -268,9 +270,10 @@ def summary_table(results: dict, emulated: bool = False) -> str:
     return "\n\n".join(out)
 
 
-def jobs_of(policy: dict) -> List[dict]:
+def jobs_of(policy: PolicyResult) -> List[dict]:
     """A policy's job figures: each job's with several, else the one job's (none: [])."""
-    return policy.get("jobs") or ([policy["job"]] if policy.get("job") else [])
+    return [j["job"] for j in policy.jobs] if policy.jobs else (
+        [policy.job] if policy.job else [])
 
 
 def per_operation(policy: str, job: dict) -> Tuple[List[str], List[List[str]]]:
@@ -321,42 +324,42 @@ def _gpu_s(extrapolation):
     return f"{extrapolation['gpu_seconds_per_step_modelled']:.3g} @ {extrapolation['gpus']:,}"
 
 
-def sweep(policy: str, entries: List[dict], emulated: bool = False
+def sweep(policy: str, entries: Sequence[CollectiveResult], emulated: bool = False
           ) -> Tuple[List[str], List[List[str]]]:
     """nccl-tests style: one row per message size (time = median CCT), in the modelled fabric's
-    time and bandwidths; ``emulated``: as run (entries without modelled figures are)."""
-    name = entries[0]["collective"] if entries else ""
-    if not emulated and entries and all(e.get("modelled") for e in entries):
+    time and bandwidths; ``emulated`` (or entries without modelled figures): as run."""
+    name = entries[0].collective if entries else ""
+    if not emulated and entries and all(e.modelled for e in entries):
+        entries = [e.in_modelled_time() for e in entries]
         return ([f"{policy}: {name} sweep", "iters", "time (us)", "algbw (Gb/s)",
                  "busbw (Gb/s)", "lat p99 (us)"],
-                [[_size(e["size_bytes"]), fmt(e["iterations"]),
-                  sig(e["modelled"]["cct_us"]["p50"] if e["modelled"].get("cct_us") else None),
-                  fmt(e.get("algbw_gbps_modelled"), 2), fmt(e.get("busbw_gbps_modelled"), 2),
-                  sig((e["modelled"].get("latency_us") or {}).get("p99"))] for e in entries])
+                [[_size(e.size_bytes), fmt(e.iterations), sig(_at(e.cct_us, "p50")),
+                  fmt(e.algbw_gbps_modelled, 2), fmt(e.busbw_gbps_modelled, 2),
+                  sig(_at(e.latency_us, "p99"))] for e in entries])
+    entries = [e.emulated for e in entries]
     rows = []
     for e in entries:
-        rows.append([_size(e["size_bytes"]), fmt(e["iterations"]),
-                     fmt((e.get("cct_us") or {}).get("p50"), 0),
-                     fmt(_mbit(e.get("algbw_gbps_emulated")), 2),
-                     fmt(_mbit(e.get("busbw_gbps_emulated")), 2),
-                     fmt(e.get("busbw_gbps_modelled"), 2),
-                     fmt((e.get("latency_us") or {}).get("p99"), 0)])
+        rows.append([_size(e.size_bytes), fmt(e.iterations), fmt(_at(e.cct_us, "p50"), 0),
+                     fmt(_mbit(e.algbw_gbps_emulated), 2),
+                     fmt(_mbit(e.busbw_gbps_emulated), 2),
+                     fmt(e.busbw_gbps_modelled, 2), fmt(_at(e.latency_us, "p99"), 0)])
     return ([f"{policy}: {name} sweep", "iters", "time (us)", "algbw (Mb/s)",
              "busbw (Mb/s)", "busbw modelled (Gb/s)", "lat p99 (us)"], rows)
 
 
-def sweep_table(policy: str, entries: List[dict], emulated: bool = False) -> str:
+def sweep_table(policy: str, entries: Sequence[CollectiveResult],
+                emulated: bool = False) -> str:
     return table(*sweep(policy, entries, emulated))
 
 
-def fidelity_warnings(results: dict) -> List[str]:
+def fidelity_warnings(results: RunResult) -> List[str]:
     """One line per policy whose run was outside the fidelity monitor's tolerances."""
     out = []
-    for name, p in (results.get("policies") or {}).items():
-        f = p.get("fidelity") or {}
-        if f.get("verdict") == "outside tolerance":
+    for name, p in results.policies.items():
+        f = p.fidelity
+        if f is not None and f.verdict == "outside tolerance":
             out.append(f"warning: {name}: fidelity outside tolerance: "
-                       f"{'; '.join(f.get('problems') or [])}. {f.get('advice', '')}".rstrip())
+                       f"{'; '.join(f.problems)}. {f.advice or ''}".rstrip())
     return out
 
 

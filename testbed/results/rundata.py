@@ -11,9 +11,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
-from ..base.errors import ConfigError
+from ..base.errors import ConfigError, ResultsError
 from . import trace
 from .collect import load_packets
+from .model import RunResult
 
 
 def load_results(run_dir: str) -> dict:
@@ -30,51 +31,65 @@ def load_results(run_dir: str) -> dict:
     return data
 
 
-def latencies(run_dir: str, policy: str):
-    """Per-packet one-way latency (us) of every data packet the GPUs received under
-    ``policy`` (empty when the records are missing)."""
+def load_run(run_dir: str) -> RunResult:
+    """The typed result of a saved run (its results.json)."""
+    data = load_results(run_dir)
+    try:
+        return RunResult.from_json(run_dir, data)
+    except (ValueError, KeyError, TypeError, ResultsError) as e:
+        raise ConfigError(f"{os.path.join(run_dir, 'results.json')}: not a testbed results "
+                          f"file ({e})")
+
+
+def latencies(run_dir: str, policy: str, time_scale: float = 1.0):
+    """Per-packet one-way latency (us; divided by ``time_scale``: modelled) of every data
+    packet the GPUs received under ``policy`` (empty when the records are missing)."""
     records = os.path.join(run_dir, "records", policy)
     if not os.path.isdir(records):
         return []
-    return load_packets(records).latency
+    return load_packets(records).latency / time_scale
 
 
-def ccts(results: dict) -> Dict[str, List[float]]:
-    """Series label -> CCT (us) per iteration; a sweep gives one series per size."""
+def ccts(results: RunResult, emulated: bool = False) -> Dict[str, List[float]]:
+    """Series label -> CCT (us, modelled unless ``emulated``) per iteration; a sweep gives one
+    series per size."""
     out: Dict[str, List[float]] = {}
-    for name, p in (results.get("policies") or {}).items():
-        collectives = p.get("collectives") or []
+    for name, p in results.policies.items():
+        collectives = (p.emulated if emulated else p).collectives
         for c in collectives:
-            label = name if len(collectives) == 1 else f"{name} {c.get('size_bytes'):,} B"
-            out[label] = list((c.get("cct_us") or {}).get("per_iteration") or [])
+            label = name if len(collectives) == 1 else f"{name} {c.size_bytes:,} B"
+            out[label] = list(c.cct_us.per_iteration if c.cct_us else ())
     return out
 
 
-def iterations(results: dict) -> Dict[str, List[float]]:
-    """Policy -> a training job's iteration time (us, emulated) per iteration."""
-    return {name: list((p.get("iteration_us") or {}).get("per_iteration") or [])
-            for name, p in (results.get("policies") or {}).items() if p.get("iteration_us")}
+def iterations(results: RunResult, emulated: bool = False) -> Dict[str, List[float]]:
+    """Policy -> a training job's iteration time (us, modelled unless ``emulated``) per
+    iteration."""
+    out = {}
+    for name, p in results.policies.items():
+        it = (p.emulated if emulated else p).iteration_us
+        if it:
+            out[name] = list(it.per_iteration)
+    return out
 
 
-def iteration_parts(results: dict) -> Dict[str, Dict[str, float]]:
+def iteration_parts(results: RunResult) -> Dict[str, Dict[str, float]]:
     """Policy -> what a GPU's median iteration is made of, in modelled ms: compute, exposed
     communication per kind, and the iteration with a free network ("ideal")."""
     out: Dict[str, Dict[str, float]] = {}
-    for name, p in (results.get("policies") or {}).items():
-        m = p.get("modelled") or {}
-        if not m.get("iteration_us"):
+    for name, p in results.policies.items():
+        m = p.modelled
+        if m is None or not m.iteration_us:
             continue
-        exposed = {k: v / 1000 for k, v in (m.get("exposed_comm_us") or {}).items()
-                   if k != "total"}
-        out[name] = {"compute": (m.get("job_compute_us") or 0.0) / 1000, **exposed,
-                     "ideal": (m.get("ideal_iteration_us") or 0.0) / 1000}
+        exposed = {k: v / 1000 for k, v in (m.exposed_comm_us or {}).items() if k != "total"}
+        out[name] = {"compute": (m.job_compute_us or 0.0) / 1000, **exposed,
+                     "ideal": (m.ideal_iteration_us or 0.0) / 1000}
     return out
 
 
-def spine_loads(results: dict) -> Dict[str, Dict[str, int]]:
-    return {name: dict(p.get("spine_load_packets") or {})
-            for name, p in (results.get("policies") or {}).items()
-            if p.get("spine_load_packets")}
+def spine_loads(results: RunResult) -> Dict[str, Dict[str, int]]:
+    return {name: dict(p.spine_load_packets) for name, p in results.policies.items()
+            if p.spine_load_packets}
 
 
 def trace_path(run_dir: str, policy: str) -> str:
@@ -106,6 +121,14 @@ class Timeline:
     t_s: List[float] = field(default_factory=list)
     backlogs: Dict[str, List[float]] = field(default_factory=dict)
     paused: Dict[str, List[Tuple[float, float]]] = field(default_factory=dict)
+
+    def in_us(self, time_scale: float = 1.0) -> List[float]:
+        """The windows' starts in us (divided by ``time_scale``: modelled)."""
+        return [t * 1e6 / time_scale for t in self.t_s]
+
+    def paused_us(self, time_scale: float = 1.0) -> Dict[str, List[Tuple[float, float]]]:
+        return {q: [(a * 1e6 / time_scale, b * 1e6 / time_scale) for a, b in spans]
+                for q, spans in self.paused.items()}
 
 
 def timeline(run_dir: str, policy: str) -> Timeline:

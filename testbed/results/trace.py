@@ -51,7 +51,8 @@ def build(hosts: Dict[int, str], spans: Sequence[dict], iterations: Sequence[dic
           max_counter_events: int = MAX_COUNTER_EVENTS) -> dict:
     """The trace of one policy's run. ``hosts``: rank -> host; ``spans``, ``iterations`` and
     ``events`` (per rank) as the agents' CSV rows; ``waits``: (rank, iteration) -> the compute
-    stream's waits; ``queue_timelines``: each queue emulator's timeline rows (none: no switch tracks)."""
+    stream's waits; ``queue_timelines``: each queue emulator's timeline rows (none: no switch
+    tracks)."""
     if not iterations:
         return {"traceEvents": [], "displayTimeUnit": "ms",
                 "otherData": {"time_unit": "us, modelled", "time_scale": time_scale,

@@ -42,6 +42,7 @@ from ..results import breakdown, htmlreport, trace
 from ..results.collect import (RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled,
                                timeline)
 from ..results.latency import expected_latency_us, latency_parts
+from ..results.model import PolicyResult
 from ..scenario import capacity, timescale
 from ..scenario.config import Scenario
 from ..switchq.handle import EmulatorProcess, merge_reports
@@ -208,10 +209,12 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
             while True:
                 for i, name in enumerate(scenario.policies, 1):
                     say = _prefixed(progress, f"[{name} {i}/{len(scenario.policies)}]")
-                    results["policies"][name] = run_policy(decide(name, plan, scenario, caps),
-                                                           caps, run_dir, ledger, say, results)
+                    result = run_policy(decide(name, plan, scenario, caps), caps, run_dir,
+                                        ledger, say, results)
+                    results["policies"][name] = result.to_json()
                     write_json_atomic(path, results)
-                    breakdown.write(run_dir, results)
+                    breakdown.write(run_dir, {n: p["operations"]
+                                              for n, p in results["policies"].items()})
                 again = run_again(asked, scenario, choice, results, run_dir, progress)
                 if again is None:
                     break
@@ -462,8 +465,10 @@ class Emulators:
 
 
 def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
-               say: Progress, results: dict) -> dict:
-    """One policy's run: its fabric up, the collective replayed, the figures gathered."""
+               say: Progress, results: dict) -> PolicyResult:
+    """One policy's run: its fabric up, the collective replayed, the figures gathered (every
+    one declared: ``PolicyResult`` refuses a figure testbed/results/model.py does not
+    know)."""
     policy, scenario, plan, name = run.policy, run.scenario, run.plan, run.name
     records = os.path.join(run_dir, "records", name)
     t0 = time.monotonic()
@@ -621,7 +626,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
         f"received, {figures['drops']:,} dropped, {_count(figures['ecn_marked_packets'])} "
         f"ECN-marked, {_count(figures['pfc_pause_events'])} PFC pauses; fidelity "
         f"{figures['fidelity']['verdict']}")
-    return figures
+    return PolicyResult.from_json(figures, f"policies.{name}", strict=True, name=name)
 
 
 def _count(value) -> str:

@@ -124,7 +124,7 @@ def results_markdown() -> str:
         out += ["", f"## {title}", "", " ".join((cls.__doc__ or "").split()), "",
                 "| key | unit | meaning |", "|---|---|---|"]
         out += [f"| `{f.name}` | {f.metadata.get('unit', '')} | {f.metadata['doc']} |"
-                for f in dataclasses.fields(cls) if f.name != "raw"]
+                for f in dataclasses.fields(cls) if f.name in cls.json_keys()]
     file, columns = OPERATIONS_CSV
     out += ["", f"## `{file}`", "", "One row per policy, job, layer, kind, collective, group "
             "and size (the figure `operations` of each policy, as CSV).", "",

@@ -2,7 +2,6 @@
 whose GPUs talk over the scale-up domain and never over the fabric, and figures that hold at
 two byte scales."""
 import csv
-import dataclasses
 import glob
 import json
 import os
@@ -51,7 +50,7 @@ def test_a_data_parallel_job_overlaps_its_buckets_with_the_backward_pass(tmp_pat
     assert p["fidelity"]["verdict"] == "ok"
     _delivered_every_byte(p)
     # every job figure is written and declared by the API (jobs: with several only)
-    declared = {f.name for f in dataclasses.fields(PolicyResult)} - {"name", "raw"}
+    declared = PolicyResult.json_keys()
     expected = declared - {"latency_us_by_path", "jobs"} - set(COLLECTIVE_FIGURES)
     assert set(p) == expected, set(p) ^ expected
     assert p["collectives"] == []

@@ -1,6 +1,5 @@
 """A real run on a real fabric: every GPU's packets arrive, shaping holds, nothing is left."""
 import csv
-import dataclasses
 import glob
 import json
 import os
@@ -12,7 +11,8 @@ import pytest
 
 from testbed.run import runner
 from testbed.run.agent_processes import loops_wanted
-from testbed.api import JOB_FIGURES, CollectiveResult, PolicyResult
+from testbed.api import JOB_FIGURES, CollectiveResult, PolicyResult, RunResult
+from testbed.results.report import fmt, sig, summary_table
 from testbed.results.collect import RESULTS_SCHEMA
 from traffic import roce
 from tests.tracecheck import check as check_trace
@@ -51,9 +51,9 @@ def test_ring_all_reduce_on_a_real_fabric(small_run):
         assert lag["scheduling"] in expected, lag
 
     # every figure a run writes is declared (and documented) by the API, and the reverse
-    declared = {f.name for f in dataclasses.fields(PolicyResult)} - {"name", "raw"}
+    declared = PolicyResult.json_keys()
     optional = {"latency_us_by_path"} | JOB_FIGURES  # split fabrics only; jobs only
-    per_collective = {f.name for f in dataclasses.fields(CollectiveResult)} - {"raw"}
+    per_collective = CollectiveResult.json_keys()
     for p in on_disk["policies"].values():
         assert set(p) == declared - optional, (set(p) ^ (declared - optional))
         for c in p["collectives"]:
@@ -132,6 +132,24 @@ def test_every_policy_writes_a_trace_perfetto_loads_in_modelled_time(small_run):
         spans = [[e for e in ops if e["args"]["iteration"] == i] for i in range(w.iterations)]
         assert [max(e["ts"] + e["dur"] for e in s) - min(e["ts"] for e in s)
                 for s in spans] == pytest.approx(cct, rel=0.01)
+
+
+def test_the_apis_times_are_the_printed_tables(small_run):
+    """A scenario test written against the printed table reads the same numbers from the API:
+    modelled time by default, emulated one step away."""
+    results, run_dir, _messages = small_run
+    run = RunResult.from_json(run_dir, results)
+    text, emulated = summary_table(run), summary_table(run, emulated=True)
+    for k, name in enumerate(SMALL.policies, 1):
+        p = run.policy(name)
+        cct = next(line for line in text.splitlines() if line.startswith("CCT p50 (ms)"))
+        assert cct.split()[-len(SMALL.policies) - 1 + k] == sig(p.cct_us.p50 / 1000)
+        lat = next(line for line in text.splitlines() if line.startswith("latency p99 (us)"))
+        assert lat.split()[-len(SMALL.policies) - 1 + k] == sig(p.latency_us.p99)
+        cct = next(line for line in emulated.splitlines() if line.startswith("CCT p50 (ms)"))
+        assert cct.split()[-len(SMALL.policies) - 1 + k] == fmt(p.emulated.cct_us.p50 / 1000)
+        assert p.cct_us.p50 == pytest.approx(p.emulated.cct_us.p50 / results["time_scale"],
+                                             rel=1e-6)
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -60,4 +60,4 @@ def test_scenarios_from_names_mappings_and_overrides():
     assert s.workload.stragglers.ranks == (5,)
     assert scenario_of({"topology": {"leaves": 2}}).topology.gpus == 4
     assert scenario_of(DEFAULT) is DEFAULT
-    assert isinstance(RunResult.parse("/x", _results()).policies, dict)
+    assert isinstance(RunResult.from_json("/x", _results()).policies, dict)

@@ -1,5 +1,6 @@
 """Results in the modelled fabric's time first, emulated figures beside them."""
 from testbed.results.compare import compare
+from testbed.results.model import CollectiveResult, PolicyResult, RunResult
 from testbed.results.report import per_gpu, sig, summary_table, sweep
 from testbed.results.collect import modelled
 
@@ -24,6 +25,10 @@ def policy(cct_us=380_000.0, latency_p50=172.0):
 
 
 def results(**policies):
+    return RunResult.from_json("", raw(**policies))
+
+
+def raw(**policies):
     return {"time_scale": SCALE, "scenario": {"topology": {"modelled_rate_gbit": 100.0},
                                               "workload": {"collective": "ring",
                                                            "size_bytes": 1 << 20}},
@@ -64,7 +69,7 @@ def test_results_without_modelled_figures_stay_in_emulated_time():
     del old["modelled"]
     text = summary_table(results(hyperscale=old))
     assert "emulated time" in text.splitlines()[0]
-    assert per_gpu("hyperscale", old)[1][0][-1] == "500.0"
+    assert per_gpu("hyperscale", PolicyResult.from_json(old), modelled=False)[1][0][-1] == "500.0"
 
 
 def test_the_sweep_gives_modelled_time_and_bandwidth():
@@ -73,6 +78,7 @@ def test_the_sweep_gives_modelled_time_and_bandwidth():
              "algbw_gbps_emulated": 0.022, "busbw_gbps_emulated": 0.0386,
              "algbw_gbps_modelled": 55.2, "busbw_gbps_modelled": 96.6}
     entry["modelled"] = modelled(entry, SCALE)
+    entry = CollectiveResult.from_json(entry)
     header, rows = sweep("lossless", [entry])
     assert header[2:5] == ["time (us)", "algbw (Gb/s)", "busbw (Gb/s)"]
     assert rows[0][2:] == ["152.0", "55.20", "96.60", "3.600"]
@@ -81,14 +87,14 @@ def test_the_sweep_gives_modelled_time_and_bandwidth():
 
 
 def test_two_runs_at_different_time_scales_compare_in_modelled_time():
-    a = results(hyperscale=policy(cct_us=380_000.0))
-    b = results(hyperscale=policy(cct_us=380_000.0))
+    a = raw(hyperscale=policy(cct_us=380_000.0))
+    b = raw(hyperscale=policy(cct_us=380_000.0))
     b["time_scale"] = 1250.0
     b["policies"]["hyperscale"]["cct_us"] = {"p50": 190_000.0}
     b["policies"]["hyperscale"]["modelled"] = modelled(b["policies"]["hyperscale"], 1250.0)
     for r, name in ((a, "a"), (b, "b")):
         r.update(run_id=name, status="complete")
-    text = compare(a, b, "a", "b")
+    text = compare(RunResult.from_json("a", a), RunResult.from_json("b", b), "a", "b")
     assert "times: the modelled fabric's" in text
     cct = next(line for line in text.splitlines() if line.startswith("CCT p50 (ms)"))
     assert cct.split()[3:6] == ["0.1520", "0.1520", "="], cct  # 152 us modelled in both

@@ -4,6 +4,7 @@ import json
 import pytest
 
 from testbed.results import nccltests
+from testbed.results.model import PolicyResult, RunResult
 
 SWEEP = {"gpus": 8, "collectives": [
     {"collective": "ring", "size_bytes": 65536, "modelled": {"cct_us": {"p50": 9.5}}},
@@ -24,7 +25,7 @@ def parse(text):
 
 
 def test_the_text_parses_as_nccl_tests_output_with_its_bus_bandwidth():
-    names, rows, avg = parse(nccltests.text("hyperscale", SWEEP))
+    names, rows, avg = parse(nccltests.text("hyperscale", PolicyResult.from_json(SWEEP)))
     assert names == ["size", "count", "type", "redop", "root", "time", "algbw", "busbw",
                      "#wrong"]
     assert [int(r["size"]) for r in rows] == [65536, 1 << 20, 64 << 20]
@@ -42,15 +43,15 @@ def test_the_text_parses_as_nccl_tests_output_with_its_bus_bandwidth():
 def test_an_all_to_all_reduces_nothing_and_uses_its_own_factor():
     a2a = {"gpus": 4, "collectives": [{"collective": "all_to_all", "size_bytes": 4000,
                                        "modelled": {"cct_us": {"p50": 1.0}}}]}
-    _, (row,), _ = parse(nccltests.text("lossless", a2a))
+    _, (row,), _ = parse(nccltests.text("lossless", PolicyResult.from_json(a2a)))
     assert row["redop"] == "none"
     assert float(row["busbw"]) == pytest.approx(4.0 * 3 / 4, abs=0.005)
 
 
 def test_the_json_twin_holds_the_same_rows():
-    results = {"policies": {"hyperscale": SWEEP}}
+    results = RunResult.from_json("", {"scenario": {}, "policies": {"hyperscale": SWEEP}})
     twin = json.loads(json.dumps(nccltests.as_json(results)))
-    _, rows, avg = parse(nccltests.text("hyperscale", SWEEP))
+    _, rows, avg = parse(nccltests.text("hyperscale", PolicyResult.from_json(SWEEP)))
     got = twin["policies"]["hyperscale"]
     assert [r["size"] for r in got["rows"]] == [int(r["size"]) for r in rows]
     assert [round(r["busbw"], 2) for r in got["rows"]] == [float(r["busbw"]) for r in rows]

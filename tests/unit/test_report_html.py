@@ -94,7 +94,7 @@ def test_a_job_s_report_plots_its_iterations_and_lists_its_operations(tmp_path):
     section = page[page.index("<h2>Training job operations</h2>"):page.index("<h2>Per GPU")]
     assert section.count("<table") == 2 and "hyperscale: dense-7b operations" in section
     assert "402.6" in section and "busbw (Gb/s)" in section
-    parts = rundata.iteration_parts(results)
+    parts = rundata.iteration_parts(rundata.load_run(run))
     assert parts["hyperscale"] == {"compute": 0.3735, "dp": 0.77, "tp": 0.037,
                                    "ideal": 0.3733}
 
@@ -189,3 +189,25 @@ def test_plots_of_nothing_are_still_images(values):
     assert plots.cct_per_iteration(values).startswith(PNG)
     assert plots.iteration_parts({}).startswith(PNG)
     assert plots.spine_load({}).startswith(PNG)
+
+
+def test_the_plots_and_tables_are_in_modelled_time_and_emulated_on_request(tmp_path):
+    from testbed.results.collect import modelled
+    run = make_run(tmp_path)
+    with open(os.path.join(run, "results.json")) as f:
+        results = json.load(f)
+    for p in results["policies"].values():  # as a run at this time scale writes them
+        p["modelled"] = modelled(p, results["time_scale"])
+        for c in p["collectives"]:
+            c["modelled"] = modelled(c, results["time_scale"])
+    with open(os.path.join(run, "results.json"), "w") as f:
+        json.dump(results, f)
+    typed = rundata.load_run(run)
+    assert rundata.ccts(typed)["hyperscale"] == [49.0 / 2500]  # what cct.png draws
+    assert rundata.ccts(typed, emulated=True)["hyperscale"] == [49.0]
+    assert list(rundata.latencies(run, "hyperscale", 2500.0)) == [
+        v / 2500 for v in rundata.latencies(run, "hyperscale")]
+    page = open(htmlreport.write(run), encoding="utf-8").read()
+    assert "per policy (ring, 1M), modelled time" in page
+    page = open(htmlreport.write(run, emulated=True), encoding="utf-8").read()
+    assert "per policy (ring, 1M), emulated time" in page

@@ -8,10 +8,16 @@ import pytest
 from testbed.base.atomic import write_json_atomic
 from testbed.results.report import fidelity_warnings, summary_table, sweep_table
 from testbed.results.collect import Mechanisms, RunContext, collect
+from testbed.results.model import CollectiveResult, RunResult
 from traffic.records import ITERATION_FIELDS, PACKET_FIELDS
 from traffic.contract import WorkloadSpec
 
 RING = WorkloadSpec("ring", size=300, iterations=1, chunks=1, group=1)
+
+
+def typed(results):
+    """A results.json's content as the readers get it."""
+    return RunResult.from_json("", dict({"scenario": {}}, **results))
 
 
 def _csv(path, header, rows):
@@ -126,7 +132,7 @@ def test_summary_table_lists_policies_every_gpu_and_absent_counters_as_dashes():
                                         "latency_us_p50": 1.0, "latency_us_p99": 2.0},
                                "gpu2": {"rank": 1, "packets_sent": 5, "packets_received": 5,
                                         "latency_us_p50": None, "latency_us_p99": None}}}}}
-    text = summary_table(results)
+    text = summary_table(typed(results))
     assert "hyperscale" in text and "3 / 4" in text and "2.0" in text  # CCT p50 in ms
     assert "gpu1" in text and "gpu2" in text and "2,500x" in text
     assert "ring, 1M" in text and "0.02 @ 10,000" in text
@@ -146,7 +152,7 @@ def test_a_job_s_table_shows_full_size_figures_and_its_operations():
                "policies": {"hyperscale": {
                    "gpus": 8, "iteration_us": {"p50": 3_025_000.0, "p99": 3_030_000.0},
                    "idle_gpu_us": 15_000_000.0, "job": job, "per_gpu": {}}}}
-    lines = summary_table(results).splitlines()
+    lines = summary_table(typed(results)).splitlines()
     full = next(line for line in lines if line.strip().startswith("at full size (ms"))
     assert full.split()[-2:] == ["121.0", "(x100)"]  # 1.21 ms as run, x100
     on_n = next(line for line in lines if "full size on N GPUs" in line)
@@ -167,7 +173,7 @@ def test_sweep_table_has_nccl_tests_columns():
                 "cct_us": {"p50": 300000.0}, "algbw_gbps_emulated": 0.028,
                 "busbw_gbps_emulated": 0.049, "busbw_gbps_modelled": 122.5,
                 "latency_us": {"p99": 9000.0}}]
-    text = sweep_table("lossless", entries)
+    text = sweep_table("lossless", [CollectiveResult.from_json(e) for e in entries])
     lines = text.splitlines()
     assert "time (us)" in lines[0] and "algbw (Mb/s)" in lines[0] and "busbw (Mb/s)" in lines[0]
     assert lines[2].split()[:2] == ["64K", "5"] and lines[3].split()[0] == "1M"
@@ -180,7 +186,7 @@ def test_fidelity_warnings_name_the_policy_and_the_advice():
                                   "problems": ["the CPUs were saturated (p90 busy 99%)"],
                                   "advice": "rerun with lower link rates"}},
         "hyperscale": {"fidelity": {"verdict": "ok", "problems": []}}}}
-    lines = fidelity_warnings(results)
+    lines = fidelity_warnings(typed(results))
     assert len(lines) == 1 and lines[0].startswith("warning: lossless: fidelity outside")
     assert "saturated" in lines[0] and "lower link rates" in lines[0]
 

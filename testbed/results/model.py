@@ -1,0 +1,512 @@
+"""The typed results of a run: every figure results.json holds, declared once.
+
+The producers build these where the figures are made (``testbed.run.runner`` turns each
+policy's figures into a ``PolicyResult`` with ``strict=True``: a figure nobody declared is an
+error there, not a key a reader misses), results.json is written from ``to_json()``, and the
+table, the report, the nccl-tests output and the API read attributes. docs/results.md is
+generated from the declarations (their ``doc`` and ``unit``).
+
+Time: results.json keeps each time figure as it was measured (emulated) and the same figures
+divided by the time scale under ``modelled``. A ``PolicyResult`` read back from JSON is as run;
+``in_modelled_time()`` gives the view whose time attributes are the modelled fabric's (what
+``RunResult.policy`` returns), and a view's ``emulated`` is the as-run twin.
+
+Why one module over 400 lines: the results are one tree - run, policy, collective and job
+figures, their modelled twins - whose field declarations are results.json's reference; split,
+each figure's meaning would sit apart from its neighbours.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, FrozenSet, Mapping, Optional, Tuple
+
+from ..base.errors import ResultsError
+from ..scenario.config import Scenario
+
+NOT_JSON = {"json": False}  # a field of the object, not a key of results.json
+
+
+class Record:
+    """A node of results.json: its keys are the dataclass fields (those without ``NOT_JSON``);
+    ``NESTED`` names the fields holding records (a tuple field: one record per item)."""
+
+    NESTED: ClassVar[Dict[str, type]] = {}
+    OMITTED_WHEN_EMPTY: ClassVar[FrozenSet[str]] = frozenset()  # left out of JSON when None
+
+    @classmethod
+    def json_keys(cls) -> FrozenSet[str]:
+        return frozenset(f.name for f in dataclasses.fields(cls)
+                         if f.metadata.get("json", True))
+
+    @classmethod
+    def from_json(cls, data: Optional[Mapping[str, Any]], where: str = "",
+                  strict: bool = False, **extra):
+        """The record of ``data`` (None for None). ``strict``: a key not declared is an error
+        naming its path (a producer's bug); otherwise it is kept in ``raw`` only (a file of
+        another version)."""
+        if data is None:
+            return None
+        here = where or cls.__name__
+        if not isinstance(data, Mapping):
+            raise ResultsError(f"{here}: expected an object, found {type(data).__name__}")
+        keys = cls.json_keys()
+        if strict:
+            unknown = sorted(set(data) - keys)
+            if unknown:
+                raise ResultsError(f"{here}: {', '.join(unknown)}: not declared in "
+                                   f"testbed/results/model.py ({cls.__name__})")
+        values = dict(extra)
+        for name in keys & set(data):
+            value = data[name]
+            kind = cls.NESTED.get(name)
+            if kind is not None and value is not None:
+                if isinstance(value, (list, tuple)):
+                    value = tuple(kind.from_json(v, f"{here}.{name}[{i}]", strict)
+                                  for i, v in enumerate(value))
+                else:
+                    value = kind.from_json(value, f"{here}.{name}", strict)
+            elif isinstance(value, list):
+                value = tuple(value)
+            values[name] = value
+        if "raw" in {f.name for f in dataclasses.fields(cls)}:
+            values["raw"] = dict(data)
+        return cls(**values)
+
+    def to_json(self) -> Dict[str, Any]:
+        """The record as results.json holds it (every declared key; ``OMITTED_WHEN_EMPTY``
+        ones only when they have a value)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if not f.metadata.get("json", True):
+                continue
+            value = getattr(self, f.name)
+            if f.name in self.OMITTED_WHEN_EMPTY and (value is None or value == ()):
+                continue
+            out[f.name] = _json(value)
+        return out
+
+
+def _json(value):
+    if isinstance(value, Record):
+        return value.to_json()
+    if isinstance(value, (list, tuple)):
+        return [_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    return value
+
+
+def _scaled(value, time_scale: float):
+    """A time figure's per-GPU entries divided by the time scale (None stays None)."""
+    return None if value is None else round(value / time_scale, 9)
+
+
+@dataclass(frozen=True)
+class Percentiles(Record):
+    p50: Optional[float] = None
+    p99: Optional[float] = None
+    p999: Optional[float] = None
+    max: Optional[float] = None
+    mean: Optional[float] = None
+    count: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Cct(Record):
+    p50: Optional[float] = None
+    p99: Optional[float] = None
+    max: Optional[float] = None
+    mean: Optional[float] = None
+    per_iteration: Tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Jitter(Record):
+    ipdv_abs_p50: Optional[float] = None
+    ipdv_abs_p99: Optional[float] = None
+    ipdv_abs_max: Optional[float] = None
+    ipdv_count: Optional[int] = None
+    p99_minus_p50: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class StragglerIdle(Record):
+    per_iteration: Tuple[float, ...] = ()
+    total: Optional[float] = None
+    mean: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Modelled(Record):
+    """The time figures in the modelled fabric's time (results.json ``modelled``)."""
+    cct_us: Optional[Cct] = None
+    latency_us: Optional[Percentiles] = None
+    jitter_us: Optional[Jitter] = None
+    straggler_idle_us: Optional[StragglerIdle] = None
+    pfc_paused_ms: Optional[float] = None
+    latency_queueing_us: Optional[Percentiles] = None
+    path_delay_us: Optional[Dict[str, float]] = None
+    latency_floor_us: Optional[Dict[str, Optional[float]]] = None
+    iteration_us: Optional[Cct] = None  # a training job's figures (below)
+    job_compute_us: Optional[float] = None
+    exposed_comm_us: Optional[Dict[str, float]] = None
+    ideal_iteration_us: Optional[float] = None
+    pipeline_bubble_us: Optional[float] = None
+    network_cost_us: Optional[float] = None
+    idle_gpu_us: Optional[float] = None
+
+    NESTED = {"cct_us": Cct, "latency_us": Percentiles, "jitter_us": Jitter,
+              "straggler_idle_us": StragglerIdle, "latency_queueing_us": Percentiles,
+              "iteration_us": Cct}
+    OMITTED_WHEN_EMPTY = frozenset({"cct_us", "latency_us", "jitter_us", "straggler_idle_us",
+                                    "pfc_paused_ms", "latency_queueing_us", "path_delay_us",
+                                    "latency_floor_us", "iteration_us", "job_compute_us",
+                                    "exposed_comm_us", "ideal_iteration_us",
+                                    "pipeline_bubble_us", "network_cost_us", "idle_gpu_us"})
+
+
+@dataclass(frozen=True)
+class Fidelity(Record):
+    verdict: Optional[str] = None
+    problems: Tuple[str, ...] = ()
+    advice: Optional[str] = None
+    checks: Optional[Dict[str, dict]] = None
+
+    OMITTED_WHEN_EMPTY = frozenset({"advice"})
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == "ok"
+
+
+# the figures only a run of a training job writes (jobs: only with several jobs)
+JOB_FIGURES = frozenset({"iteration_us", "job_compute_us", "exposed_comm_us",
+                         "ideal_iteration_us", "pipeline_bubble_us", "network_cost_us",
+                         "idle_gpu_us", "job", "jobs"})
+
+
+def figure(doc: str, default: Any = None, unit: str = ""):
+    """A field of results.json, with its meaning (docs/results.md is generated from these)."""
+    return field(default=default, metadata={"doc": doc, "unit": unit})
+
+
+@dataclass(frozen=True)
+class CollectiveResult(Record):
+    """One collective at one size (``collectives[]``; a sweep has one per size). With a single
+    size these figures are also at the policy's level."""
+    collective: Optional[str] = figure("the collective's name")
+    size_bytes: Optional[int] = figure("buffer size per GPU", unit="B")
+    iterations: Optional[int] = figure("iterations replayed")
+    ranks: Optional[int] = figure("GPUs taking part")
+    cct_us: Optional[Cct] = figure(
+        "collective completion time {p50, p99, max, mean, per_iteration}: last rank done minus "
+        "first rank start", unit="us, emulated")
+    latency_us: Optional[Percentiles] = figure(
+        "one-way latency of every data packet {p50, p99, p999, max, mean, count}: the "
+        "receiver's kernel receive time minus the sender's kernel transmit time",
+        unit="us, emulated")
+    jitter_us: Optional[Jitter] = figure(
+        "IPDV (RFC 3393): difference of consecutive packets' one-way delays per flow, in send "
+        "order {ipdv_abs_p50, ipdv_abs_p99, ipdv_abs_max, ipdv_count}; and p99_minus_p50, the "
+        "latency spread", unit="us, emulated")
+    tail_ratio_p99_p50: Optional[float] = figure("latency p99 / p50")
+    algbw_gbps_emulated: Optional[float] = figure(
+        "nccl-tests algorithm bandwidth from the median CCT", unit="Gbit/s")
+    busbw_gbps_emulated: Optional[float] = figure(
+        "nccl-tests bus bandwidth: algbw x busbw_factor", unit="Gbit/s")
+    algbw_gbps_modelled: Optional[float] = figure("algbw x time scale", unit="Gbit/s")
+    busbw_gbps_modelled: Optional[float] = figure("busbw x time scale", unit="Gbit/s")
+    busbw_factor: Optional[float] = figure("nccl-tests' bus bandwidth factor of the collective")
+    straggler_idle_us: Optional[StragglerIdle] = figure(
+        "sum over ranks of (the slowest rank's finish - the rank's own finish) {per_iteration, "
+        "total, mean}, a rank's finish being the end of its own work", unit="us, emulated")
+    extrapolation: Optional[Dict[str, Any]] = figure(
+        "the same mean lag on extrapolate_gpus GPUs: (N - 1) x lag GPU-seconds per step, "
+        "emulated and modelled")
+    bytes_sent_per_rank: Optional[Dict[str, Any]] = figure(
+        "over the fabric, per iteration: {expected by the schedule, measured from delivered "
+        "packets}", unit="B")
+    scale_up_bytes_per_iteration: Optional[int] = figure(
+        "bytes the collective moved inside servers (scale-up), per iteration", unit="B")
+    packets_received: Optional[int] = figure("data packets of this collective received")
+    retransmissions_received: Optional[int] = figure("of which retransmissions")
+    ecn_marked_packets: Optional[int] = figure("of which CE-marked (null without ECN)")
+    modelled: Optional[Modelled] = figure(
+        "the time figures (latency_us, jitter_us, cct_us, straggler_idle_us) in the modelled "
+        "fabric's time: emulated / time_scale")
+    time: str = field(default="emulated", repr=False, metadata=NOT_JSON)
+    as_run: Optional[Any] = field(default=None, repr=False, compare=False, metadata=NOT_JSON)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False,
+                                metadata=NOT_JSON)
+
+    NESTED = {"cct_us": Cct, "latency_us": Percentiles, "jitter_us": Jitter,
+              "straggler_idle_us": StragglerIdle, "modelled": Modelled}
+
+    def in_modelled_time(self) -> "CollectiveResult":
+        """The same collective with its time figures in the modelled fabric's time."""
+        if self.time == "modelled" or self.modelled is None:
+            return self
+        return dataclasses.replace(self, time="modelled", as_run=self,
+                                   **_modelled_times(self))
+
+    @property
+    def emulated(self) -> "CollectiveResult":
+        """The as-run twin: time figures in emulated time, as results.json holds them."""
+        return self.as_run or self
+
+
+@dataclass(frozen=True)
+class PolicyResult(Record):
+    """One policy's run (``policies.<name>``)."""
+    name: str = field(default="", metadata={"doc": "the policy (the key under policies)",
+                                            "json": False})
+    gpus: Optional[int] = figure("GPUs in the fabric")
+    duration_s: Optional[float] = figure("wall time of the policy's run, build to teardown",
+                                         unit="s")
+    packets_sent: Optional[int] = figure(
+        "data packets put on the wire, retransmissions included")
+    packets_received: Optional[int] = figure("data packets that arrived")
+    drops: Optional[int] = figure("packets_sent - packets_received")
+    switch_queue_drops: Optional[int] = figure("drops counted by the switch ports' class FIFOs")
+    nic_queue_drops: Optional[int] = figure("drops counted by the GPU NICs' class FIFOs")
+    drops_by_port: Optional[Dict[str, Any]] = figure("those drops per port and class")
+    queued_at_end: Optional[int] = figure(
+        "frames still queued in switch ports or GPU NICs when the collectives had ended and the "
+        "fabric had had up to 3 s to drain: in flight, not lost")
+    unexplained_drops: Optional[int] = figure(
+        "drops no emulated buffer, socket or queued_at_end accounts for (emulator artefacts; "
+        "should be 0)")
+    rx_socket_drops: Optional[int] = figure("frames the agents' receive sockets dropped")
+    retransmitted_packets: Optional[int] = figure("go-back-N: packets sent again")
+    naks: Optional[int] = figure("NAKs (PSN sequence errors) sent by receivers")
+    rto_timeouts: Optional[int] = figure("retransmission timeouts")
+    out_of_order_dropped: Optional[int] = figure(
+        "packets a responder dropped while waiting for a missing PSN")
+    ecn_marked_packets: Optional[int] = figure(
+        "CE-marked data packets received (null: no ECN marking in this policy)")
+    cnps_sent: Optional[int] = figure("CNPs sent by receivers (null: no DCQCN)")
+    cnps_received: Optional[int] = figure("CNPs received by senders (null: no DCQCN)")
+    dcqcn_min_rate_mbit: Optional[float] = figure(
+        "the lowest rate a DCQCN rate limiter was set to", unit="Mbit/s, emulated")
+    pfc_pause_events: Optional[int] = figure("PFC pauses sent (null: no PFC)")
+    pfc_paused_ms: Optional[float] = figure(
+        "time queues spent paused, summed (null: no PFC)", unit="ms, emulated")
+    latency_us: Optional[Percentiles] = figure(
+        "one-way latency of every data packet {p50, p99, p999, max, mean, count}",
+        unit="us, emulated")
+    latency_app_clock: Optional[int] = figure(
+        "packets whose kernel transmit time was missing: their send time stood in")
+    latency_queueing_us: Optional[Percentiles] = figure(
+        "one-way latency less the modelled fixed path delay of each packet (its GPU pair's "
+        "switch ports and cables, and its own transmission; null when path_delay is off): the "
+        "queueing and forwarding measured on the packets", unit="us, emulated")
+    path_delay_us: Optional[Dict[str, float]] = figure(
+        "the modelled fixed path delay of a full data frame {same_leaf, cross_leaf}: switch "
+        "ports, cables and its transmission, as applied (0 when path_delay is off)",
+        unit="us, emulated")
+    latency_floor_us: Optional[Dict[str, Optional[float]]] = figure(
+        "the lowest one-way latency measured {same_leaf, cross_leaf} (null: no such pair "
+        "carried traffic)", unit="us, emulated")
+    jitter_us: Optional[Jitter] = figure(
+        "IPDV {ipdv_abs_p50, ipdv_abs_p99, ipdv_abs_max, ipdv_count, p99_minus_p50}",
+        unit="us, emulated")
+    tail_ratio_p99_p50: Optional[float] = figure("latency p99 / p50")
+    cct_us: Optional[Cct] = figure(
+        "collective completion time {p50, p99, max, mean, per_iteration}", unit="us, emulated")
+    algbw_gbps_emulated: Optional[float] = figure("nccl-tests algorithm bandwidth",
+                                                  unit="Gbit/s")
+    busbw_gbps_emulated: Optional[float] = figure("nccl-tests bus bandwidth", unit="Gbit/s")
+    busbw_gbps_modelled: Optional[float] = figure("busbw x time scale", unit="Gbit/s")
+    straggler_idle_us: Optional[StragglerIdle] = figure(
+        "idle time the slowest rank caused {per_iteration, total, mean}", unit="us, emulated")
+    extrapolation: Optional[Dict[str, Any]] = figure(
+        "the straggler's cost on extrapolate_gpus GPUs, GPU-seconds per step")
+    collectives: Tuple[CollectiveResult, ...] = figure(
+        "one entry per collective and size (below); empty when a job ran", default=())
+    iteration_us: Optional[Cct] = figure(
+        "a training job's iteration time, first rank's start to last rank's end {p50, p99, "
+        "max, mean, per_iteration}", unit="us, emulated")
+    job_compute_us: Optional[float] = figure("a job's compute per GPU and iteration",
+                                             unit="us, emulated")
+    exposed_comm_us: Optional[Dict[str, float]] = figure(
+        "a job's exposed communication per GPU and iteration: the time its compute stream "
+        "waited, per kind it waited for (dp, tp, pp, ep, ...) and total", unit="us, emulated")
+    ideal_iteration_us: Optional[float] = figure(
+        "the job's iteration with free communication (its graph replayed)", unit="us, emulated")
+    pipeline_bubble_us: Optional[float] = figure(
+        "the free-network iteration's idle time per GPU (the pipeline bubble)",
+        unit="us, emulated")
+    network_cost_us: Optional[float] = figure("iteration p50 - ideal iteration",
+                                              unit="us, emulated")
+    idle_gpu_us: Optional[float] = figure("idle GPU time per iteration, summed over GPUs",
+                                          unit="us, emulated")
+    job: Optional[Dict[str, Any]] = figure(
+        "a job's name, ranks, byte_scale, latency_share (per-message latency's share of fabric "
+        "transfer time) and byte_scale_warning, exposed_share, bytes_per_iteration {fabric, "
+        "scale_up} per kind, bytes_sent_per_rank {expected, measured}, "
+        "full_size_iteration_ms_modelled, idle_gpu_seconds_on_n_gpus {gpus, modelled (as run), "
+        "full_size (times the byte scale)} per iteration, and operations: per "
+        "communication kind, collective, group and size its count, time p50 (modelled) and "
+        "algbw/busbw (Gbit/s)")
+    operations: Tuple[Dict[str, Any], ...] = figure(
+        "the per-operation breakdown (operations.csv): per job, layer, kind (compute or the "
+        "communication's kind), collective, group size and bytes: count, and per GPU and "
+        "iteration compute_us, exposed_us (the compute stream's waits charged to it), comm_us "
+        "(its spans), time_us_p50 of one op, algbw/busbw (Gbit/s)", unit="us, modelled",
+        default=())
+    jobs: Tuple[Dict[str, Any], ...] = figure(
+        "several jobs on the fabric: each one's figures (the job figures above, its job and "
+        "modelled; job.gpus names its GPUs); the figures above are the first one's",
+        default=())
+    modelled: Optional[Modelled] = figure(
+        "the time figures in the modelled fabric's time (emulated / time_scale), pfc_paused_ms "
+        "included: what the tables show and what compares across time scales")
+    agents_reporting: Optional[int] = figure("agent processes whose records were read")
+    agent_loop_lag_us: Optional[Dict[str, Any]] = figure(
+        "how late the agents acted on their timers, pooled over agents; by_timer splits it by "
+        "kind", unit="us")
+    nic_backpressure_waits: Optional[int] = figure(
+        "times an agent found its NIC's queue full and waited")
+    rx_invalid: Optional[int] = figure(
+        "frames the agents dropped as no valid RoCE packet of this run (truncated, unknown "
+        "opcode, wrong source, forged probe header)")
+    rx_bad_icrc: Optional[int] = figure("frames dropped for a wrong ICRC")
+    rx_foreign_qp: Optional[int] = figure("frames for a QP the receiver does not have")
+    rx_unexpected_messages: Optional[int] = figure("messages no transfer expects")
+    rx_no_timestamp: Optional[int] = figure("frames received without a kernel timestamp")
+    per_gpu: Optional[Dict[str, Any]] = figure(
+        "per GPU: rank, packets sent and received, latency p50/p99 of what it received, timer "
+        "lag, foreign packets")
+    latency_us_by_path: Optional[Dict[str, Any]] = figure(
+        "split fabrics only: latency percentiles between GPUs on one server and across servers "
+        "(the latter include the servers' clock offset)", unit="us, emulated")
+    spine_load_packets: Optional[Dict[str, int]] = figure("packets each spine forwarded")
+    switch_queues: Optional[Dict[str, Any]] = figure(
+        "the switch-queue emulator's report: per-queue pauses, marking time per port, largest "
+        "backlog per port and class, sampling cost")
+    reaction_time_us: Optional[float] = figure("the emulator's sample interval",
+                                               unit="us, emulated")
+    ecn_marking: Optional[str] = figure(
+        "how switches set CE: red (kernel qdisc), sampled (the emulator), null (no ECN)")
+    ecn_marking_via: Optional[str] = figure(
+        "sampled marking applied by bpf (the tc program) or openflow (marking groups)")
+    red_marked_by_port: Optional[Dict[str, int]] = figure("with RED: the CE marks each port set")
+    per_hop_latency: Optional[Dict[str, Any]] = figure(
+        "the per-hop model (forwarding, pipeline_ns, cable_m, time_scale), the mechanism that "
+        "applied it (netem, nic: the receiving RNIC's delay line, off), the delay per port kind "
+        "modelled and the part netem applied, applied (false: off), path_us_applied (the fixed "
+        "path delay without the frame's transmission), transmission (whether each frame's own "
+        "transmission was added), and measured_min_us {same_leaf, cross_leaf}")
+    emulation_cost: Optional[Dict[str, Any]] = figure(
+        "CPU per delivered frame by component (agents, Open vSwitch, emulator, controller, "
+        "runner, kernel) and the CPUs' busy share while the traffic ran (testbed.run.cost)")
+    fidelity: Optional[Fidelity] = figure(
+        "the fidelity monitor's checks with measured values and tolerances, verdict (ok or "
+        "outside tolerance), problems and advice (docs/fidelity.md)")
+    background: Optional[Dict[str, Any]] = figure(
+        "per noisy flow: sent, received, latency or rate and jitter; incast: bursts, packets "
+        "sent and received by the target")
+    pcap: Optional[Dict[str, Dict[str, Any]]] = figure(
+        "measurement.pcap: per GPU, its capture file and the packets it holds")
+    rxe: Optional[Dict[str, Any]] = figure(
+        "--traffic rxe only: mode, endpoints, devices, and per perftest test the command, exit "
+        "code, figures, the endpoint NICs' packet counters and error if it failed")
+    params: Optional[Dict[str, Any]] = figure("the policy's parameters as run")
+    traffic_classes: Tuple[str, ...] = figure("the policy's traffic classes", default=())
+    congestion_control: Optional[str] = figure("dcqcn or none, as run")
+    rto_us: Optional[float] = figure("the NICs' retransmission timeout as run (modelled us)")
+    warnings: Tuple[str, ...] = figure(
+        "anything that makes the figures less trustworthy", default=())
+    time: str = field(default="emulated", repr=False, metadata=NOT_JSON)
+    as_run: Optional[Any] = field(default=None, repr=False, compare=False, metadata=NOT_JSON)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False,
+                                metadata=NOT_JSON)
+
+    NESTED = {"latency_us": Percentiles, "latency_queueing_us": Percentiles,
+              "jitter_us": Jitter, "cct_us": Cct, "iteration_us": Cct,
+              "straggler_idle_us": StragglerIdle, "collectives": CollectiveResult,
+              "fidelity": Fidelity, "modelled": Modelled}
+    # figures a run writes only where they apply: split fabrics, jobs, one collective
+    OMITTED_WHEN_EMPTY = frozenset({"latency_us_by_path", "cct_us", "algbw_gbps_emulated",
+                                    "busbw_gbps_emulated", "busbw_gbps_modelled",
+                                    "straggler_idle_us", "extrapolation"}) | JOB_FIGURES
+
+    def in_modelled_time(self, time_scale: float) -> "PolicyResult":
+        """The same policy with its time figures - ``Modelled``'s, each collective's, each
+        job's and the per-GPU latencies - in the modelled fabric's time (emulated /
+        ``time_scale``)."""
+        if self.time == "modelled" or self.modelled is None:
+            return self
+        per_gpu = {host: dict(g, **{k: _scaled(g.get(k), time_scale)
+                                    for k in ("latency_us_p50", "latency_us_p99")})
+                   for host, g in (self.per_gpu or {}).items()} if self.per_gpu else self.per_gpu
+        return dataclasses.replace(
+            self, time="modelled", as_run=self, per_gpu=per_gpu,
+            collectives=tuple(c.in_modelled_time() for c in self.collectives),
+            jobs=tuple(dict(j, **(j.get("modelled") or {})) for j in self.jobs),
+            **_modelled_times(self))
+
+    @property
+    def emulated(self) -> "PolicyResult":
+        """The as-run twin: time figures in emulated time, as results.json holds them."""
+        return self.as_run or self
+
+    def collective(self, size_bytes: Optional[int] = None) -> CollectiveResult:
+        """The collective's figures (at ``size_bytes`` in a sweep)."""
+        for c in self.collectives:
+            if size_bytes is None or c.size_bytes == size_bytes:
+                return c
+        sizes = ", ".join(str(c.size_bytes) for c in self.collectives)
+        raise KeyError(f"{self.name}: no collective of {size_bytes} B (sizes: {sizes})")
+
+
+def _modelled_times(record) -> Dict[str, Any]:
+    """The time figures of ``record`` from its ``modelled`` section."""
+    mine = {f.name for f in dataclasses.fields(record)}
+    return {f.name: getattr(record.modelled, f.name) for f in dataclasses.fields(Modelled)
+            if f.name in mine}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A run: its scenario, status and each policy's result (``policies``: in modelled time
+    when the run has modelled figures, each one's ``emulated`` as run), and what results.json
+    says about the run as a whole."""
+    run_dir: str
+    status: str
+    scenario: Scenario
+    policies: Dict[str, PolicyResult]
+    time_scale: float = 1.0
+    modelled: bool = False  # the policies' time figures are the modelled fabric's
+    run_id: Optional[str] = None
+    started: Optional[str] = None
+    finished: Optional[str] = None
+    version: Optional[str] = None
+    schema: Optional[str] = None
+    error: Optional[str] = None
+    time_scale_choice: Optional[Dict[str, Any]] = None  # docs/results.md, top level
+    capabilities: Optional[Dict[str, Any]] = None
+    link_emulation: Optional[Dict[str, Any]] = None
+    cpu_wakeup: Optional[Dict[str, Any]] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def policy(self, name: str) -> PolicyResult:
+        if name not in self.policies:
+            raise KeyError(f"policy {name!r} was not run (ran: {', '.join(self.policies)})")
+        return self.policies[name]
+
+    @classmethod
+    def from_json(cls, run_dir: str, d: Mapping[str, Any]) -> "RunResult":
+        policies = {n: PolicyResult.from_json(p, f"policies.{n}", name=n)
+                    for n, p in (d.get("policies") or {}).items()}
+        scale = d.get("time_scale") or 1.0
+        modelled = bool(policies) and all(p.modelled for p in policies.values())
+        if modelled:
+            policies = {n: p.in_modelled_time(scale) for n, p in policies.items()}
+        top = {f.name: d.get(f.name) for f in dataclasses.fields(cls)
+               if f.name in ("run_id", "started", "finished", "version", "schema", "error",
+                             "time_scale_choice", "capabilities", "link_emulation",
+                             "cpu_wakeup")}
+        return cls(run_dir, d.get("status", "unknown"), Scenario.from_dict(d["scenario"]),
+                   policies, scale, modelled, raw=dict(d), **top)
