@@ -16,6 +16,13 @@ from typing import Any, Dict, Mapping
 from .errors import ConfigError
 
 
+def shown(value, limit: int = 80) -> str:
+    """A value as an error message quotes it: its repr, cut at ``limit`` characters (a
+    scenario file can hold a whole tree where one value belongs)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def build(cls, data, path: str = ""):
     """``cls(**data)`` after checking every key and value of ``data`` against ``cls``."""
     if not isinstance(data, Mapping):
@@ -49,17 +56,17 @@ def _value(f, value, where):
         return build(type(default), value, where)
     if "item" in meta:  # a list of a scalar type, possibly empty
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: must be a list, got {value!r}")
+            raise ConfigError(f"{where}: must be a list, got {shown(value)}")
         return tuple(_list_item(meta["item"], v, f"{where}[{i}]") for i, v in enumerate(value))
     if isinstance(default, tuple):
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)) or not value:
-            raise ConfigError(f"{where}: must be a non-empty list, got {value!r}")
+            raise ConfigError(f"{where}: must be a non-empty list, got {shown(value)}")
         return tuple(scalar(str, v, f"{where}[{i}]", meta) for i, v in enumerate(value))
     if meta.get("auto"):
         if isinstance(value, str) and value != "auto":
-            raise ConfigError(f"{where}: must be a number or auto, got {value!r}")
+            raise ConfigError(f"{where}: must be a number or auto, got {shown(value)}")
         return value if value == "auto" else scalar(float, value, where, meta)
     return scalar(type(default), value, where, meta)
 
@@ -69,7 +76,7 @@ def _list_item(kind, value, where):
         return build(kind, value, where)
     if kind == "names":  # a list of non-empty strings (e.g. a tenant's hosts)
         if not isinstance(value, (list, tuple)) or not value:
-            raise ConfigError(f"{where}: must be a non-empty list of names, got {value!r}")
+            raise ConfigError(f"{where}: must be a non-empty list of names, got {shown(value)}")
         return tuple(scalar(str, v, f"{where}[{i}]", {}) for i, v in enumerate(value))
     return scalar(kind, value, where, {})
 
@@ -77,27 +84,27 @@ def _list_item(kind, value, where):
 def scalar(kind, value, where, meta):
     if kind is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}: must be true or false, got {value!r}")
+            raise ConfigError(f"{where}: must be true or false, got {shown(value)}")
     elif kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: must be an integer, got {value!r}")
+            raise ConfigError(f"{where}: must be an integer, got {shown(value)}")
     elif kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value):
-            raise ConfigError(f"{where}: must be a number, got {value!r}")
+            raise ConfigError(f"{where}: must be a number, got {shown(value)}")
         value = float(value)
     elif kind is str:
         if value is False and "off" in meta.get("choices", ()):
             value = "off"  # YAML 1.1 reads an unquoted off as false
         if not isinstance(value, str) or not (value or meta.get("empty")):
-            raise ConfigError(f"{where}: must be a non-empty string, got {value!r}")
+            raise ConfigError(f"{where}: must be a non-empty string, got {shown(value)}")
     if "choices" in meta and value not in meta["choices"]:
         allowed = ", ".join(str(c) for c in meta["choices"])
-        raise ConfigError(f"{where}: must be one of {allowed}, got {value!r}")
+        raise ConfigError(f"{where}: must be one of {allowed}, got {shown(value)}")
     if "min" in meta and value < meta["min"]:
-        raise ConfigError(f"{where}: must be >= {meta['min']}, got {value!r}")
+        raise ConfigError(f"{where}: must be >= {meta['min']}, got {shown(value)}")
     if "max" in meta and value > meta["max"]:
-        raise ConfigError(f"{where}: must be <= {meta['max']}, got {value!r}")
+        raise ConfigError(f"{where}: must be <= {meta['max']}, got {shown(value)}")
     return value
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 from .errors import ConfigError
+from .schema import shown
 
 LAYOUTS = ("leaf-per-server", "rail-optimized")
 LEAF_DPID_BASE = 0x10000
@@ -115,7 +116,8 @@ class FabricPlan:
         for name, value, top in (("spines", spines, MAX_SPINES), ("leaves", leaves, MAX_LEAVES),
                                  ("gpus_per_leaf", gpus_per_leaf, MAX_HOSTS_PER_LEAF)):
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
-                raise ConfigError(f"topology.{name}: must be an integer in 1..{top}, got {value!r}")
+                raise ConfigError(f"topology.{name}: must be an integer in 1..{top}, "
+                                  f"got {shown(value)}")
         top = MAX_HOSTS_PER_LEAF - gpus_per_leaf
         if not isinstance(neighbours_per_leaf, int) or not 0 <= neighbours_per_leaf <= top:
             raise ConfigError(f"topology.neighbours_per_leaf: must be an integer in 0..{top} "

@@ -137,3 +137,10 @@ def test_a_fabric_this_machine_cannot_hold_is_refused_before_it_starts(tmp_path,
     with pytest.raises(ConfigError, match="8 GPUs need about 1.2 GiB"):
         runner.run(Scenario(), out_root=str(tmp_path / "results"))
     assert not (tmp_path / "results").exists()
+
+
+def test_a_whole_tree_where_a_value_belongs_is_quoted_short(tmp_path):
+    """Found by test_random_yaml_data: a mapping of long strings given as the policies made a
+    message of 600+ characters (every value quoted in full)."""
+    value = {"policies": {f"k{i}": "x" * 60 for i in range(20)}}
+    assert outcome(write(tmp_path, yaml.safe_dump(value))) == "refused"
