@@ -93,8 +93,8 @@ def _plots(run_dir: str, results: RunResult, progress, modelled: bool
         if panels:
             out.append((f"gantt-{name}.png",
                         f"{name}: what each GPU did in its first and its slowest iteration "
-                        f"(modelled us; the first {plots.GANTT_RANKS} ranks): compute spans, "
-                        "the waits of its compute stream, each communication stream. Every "
+                        f"(modelled us; {plots.GANTT_RANKS} ranks spread over the job): compute "
+                        "spans, the waits of its compute stream, each communication stream. Every "
                         f"iteration and the switch queues: open timeline-{name}.json in "
                         "Perfetto (ui.perfetto.dev, Open trace file) or chrome://tracing.",
                         plots.gantt(name, panels)))

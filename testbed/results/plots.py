@@ -172,11 +172,19 @@ GANTT_RANKS = 8
 Bar = Tuple[str, float, float, str]  # track, start, duration (modelled us), category
 
 
+def spread(items: Sequence[int], n: int) -> List[int]:
+    """``n`` of ``items``, evenly spaced, the first and the last included (all if fewer)."""
+    if len(items) <= n:
+        return list(items)
+    return [items[round(i * (len(items) - 1) / (n - 1))] for i in range(n)]
+
+
 def gantt(policy: str, panels: Sequence[Tuple[str, Mapping[int, Sequence[Bar]]]],
           max_ranks: int = GANTT_RANKS) -> bytes:
-    """Per rank (the first ``max_ranks``) one row for its compute stream - compute spans and
-    the waits between them - and one per communication track; one panel per iteration."""
-    ranks = sorted({r for _title, bars in panels for r in bars})[:max_ranks]
+    """Per rank (``max_ranks`` of them, spread evenly from the first to the last) one row for
+    its compute stream - compute spans and the waits between them - and one per communication
+    track; one panel per iteration."""
+    ranks = spread(sorted({r for _title, bars in panels for r in bars}), max_ranks)
     rows: List[Tuple[int, str]] = []
     for r in ranks:
         tracks = sorted({b[0] for _t, bars in panels for b in bars.get(r, ())},

@@ -94,3 +94,9 @@ def test_the_checker_refuses_overlapping_events_on_one_track():
         {"ph": "X", "name": "b", "cat": "c", "pid": 1, "tid": 0, "ts": 1, "dur": 2, "args": {}}]}
     with pytest.raises(AssertionError, match="overlaps"):
         check(bad)
+
+
+def test_the_gantt_shows_ranks_spread_from_the_first_to_the_last():
+    from testbed.results.plots import spread
+    assert spread(list(range(64)), 8) == [0, 9, 18, 27, 36, 45, 54, 63]
+    assert spread([3, 5], 8) == [3, 5]
