@@ -19,7 +19,7 @@ import sys
 
 from .base.errors import ConfigError, TestbedError
 from .results.term import paint
-from .scenario.config import ALGORITHM_NAMES, ALL_POLICIES, DEFAULT
+from .scenario.config import ALGORITHM_NAMES, ALL_POLICIES
 
 
 def _progress(quiet: bool):
@@ -121,6 +121,25 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_validate(args) -> int:
+    """Run the validation cases; non-zero unless every case passed, faithfully."""
+    from .results.report import table
+    from .validate import cases, suite
+
+    chosen = cases.by_name(args.case)
+    outcomes, out_dir = suite.run_suite(chosen, args.quick, args.out, _progress(args.quiet))
+    print(table(["case", "verdict", "measured"],
+                [[o.case.name, o.status, o.verdict.measured if o.verdict else "-"]
+                 for o in outcomes]))
+    print(f"\nvalidation: {os.path.join(out_dir, 'validation.md')}\n"
+          f"report:     {os.path.join(out_dir, 'report.html')}")
+    failed = [o for o in outcomes if o.status != suite.PASS]
+    for o in failed:
+        print(paint(f"{o.case.name}: {o.status}: {o.note}", "error", sys.stderr),
+              file=sys.stderr)
+    return 1 if failed else 0
+
+
 def cmd_compare(args) -> int:
     from .results.compare import compare
     from .results.rundata import load_run
@@ -209,44 +228,10 @@ def cmd_check(args) -> int:
 def cmd_policies(args) -> int:
     """Each policy, its traffic classes and its parameters with defaults (at the default
     scenario's link rate), as ``policy_params`` in a scenario can set them."""
-    print(policies_reference())
+    from .scenario.reference import policies_text
+
+    print(policies_text())
     return 0
-
-
-def policies_reference() -> str:
-    import dataclasses
-
-    from controllers.policy import make_policy, policy_names
-
-    from .base.topology import FabricPlan
-
-    # the classes' PFC headroom covers the emulator's reaction at the emulated rate: shown at
-    # the reference rate
-    scenario = DEFAULT.for_checks()
-    t = scenario.topology
-    plan = FabricPlan.for_topology(t)
-    out = []
-    for name in policy_names():
-        policy = make_policy(name, plan, scenario)
-        summary = " ".join(type(policy.params).__doc__.split())
-        out.append(f"{name}: {summary}")
-        for c in policy.traffic_classes():
-            extra = [f"DSCP {','.join(map(str, c.dscp))}" if c.dscp else "default class",
-                     f"buffer {c.buffer_bytes:,} B"]
-            if c.ecn:
-                extra.append(f"ECN {c.ecn.kind}")
-            if c.pfc:
-                extra.append(f"PFC XOFF {c.pfc.xoff:,} / XON {c.pfc.xon:,} B")
-            out.append(f"  class {c.name} (priority {c.priority}): {', '.join(extra)}")
-        for f in dataclasses.fields(policy.params):
-            value = getattr(policy.params, f.name)
-            unit = f" {f.metadata['unit']}" if "unit" in f.metadata else ""
-            out.append(f"  {f.name} = {value!r}{unit}: {f.metadata.get('doc', '')}")
-        out.append("")
-    out.append(f"Byte defaults are for the modelled {t.modelled_rate_gbit:g} Gbit/s fabric and "
-               "scale with topology.modelled_rate_gbit; the PFC headroom shown is for "
-               f"{t.host_rate_mbit:g} Mbit/s emulated links.")
-    return "\n".join(out)
 
 
 def cmd_scenarios(args) -> int:
@@ -364,6 +349,16 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--emulated", action="store_true",
                     help="plots and tables in emulated time (default: the modelled fabric's)")
     rp.set_defaults(func=cmd_report)
+    v = sub.add_parser("validate", help="reproduce published results about AI fabrics on "
+                                        "real packets, each judged against its citation")
+    v.add_argument("--quick", action="store_true",
+                   help="fewer iterations (what the test suite runs)")
+    v.add_argument("--case", action="append", metavar="NAME",
+                   help="run only this case (repeatable; default: every case)")
+    v.add_argument("--out", default="results", help="where the suite's directory goes "
+                                                   "(default: results)")
+    v.add_argument("--quiet", action="store_true", help="no progress lines")
+    v.set_defaults(func=cmd_validate)
     cp = sub.add_parser("compare", help="what changed between two saved runs")
     cp.add_argument("run_a", metavar="DIR_A")
     cp.add_argument("run_b", metavar="DIR_B")

@@ -248,6 +248,28 @@ def spine_load(loads: Mapping[str, Mapping[str, int]]) -> bytes:
     return _png(fig)
 
 
+PASS_COLOUR, FAIL_COLOUR = "#2f9e44", "#e03131"
+
+
+def predicted_measured(name: str, bars: Sequence[Tuple[str, object, float]],
+                       ok: bool) -> bytes:
+    """A validation case's figures: per figure (its own scale) the model's value or bound
+    (grey) and the measured one (green: the case holds)."""
+    fig = Figure(figsize=(SIZE[0], 0.6 + 0.9 * max(1, len(bars))))
+    axes = fig.subplots(max(1, len(bars)), 1, squeeze=False)[:, 0]
+    for ax, (label, predicted, measured) in zip(axes, bars):
+        values = [("measured", measured, PASS_COLOUR if ok else FAIL_COLOUR)]
+        if predicted is not None:
+            values.insert(0, ("model", float(predicted), "#adb5bd"))
+        ax.barh([v[0] for v in values], [v[1] for v in values],
+                color=[v[2] for v in values])
+        ax.set_title(label, fontsize="small", loc="left")
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.invert_yaxis()
+    fig.suptitle(name, fontsize="medium")
+    return _png(fig)
+
+
 def busiest(backlogs: Mapping[str, Sequence[float]], n: int = 4) -> Dict[str, Sequence[float]]:
     """The ``n`` ports with the highest peak backlog (ports that never queued left out)."""
     peaks = sorted(((max(v) if len(v) else 0, port) for port, v in backlogs.items()),

@@ -1,0 +1,219 @@
+"""The validation cases: published results about AI fabrics, each with what it predicts here,
+the runs that measure it and the rule that judges them (pure: scenarios out, typed results in).
+
+A case decides by sign and rough size with the tolerance its row states, never by an exact
+figure; the sources are in docs/REFERENCE.md ("What the validation suite cites").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Tuple
+
+from ..base.errors import ConfigError
+from ..results.model import RunResult
+from ..scenario.config import DEFAULT, Scenario
+from ..scenario.catalog import find
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run a case needs: a label, the scenario (its policies included)."""
+    label: str
+    scenario: Scenario
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a case measured and whether it holds. ``bars``: (figure, the model's value or
+    bound, measured) for the suite's plot."""
+    measured: str
+    ok: bool
+    why: str = ""
+    bars: Tuple[Tuple[str, object, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    title: str
+    citation: str
+    published: str
+    predicts: str
+    tolerance: str
+    runs: Callable[[bool], List[Run]]  # quick -> the runs
+    judge: Callable[[Dict[str, RunResult]], Verdict]
+    notes: str = field(default="", compare=False)
+
+
+# --- the seed's straggler arithmetic ---------------------------------------------------------
+
+STRAGGLER_US, STRAGGLER_RANKS = 80.0, 4
+
+
+def _straggler_runs(quick: bool) -> List[Run]:
+    return [Run("straggler", DEFAULT.override({
+        "topology": {"leaves": 2},
+        "workload": {"size_bytes": 16384, "chunks": 1, "iterations": 4 if quick else 8,
+                     "compute_us": 4,
+                     "stragglers": {"ranks": [2], "delay_us": STRAGGLER_US}}}
+    ).with_policies(["hyperscale"]))]
+
+
+def _straggler_judge(results: Dict[str, RunResult]) -> Verdict:
+    c = results["straggler"].policy("hyperscale").collective()
+    later = c.straggler_idle_us.per_iteration[1:]  # the first iteration's start is uneven
+    idle = sum(later) / len(later)
+    expected = (STRAGGLER_RANKS - 1) * STRAGGLER_US
+    per_step = c.extrapolation["gpu_seconds_per_step_modelled"]
+    seed = 9_999 * 20e-6  # the seed's example: 20 us late on 10,000 GPUs
+    scaled = per_step * 20.0 / STRAGGLER_US
+    ok = abs(idle - expected) <= 0.10 * expected and abs(scaled - seed) <= 0.10 * seed
+    return Verdict(f"idle {idle:.1f} us per iteration (model {expected:.0f}); 20 us late on "
+                   f"10,000 GPUs: {scaled:.3f} GPU-s per step", ok,
+                   "" if ok else "outside 10% of (n-1) x delay",
+                   (("idle per iteration (us)", expected, idle),
+                    ("GPU-s per step, 20 us on 10,000", seed, scaled)))
+
+
+STRAGGLER = Case(
+    "straggler", "A straggler idles every other GPU",
+    "the seed (lock-step training: the slowest peer sets the pace)",
+    "one GPU 20 us late on 10,000 GPUs costs about 0.2 GPU-seconds per step",
+    "each of the n-1 others waits the delay: idle = (n-1) x delay per iteration",
+    "within 10% of (n-1) x delay, and of 0.2 GPU-s once scaled to 20 us on 10,000 GPUs",
+    _straggler_runs, _straggler_judge)
+
+
+# --- cut-through vs store-and-forward -------------------------------------------------------
+
+FRAME_US = (4096 + 58) * 8 / 100e3  # a full data frame at the modelled 100 Gbit/s
+ACK_US = 62 * 8 / 100e3
+
+
+def _hop_runs(quick: bool) -> List[Run]:
+    return [Run("ring-64k", DEFAULT.override({
+        "topology": {"spines": 2, "leaves": 8, "gpus_per_leaf": 1, "host_rate_mbit": 10},
+        "workload": {"size_bytes": 65536, "chunks": 1, "iterations": 4 if quick else 6,
+                     "compute_us": 2}}).with_policies(["hyperscale", "lossless"]))]
+
+
+def hop_model_us(path_delay_cross_leaf_us: float, steps: int = 14) -> float:
+    """A latency-bound ring all-reduce of two frames per step: per step the cross-leaf path
+    delay (its frame's transmission apart) plus both frames' transmission, then the last
+    step's ACK back."""
+    fixed = path_delay_cross_leaf_us - FRAME_US
+    return steps * (fixed + 2 * FRAME_US) + fixed + ACK_US
+
+
+def _hop_judge(results: Dict[str, RunResult]) -> Verdict:
+    run = results["ring-64k"]
+    cct, model, floor = {}, {}, {}
+    for name in ("hyperscale", "lossless"):
+        p = run.policy(name)
+        model[name] = hop_model_us(p.path_delay_us["cross_leaf"])
+        cct[name] = p.collective().cct_us.p50
+        floor[name] = p.latency_floor_us["cross_leaf"]
+    off = {n: cct[n] / model[n] - 1 for n in cct}
+    margin, model_margin = cct["hyperscale"] - cct["lossless"], \
+        model["hyperscale"] - model["lossless"]
+    ok = all(abs(v) <= 0.15 for v in off.values()) and margin > 0 and \
+        abs(margin - model_margin) <= 0.15 * model_margin
+    return Verdict(
+        f"CCT {cct['hyperscale']:.2f} us store-and-forward, {cct['lossless']:.2f} us "
+        f"cut-through (model {model['hyperscale']:.2f} / {model['lossless']:.2f}); idle "
+        f"floor across leaves {floor['hyperscale']:.3f} / {floor['lossless']:.3f} us", ok,
+        "" if ok else f"off the hop model by {off['hyperscale']:+.0%} / {off['lossless']:+.0%}",
+        (("store-and-forward CCT (us)", model["hyperscale"], cct["hyperscale"]),
+         ("cut-through CCT (us)", model["lossless"], cct["lossless"])))
+
+
+HOPS = Case(
+    "cut-through", "Cut-through vs store-and-forward in a latency-bound all-reduce",
+    "the seed; InfiniBand switch latency under 150 ns, Ethernet 200-250 ns plus a "
+    "serialization per hop",
+    "cut-through saves a frame's serialization per hop",
+    "each step of a 64 KiB ring on 8 leaves takes the modelled path delay; lossless (cut-"
+    "through) beats hyperscale (store-and-forward) by 15 paths' serializations",
+    "each CCT within 15% of the hop model, and the margin within 15% of the model's",
+    _hop_runs, _hop_judge)
+
+
+# --- lossy vs lossless under incast ---------------------------------------------------------
+
+def _lossy_runs(quick: bool) -> List[Run]:
+    s = find("oversubscribed").override({
+        "workload": {"iterations": 2 if quick else 4},
+        "policy_params": {"hyperscale": {"ecn": "off"}}})  # no marks: lossy and bare
+    return [Run("oversubscribed", s.with_policies(["hyperscale", "lossless"]))]
+
+
+def _lossy_judge(results: Dict[str, RunResult]) -> Verdict:
+    run = results["oversubscribed"]
+    hs, ll = run.policy("hyperscale"), run.policy("lossless")
+    ok = (hs.drops > 0 and hs.retransmitted_packets > 0 and ll.drops == 0
+          and ll.retransmitted_packets == 0 and (ll.pfc_pause_events or 0) > 0
+          and ll.cct_us.p99 < hs.cct_us.p99)
+    return Verdict(
+        f"lossy: {hs.drops:,} drops, {hs.retransmitted_packets:,} retransmitted, CCT p99 "
+        f"{hs.cct_us.p99:.0f} us; lossless: {ll.drops} drops, {ll.pfc_pause_events:,} "
+        f"pauses, CCT p99 {ll.cct_us.p99:.0f} us", ok,
+        "" if ok else "the signs differ from the prediction",
+        (("CCT p99 lossless / lossy (bound 1)", 1.0, ll.cct_us.p99 / hs.cct_us.p99),))
+
+
+LOSSY = Case(
+    "lossy-vs-lossless", "Lossy vs lossless under 2:1 oversubscription",
+    "Guo et al., RDMA over Commodity Ethernet at Scale, SIGCOMM 2016",
+    "RoCE needs a lossless fabric: drops cost go-back-N retransmissions and tail latency",
+    "hyperscale without ECN drops and retransmits; lossless drops nothing and pauses; the "
+    "collective's tail is shorter lossless",
+    "signs only: drops > 0 vs 0, pauses > 0, CCT p99 lossless < lossy",
+    _lossy_runs, _lossy_judge)
+
+
+# --- a training job's exposed communication -------------------------------------------------
+
+def _job_runs(quick: bool) -> List[Run]:
+    return [Run("default-job", find("default").override(
+        {"workload": {"iterations": 2 if quick else 3}}).with_policies(["hyperscale"]))]
+
+
+def _job_judge(results: Dict[str, RunResult]) -> Verdict:
+    p = results["default-job"].policy("hyperscale")
+    compute, ideal = p.job_compute_us, p.ideal_iteration_us
+    exposed = p.exposed_comm_us["total"]
+    comm = sum(r["comm_us"] for r in p.operations if r["kind"] != "compute")
+    ok = abs(ideal - compute) <= 0.02 * compute and 0 < exposed < comm
+    return Verdict(
+        f"free-network iteration {ideal:.1f} us, compute {compute:.1f} us; communication "
+        f"{comm:.1f} us per GPU and iteration, of it exposed {exposed:.1f} us "
+        f"({exposed / comm:.0%})", ok,
+        "" if ok else ("the free-network iteration is not the compute model"
+                       if abs(ideal - compute) > 0.02 * compute
+                       else "no communication was hidden under compute"),
+        (("free-network iteration (us; model: compute)", compute, ideal),
+         ("exposed communication (us; bound: all of it)", comm, exposed)))
+
+
+JOB = Case(
+    "exposed-communication", "A training job pays only for the communication it cannot hide",
+    "SimAI (NSDI 2025) and ASTRA-sim: exposed communication as the fabric's cost",
+    "with a free network the iteration is the compute model; of the communication, only the "
+    "part no compute hides costs iteration time",
+    "the free-network iteration equals the compute per GPU (no pipeline bubble in the default "
+    "job); the gradient buckets overlap the backward pass, so exposed < total communication",
+    "within 2% (free network); signs for the overlap (0 < exposed < total)",
+    _job_runs, _job_judge)
+
+
+CASES: Tuple[Case, ...] = (STRAGGLER, HOPS, LOSSY, JOB)
+
+
+def by_name(names) -> List[Case]:
+    """The cases named (all for none), in suite order; unknown names refused."""
+    known = {c.name: c for c in CASES}
+    unknown = [n for n in names or () if n not in known]
+    if unknown:
+        raise ConfigError(f"--case: unknown case {', '.join(unknown)} (cases: "
+                          f"{', '.join(known)})")
+    return [c for c in CASES if not names or c.name in names]

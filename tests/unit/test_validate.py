@@ -1,0 +1,90 @@
+"""The validation suite's logic without a fabric: choosing cases, judging typed results, the
+table, and the exit code that names what failed."""
+import pytest
+
+from testbed.cli import main
+from testbed.results.model import RunResult
+from testbed.scenario.config import DEFAULT
+from testbed.validate import cases, suite
+
+
+def _run(policies):
+    return RunResult.from_json("", {"scenario": DEFAULT.to_dict(), "policies": policies})
+
+
+def test_cases_are_chosen_by_name_in_suite_order_and_unknown_ones_refused():
+    assert [c.name for c in cases.by_name(["lossy-vs-lossless", "straggler"])] == [
+        "straggler", "lossy-vs-lossless"]
+    assert cases.by_name(None) == list(cases.CASES)
+    with pytest.raises(Exception, match="unknown case nope"):
+        cases.by_name(["nope"])
+
+
+def test_every_case_names_its_citation_tolerance_and_runs():
+    for case in cases.CASES:
+        assert case.citation and case.published and case.tolerance
+        for quick in (True, False):
+            runs = case.runs(quick)
+            assert runs and all(r.scenario.policies for r in runs)
+
+
+def _straggler(idle_per_iteration, per_step):
+    c = {"collective": "ring", "size_bytes": 16384,
+         "straggler_idle_us": {"per_iteration": [0.0] + idle_per_iteration},
+         "extrapolation": {"gpus": 10_000, "gpu_seconds_per_step_modelled": per_step}}
+    return {"straggler": _run({"hyperscale": {"collectives": [c]}})}
+
+
+def test_the_straggler_case_holds_within_ten_percent_of_n_minus_one_delays():
+    expected = 3 * cases.STRAGGLER_US
+    per_step = 9_999 * cases.STRAGGLER_US * 1e-6
+    assert cases.STRAGGLER.judge(_straggler([expected * 0.95] * 3, per_step)).ok
+    late = cases.STRAGGLER.judge(_straggler([expected * 0.8] * 3, per_step))
+    assert not late.ok and "outside 10%" in late.why
+
+
+def test_the_hop_model_counts_fourteen_steps_and_the_last_ack():
+    frame = cases.FRAME_US
+    assert cases.hop_model_us(frame + 1.0) == pytest.approx(
+        14 * (1.0 + 2 * frame) + 1.0 + cases.ACK_US)
+
+
+def test_lossy_vs_lossless_judges_by_signs():
+    def run(ll_drops):
+        return {"oversubscribed": _run({
+            "hyperscale": {"drops": 10, "retransmitted_packets": 12,
+                           "cct_us": {"p50": 1.0, "p99": 900.0}},
+            "lossless": {"drops": ll_drops, "retransmitted_packets": 0,
+                         "pfc_pause_events": 3, "cct_us": {"p50": 1.0, "p99": 300.0}}})}
+    assert cases.LOSSY.judge(run(0)).ok
+    assert not cases.LOSSY.judge(run(1)).ok
+
+
+def _outcome(name, status, note=""):
+    case = next(c for c in cases.CASES if c.name == name)
+    verdict = cases.Verdict("measured text", status == suite.PASS, note, (("x (us)", 1.0, 1.1),))
+    return suite.Outcome(case, verdict, status, {"run": "/tmp/x/20261205-000000-abcd"}, note)
+
+
+def test_the_table_has_a_row_per_case_with_its_citation_and_verdict():
+    text = suite.markdown([_outcome("straggler", suite.PASS),
+                           _outcome("cut-through", suite.FAIL, "off the hop model")], True)
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| case | published result (citation)")
+    assert "straggler" in rows[1] and "pass (tolerance:" in rows[1]
+    assert "FAIL: off the hop model" in rows[2] and "the seed" in rows[2]
+    page = suite.page([_outcome("straggler", suite.PASS)], True)
+    assert '<table id="validation">' in page and "data:image/png;base64," in page
+
+
+def test_a_failed_or_unfaithful_case_exits_non_zero_and_says_which_and_why(
+        monkeypatch, tmp_path, capsys):
+    outcomes = [_outcome("straggler", suite.PASS),
+                _outcome("cut-through", suite.UNFAITHFUL, "run 'ring-64k' rejected twice")]
+    monkeypatch.setattr(suite, "run_suite", lambda *a, **k: (outcomes, str(tmp_path)))
+    assert main(["validate", "--quick", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "cut-through: not measured faithfully: run 'ring-64k' rejected twice" in err
+    assert "straggler" not in err
+    monkeypatch.setattr(suite, "run_suite", lambda *a, **k: (outcomes[:1], str(tmp_path)))
+    assert main(["validate", "--quick", "--quiet"]) == 0
