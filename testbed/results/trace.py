@@ -12,8 +12,9 @@ Times (``ts``, ``dur``) are modelled microseconds since the first GPU's first it
 (emulated time / time scale); each event's args hold its emulated start (``emulated_us``).
 Bounded: at most ``MAX_SPAN_EVENTS`` span events - whole iterations, the first and the slowest
 first, the rest in order while they fit; ``otherData.omitted_iterations`` names what was left
-out - and at most ``MAX_COUNTER_EVENTS`` counter samples (neighbouring windows merged, peaks
-kept). Pure: ``build`` takes the records' rows; ``write`` is the file edge.
+out - at most ``MAX_COUNTER_EVENTS`` counter samples (neighbouring windows merged, peaks
+kept) and the first ``MAX_INSTANT_EVENTS`` RTOs and NAKs (``omitted_instants``: the rest).
+Pure: ``build`` takes the records' rows; ``write`` is the file edge.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from ..base.atomic import write_atomic
 
 MAX_SPAN_EVENTS = 250_000
 MAX_COUNTER_EVENTS = 100_000
+MAX_INSTANT_EVENTS = 50_000  # RTOs and NAKs: the first ones in time
 SWITCH_PID = 100_000  # switches' process ids start here (GPUs: rank + 1)
 ITERATIONS_TID, COMPUTE_TID, NIC_TID, FIRST_STREAM_TID = 0, 1, 2, 10
 
@@ -48,7 +50,8 @@ def build(hosts: Dict[int, str], spans: Sequence[dict], iterations: Sequence[dic
           waits: Dict[Tuple[int, int], List[Wait]], events: Dict[int, Sequence[dict]],
           queue_timelines: Sequence[Sequence[dict]], time_scale: float,
           max_span_events: int = MAX_SPAN_EVENTS,
-          max_counter_events: int = MAX_COUNTER_EVENTS) -> dict:
+          max_counter_events: int = MAX_COUNTER_EVENTS,
+          max_instant_events: int = MAX_INSTANT_EVENTS) -> dict:
     """The trace of one policy's run. ``hosts``: rank -> host; ``spans``, ``iterations`` and
     ``events`` (per rank) as the agents' CSV rows; ``waits``: (rank, iteration) -> the compute
     stream's waits; ``queue_timelines``: each queue emulator's timeline rows (none: no switch
@@ -87,12 +90,11 @@ def build(hosts: Dict[int, str], spans: Sequence[dict], iterations: Sequence[dic
                 out.append(_complete(clock, f"wait: {kind}", "wait", rank + 1, COMPUTE_TID,
                                      start, end, {"iteration": it, "waited_for": op,
                                                   "kind": kind}))
-    for rank, rows in sorted(events.items()):
-        for e in rows:
-            kind = e["kind"]
-            name = {"rto": "retransmission timeout", "nak": "NAK sent"}.get(kind, kind)
-            out.append(_instant(clock, name, kind, rank + 1, int(e["t_ns"]),
-                                {"peer_rank": int(e["peer"])}))
+    instants = sorted((int(e["t_ns"]), rank, e) for rank, rows in events.items() for e in rows)
+    for t_ns, rank, e in instants[:max_instant_events]:
+        kind = e["kind"]
+        name = {"rto": "retransmission timeout", "nak": "NAK sent"}.get(kind, kind)
+        out.append(_instant(clock, name, kind, rank + 1, t_ns, {"peer_rank": int(e["peer"])}))
     switches: Dict[str, int] = {}
     window_us = None
     for rows in queue_timelines:
@@ -107,6 +109,7 @@ def build(hosts: Dict[int, str], spans: Sequence[dict], iterations: Sequence[dic
                           "iterations": len(durations), "first_iteration": min(durations),
                           "slowest_iteration": slowest,
                           "omitted_iterations": sorted(set(durations) - kept),
+                          "omitted_instants": max(0, len(instants) - max_instant_events),
                           "queue_window_us_modelled": window_us}}
 
 

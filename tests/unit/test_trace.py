@@ -100,3 +100,13 @@ def test_the_gantt_shows_ranks_spread_from_the_first_to_the_last():
     from testbed.results.plots import spread
     assert spread(list(range(64)), 8) == [0, 9, 18, 27, 36, 45, 54, 63]
     assert spread([3, 5], 8) == [3, 5]
+
+
+def test_only_the_first_instants_are_kept_and_the_rest_counted():
+    spans, its, waits = _records()
+    t0 = its[0]["compute_start_ns"]
+    events = {0: [{"t_ns": t0 + 1000 * k, "kind": "nak", "peer": 1} for k in range(5)]}
+    t = trace.build({0: "gpu1", 1: "gpu2"}, spans, its, waits, events, [], SCALE,
+                    max_instant_events=3)
+    naks = [e["ts"] for e in t["traceEvents"] if e["ph"] == "i"]
+    assert naks == [0.0, 0.001, 0.002] and t["otherData"]["omitted_instants"] == 2
