@@ -75,7 +75,9 @@ class Record:
 
     def to_json(self) -> Dict[str, Any]:
         """The record as results.json holds it (every declared key; ``OMITTED_WHEN_EMPTY``
-        ones only when they have a value)."""
+        ones only when they have a value); a modelled view writes its as-run twin."""
+        if getattr(self, "as_run", None) is not None:
+            return self.as_run.to_json()
         out = {}
         for f in dataclasses.fields(self):
             if not f.metadata.get("json", True):

@@ -64,6 +64,7 @@ def test_times_are_modelled_by_default_and_emulated_one_step_away(tmp_path):
     assert p.per_gpu["gpu2"]["latency_us_p50"] == 20.0 / SCALE
     assert p.emulated.per_gpu["gpu2"]["latency_us_p50"] == 20.0
     assert p.packets_received == p.emulated.packets_received == 3  # counts are not times
+    assert p.to_json() == p.emulated.to_json()  # a view writes what was measured
 
 
 def test_the_apis_cct_is_the_printed_tables(tmp_path):
