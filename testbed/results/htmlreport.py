@@ -120,14 +120,14 @@ def _plots(run_dir: str, results: RunResult, progress, modelled: bool
     return out, ""
 
 
-def _e(value) -> str:
+def escape(value) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _table(header: List[str], rows: List[List[str]], table_id: str = "") -> str:
-    ident = f' id="{_e(table_id)}"' if table_id else ""
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>"
+def table(header: List[str], rows: List[List[str]], table_id: str = "") -> str:
+    ident = f' id="{escape(table_id)}"' if table_id else ""
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>"
                    for row in rows)
     return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
@@ -137,20 +137,20 @@ def _verdicts(results: RunResult) -> str:
     for name, p in results.policies.items():
         f = p.fidelity
         if f is None or f.verdict is None:
-            items.append(f"<li><b>{_e(name)}</b>: no fidelity verdict recorded</li>")
+            items.append(f"<li><b>{escape(name)}</b>: no fidelity verdict recorded</li>")
             continue
         cls = "ok" if f.ok else "bad"
-        text = f"<li><b>{_e(name)}</b>: <span class=\"{cls}\">{_e(f.verdict)}</span>"
+        text = f"<li><b>{escape(name)}</b>: <span class=\"{cls}\">{escape(f.verdict)}</span>"
         if f.problems:
-            text += ": " + _e("; ".join(f.problems))
+            text += ": " + escape("; ".join(f.problems))
         if f.advice and not f.ok:
-            text += f"<br><i>{_e(f.advice)}</i>"
-        text += f"<br>emulation cost: {_e(report.cost_text(p.emulation_cost))}"
+            text += f"<br><i>{escape(f.advice)}</i>"
+        text += f"<br>emulation cost: {escape(report.cost_text(p.emulation_cost))}"
         items.append(text + "</li>")
     for name, p in results.policies.items():
         for w in p.warnings:
-            items.append(f"<li><b>{_e(name)}</b>: <span class=\"warn\">warning</span>: "
-                         f"{_e(w)}</li>")
+            items.append(f"<li><b>{escape(name)}</b>: <span class=\"warn\">warning</span>: "
+                         f"{escape(w)}</li>")
     return "<ul id=\"fidelity\">" + "".join(items) + "</ul>"
 
 
@@ -161,7 +161,7 @@ def _capabilities(results: RunResult) -> str:
              for k, v in (results.link_emulation or {}).items()]
     rows += [[f"CPU wake-ups: {k}", _plain(v)]
              for k, v in (results.cpu_wakeup or {}).items()]
-    return _table(["capability", "value"], rows, "capabilities")
+    return table(["capability", "value"], rows, "capabilities")
 
 
 def _plain(v) -> str:
@@ -184,7 +184,7 @@ def _files(results: RunResult) -> str:
     for name, p in results.policies.items():
         for host, entry in (p.pcap or {}).items():
             links.append((entry["file"], f"{name}: capture on {host} ({entry['bytes']:,} B)"))
-    items = "".join(f"<li><a href=\"{_e(href)}\">{_e(href)}</a>: {_e(what)}</li>"
+    items = "".join(f"<li><a href=\"{escape(href)}\">{escape(href)}</a>: {escape(what)}</li>"
                     for href, what in links)
     return f"<ul>{items}<li>controller-*.log, agent-*.log, switchq-*: the logs of each " \
            f"policy's controller, agents and queue emulator</li></ul>"
@@ -197,53 +197,53 @@ def render(results: RunResult, figures: List[Figure], plot_note: str = "",
     scenario = results.scenario.to_dict()
     policies = results.policies
     status = results.status
-    parts = [f"<h1>AI-fabric testbed: {_e(results.scenario.name)}</h1>",
-             f"<p class=\"meta\">run {_e(results.run_id)} &middot; status "
+    parts = [f"<h1>AI-fabric testbed: {escape(results.scenario.name)}</h1>",
+             f"<p class=\"meta\">run {escape(results.run_id)} &middot; status "
              f"<span id=\"status\" class=\"{'ok' if status == 'complete' else 'bad'}\">"
-             f"{_e(status)}</span> &middot; {_e(results.started)} to "
-             f"{_e(results.finished or '-')} &middot; testbed "
-             f"{_e(results.version)} &middot; policies {_e(', '.join(policies))}</p>"]
+             f"{escape(status)}</span> &middot; {escape(results.started)} to "
+             f"{escape(results.finished or '-')} &middot; testbed "
+             f"{escape(results.version)} &middot; policies {escape(', '.join(policies))}</p>"]
     if status != "complete":
-        parts.append(f"<p class=\"banner\">This run is <b>{_e(status)}</b>"
-                     + (f" ({_e(results.error)})" if results.error else "")
+        parts.append(f"<p class=\"banner\">This run is <b>{escape(status)}</b>"
+                     + (f" ({escape(results.error)})" if results.error else "")
                      + ": the figures cover what was gathered before it stopped.</p>")
     note = report.time_scale_note(results, emulated)
     if note:
-        parts.append(f"<p class=\"meta\">{_e(note)}</p>")
+        parts.append(f"<p class=\"meta\">{escape(note)}</p>")
     modelled = report.modelled_time(results, emulated)
     parts.append("<h2>Fidelity</h2>" + _verdicts(results))
-    parts.append("<h2>Comparison</h2>" + _table(*report.comparison(results, emulated),
+    parts.append("<h2>Comparison</h2>" + table(*report.comparison(results, emulated),
                                                 "comparison"))
     if modelled:
         parts.append("<details><summary>The same in emulated time</summary>"
-                     + _table(*report.comparison(results, emulated=True), "comparison-emulated")
+                     + table(*report.comparison(results, emulated=True), "comparison-emulated")
                      + "</details>")
     parts.append("<h2>Plots</h2>")
     if plot_note:
-        parts.append(f"<p class=\"warn\">{_e(plot_note)}</p>")
+        parts.append(f"<p class=\"warn\">{escape(plot_note)}</p>")
     for name, caption, png in figures:
         data = base64.b64encode(png).decode("ascii")
-        parts.append(f"<figure><img src=\"data:image/png;base64,{data}\" alt=\"{_e(caption)}\">"
-                     f"<figcaption>{_e(caption)} <a href=\"{PLOTS_DIR}/{_e(name)}\">"
-                     f"{_e(name)}</a></figcaption></figure>")
+        parts.append(f"<figure><img src=\"data:image/png;base64,{data}\" alt=\"{escape(caption)}\">"
+                     f"<figcaption>{escape(caption)} <a href=\"{PLOTS_DIR}/{escape(name)}\">"
+                     f"{escape(name)}</a></figcaption></figure>")
     views = {n: report.view(p, not modelled) for n, p in policies.items()}
     sweeps = [(n, p.collectives) for n, p in policies.items() if len(p.collectives) > 1]
     if sweeps:
         parts.append("<h2>Message-size sweep</h2>")
-        parts += [_table(*report.sweep(n, entries, not modelled)) for n, entries in sweeps]
+        parts += [table(*report.sweep(n, entries, not modelled)) for n, entries in sweeps]
     jobs = [(n, job) for n, p in policies.items() for job in report.jobs_of(p)]
     if jobs:
         parts.append("<h2>Training job operations</h2>")
-        parts += [_table(*report.per_operation(n, job)) for n, job in jobs]
+        parts += [table(*report.per_operation(n, job)) for n, job in jobs]
     parts.append("<h2>Per GPU</h2>")
-    parts += [_table(*report.per_gpu(n, v, modelled)) for n, v in views.items()]
+    parts += [table(*report.per_gpu(n, v, modelled)) for n, v in views.items()]
     parts.append("<h2>Scenario</h2><pre id=\"scenario\">"
-                 + _e(yaml.safe_dump(scenario, sort_keys=False, default_flow_style=False))
+                 + escape(yaml.safe_dump(scenario, sort_keys=False, default_flow_style=False))
                  + "</pre>")
     parts.append("<h2>Machine and emulation</h2>" + _capabilities(results))
     parts.append("<h2>Files</h2>" + _files(results))
     title = f"testbed report {results.run_id or ''}"
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>\n"
+            f"<title>{escape(title)}</title><style>{CSS}</style></head><body>\n"
             + "\n".join(parts) + "\n</body></html>\n")
 

@@ -237,7 +237,6 @@ class CollectiveResult(Record):
     modelled: Optional[Modelled] = figure(
         "the time figures (latency_us, jitter_us, cct_us, straggler_idle_us) in the modelled "
         "fabric's time: emulated / time_scale")
-    time: str = field(default="emulated", repr=False, metadata=NOT_JSON)
     as_run: Optional[Any] = field(default=None, repr=False, compare=False, metadata=NOT_JSON)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False,
                                 metadata=NOT_JSON)
@@ -247,10 +246,15 @@ class CollectiveResult(Record):
 
     def in_modelled_time(self) -> "CollectiveResult":
         """The same collective with its time figures in the modelled fabric's time."""
-        if self.time == "modelled" or self.modelled is None:
+        if self.as_run is not None or self.modelled is None:
             return self
-        return dataclasses.replace(self, time="modelled", as_run=self,
+        return dataclasses.replace(self, as_run=self,
                                    **_modelled_times(self))
+
+    @property
+    def time(self) -> str:
+        """Which time the time figures are in: modelled (a view) or emulated (as run)."""
+        return "emulated" if self.as_run is None else "modelled"
 
     @property
     def emulated(self) -> "CollectiveResult":
@@ -420,7 +424,6 @@ class PolicyResult(Record):
     rto_us: Optional[float] = figure("the NICs' retransmission timeout as run (modelled us)")
     warnings: Tuple[str, ...] = figure(
         "anything that makes the figures less trustworthy", default=())
-    time: str = field(default="emulated", repr=False, metadata=NOT_JSON)
     as_run: Optional[Any] = field(default=None, repr=False, compare=False, metadata=NOT_JSON)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False,
                                 metadata=NOT_JSON)
@@ -438,16 +441,21 @@ class PolicyResult(Record):
         """The same policy with its time figures - ``Modelled``'s, each collective's, each
         job's and the per-GPU latencies - in the modelled fabric's time (emulated /
         ``time_scale``)."""
-        if self.time == "modelled" or self.modelled is None:
+        if self.as_run is not None or self.modelled is None:
             return self
         per_gpu = {host: dict(g, **{k: _scaled(g.get(k), time_scale)
                                     for k in ("latency_us_p50", "latency_us_p99")})
                    for host, g in (self.per_gpu or {}).items()} if self.per_gpu else self.per_gpu
         return dataclasses.replace(
-            self, time="modelled", as_run=self, per_gpu=per_gpu,
+            self, as_run=self, per_gpu=per_gpu,
             collectives=tuple(c.in_modelled_time() for c in self.collectives),
             jobs=tuple(dict(j, **(j.get("modelled") or {})) for j in self.jobs),
             **_modelled_times(self))
+
+    @property
+    def time(self) -> str:
+        """Which time the time figures are in: modelled (a view) or emulated (as run)."""
+        return "emulated" if self.as_run is None else "modelled"
 
     @property
     def emulated(self) -> "PolicyResult":

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import datetime
-import html
 import json
 import os
 from dataclasses import dataclass
@@ -128,17 +127,12 @@ def write(out_dir: str, outcomes: List[Outcome], quick: bool) -> None:
 
 def page(outcomes: List[Outcome], quick: bool) -> str:
     """The suite's report: the table and, per case, its predicted and measured figures."""
-    from ..results.htmlreport import CSS
+    from ..results.htmlreport import CSS, escape as e, table
 
-    e = lambda v: html.escape(str(v), quote=True)  # noqa: E731
-    head = "".join(f"<th>{e(c)}</th>" for c in COLUMNS)
-    body = "".join("<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in r) + "</tr>"
-                   for r in rows(outcomes))
     parts = ["<h1>AI-fabric testbed: validation</h1>",
              f"<p class=\"meta\">{len(outcomes)} cases{' (quick)' if quick else ''}: "
              f"{sum(o.status == PASS for o in outcomes)} pass</p>",
-             f"<table id=\"validation\"><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
-             "</table>"]
+             table(list(COLUMNS), rows(outcomes), "validation")]
     for o in outcomes:
         if o.verdict and o.verdict.bars:
             png = _plot(o)
