@@ -203,6 +203,16 @@ class FabricPlan:
                 out += [(link.intf1, "fabric"), (link.intf2, "fabric")]
         return out
 
+    def link_named(self, name: str, where: str = "link") -> Link:
+        """The link between the two nodes ``name`` joins with ``-`` (either order)."""
+        ends = name.split("-")
+        for link in self.links:
+            if len(ends) == 2 and set(ends) == {link.node1, link.node2}:
+                return link
+        raise ConfigError(f"{where}: {shown(name)} is no link of this fabric (name its two "
+                          f"nodes, like {self.links[-1].node1}-{self.links[-1].node2} or "
+                          f"{self.links[0].node1}-{self.links[0].node2})")
+
     def interface_names(self) -> List[str]:
         return [name for link in self.links for name in (link.intf1, link.intf2)]
 

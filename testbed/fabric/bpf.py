@@ -19,7 +19,7 @@ from ..base.netlink import (NLA_F_NESTED, NLM_F_ACK, NLM_F_REQUEST, NLMSGHDR, RT
                             TCA_KIND, TCA_OPTIONS, TCMSG, _attr, send_and_check)
 
 # bpf(2) commands, map and program types, map flags, helpers
-BPF_MAP_CREATE, BPF_MAP_UPDATE_ELEM, BPF_PROG_LOAD = 0, 2, 5
+BPF_MAP_CREATE, BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_PROG_LOAD = 0, 1, 2, 5
 BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_ARRAY = 1, 2
 BPF_F_MMAPABLE = 1 << 10
 BPF_PROG_TYPE_SCHED_CLS = 3
@@ -61,6 +61,7 @@ def rsh_k(dst, imm): return _i(0x77, dst, imm=imm)  # noqa: E704
 def rsh_x(dst, src): return _i(0x7F, dst, src)  # noqa: E704
 def ldx_w(dst, src, off): return _i(0x61, dst, src, off)  # noqa: E704  dst = *(u32 *)(src + off)
 def ldx_h(dst, src, off): return _i(0x69, dst, src, off)  # noqa: E704
+def ldx_b(dst, src, off): return _i(0x71, dst, src, off)  # noqa: E704
 def ldx_dw(dst, src, off): return _i(0x79, dst, src, off)  # noqa: E704
 def stx_w(dst, src, off): return _i(0x63, dst, src, off)  # noqa: E704  *(u32 *)(dst + off) = src
 def stx_h(dst, src, off): return _i(0x6B, dst, src, off)  # noqa: E704
@@ -70,6 +71,7 @@ def call(helper): return _i(0x85, imm=helper)  # noqa: E704
 def exit_(): return _i(0x95)  # noqa: E704
 def jeq(dst, imm, label=OUT): return ("jump", 0x15, dst, imm, label)  # noqa: E704
 def jne(dst, imm, label=OUT): return ("jump", 0x55, dst, imm, label)  # noqa: E704
+def jge(dst, imm, label=OUT): return ("jump", 0x35, dst, imm, label)  # noqa: E704  unsigned
 def label(name): return ("label", name)  # noqa: E704
 
 
@@ -143,6 +145,14 @@ def update(map_fd: int, key: bytes, value: bytes) -> None:
     v = ctypes.create_string_buffer(value, len(value))
     bpf(BPF_MAP_UPDATE_ELEM, struct.pack("=IIQQQ", map_fd, 0, ctypes.addressof(k),
                                          ctypes.addressof(v), 0))
+
+
+def lookup(map_fd: int, key: bytes, value_size: int) -> bytes:
+    k = ctypes.create_string_buffer(key, len(key))
+    v = ctypes.create_string_buffer(value_size)
+    bpf(BPF_MAP_LOOKUP_ELEM, struct.pack("=IIQQQ", map_fd, 0, ctypes.addressof(k),
+                                         ctypes.addressof(v), 0))
+    return v.raw
 
 
 def load_program(code: bytes, name: str) -> int:

@@ -38,7 +38,8 @@ from .bpf import ETH_P_IP_BE
 
 MAX_PORTS = 4096
 PROG_NAME = "testbed_ecn"
-FILTER_PRIO = 2  # after the queue counters (testbed.fabric.bpfqueue), which pass every packet on
+FILTER_PRIO = 3  # after the loss (testbed.fabric.linkloss) and the queue counters, which pass
+# every packet they keep on
 
 
 def program(map_fd: int) -> bytes:

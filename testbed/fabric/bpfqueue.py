@@ -32,7 +32,7 @@ from .bpf import (OUT, R0, R1, R2, R6, R7, R10, SKB_IFINDEX, SKB_LEN, TC_ACT_UNS
                   mov_k, mov_x, add_k, rsh_x, st_w, stx_w, xadd_dw)
 
 IN_NAME, OUT_NAME = "testbed_q_in", "testbed_q_out"
-COUNT_PRIO = 1  # before the marking program
+COUNT_PRIO = 2  # after the loss program (testbed.fabric.linkloss), before the marking one
 MAX_SLOTS = 4096
 
 

@@ -35,6 +35,7 @@ from ..base.ledger import OVS_TAG, Ledger
 from ..base.topology import PREFIX_LEN, FabricPlan
 from ..scenario.config import TopologyConfig
 from .capabilities import Capabilities
+from .linkloss import LinkLoss
 from .shaping import Shape, has_delay_line, tc_commands
 
 if TYPE_CHECKING:  # the run's decisions, handed in (testbed.run.runplan)
@@ -126,6 +127,7 @@ class Fabric:
         self.controller_port = controller_port
         self.ledger = ledger
         self.net: Optional[Mininet] = None
+        self.loss: Optional[LinkLoss] = None  # the lossy links' programs, if any
         self.headroom = run.scenario.emulation.switch_rate_headroom
         self.path_delay = run.path_delay
         self.shapes = egress_shapes(plan, topo, run.classes, self.headroom,
@@ -174,6 +176,7 @@ class Fabric:
                                               for name in mine))
         self._configure_hosts()
         self._shape()
+        self._lose()
 
     def _cluster_net(self, common: dict):
         """The same fabric over several servers (Mininet Cluster Edition): reverse tunnels
@@ -259,6 +262,29 @@ class Fabric:
                     for c in self.shape_commands(intf.name)]
             if cmds:
                 _run(node, " && ".join(cmds))
+
+    def _lose(self) -> None:
+        """The loss program on both ends of every lossy link (one server: ``decide`` refuses
+        lossy links on a split fabric)."""
+        ends = {}
+        for lossy in self.topo.lossy_links:
+            link = self.plan.link_named(lossy.link)
+            for intf, node in ((link.intf1, link.node1), (link.intf2, link.node2)):
+                pid = self.netns_pid(node) if self.plan.is_host(node) else None
+                ends[intf] = (lossy.drop_rate, pid)
+        if not ends:
+            return
+        self.loss = LinkLoss(ends)
+        try:
+            self.loss.open()
+        except OSError as e:
+            raise CapabilityError(f"topology.lossy_links: the kernel refused the loss program "
+                                  f"({e.strerror or e}); it needs bpf and the cls_bpf "
+                                  "classifier") from None
+
+    def link_losses(self) -> Dict[str, Dict[str, int]]:
+        """Packets each end of a lossy link lost: RoCE ``data`` and ``other``."""
+        return self.loss.lost() if self.loss is not None else {}
 
     def shape_commands(self, intf: str) -> List[str]:
         """The commands that shape ``intf`` (MTU, then ``testbed.fabric.shaping``), to run where
@@ -421,6 +447,9 @@ class Fabric:
         if self.net is None:
             return
         pids = self._shell_pids()
+        if self.loss is not None:
+            self.loss.close()
+            self.loss = None
         net, self.net = self.net, None
         try:
             net.stop()

@@ -277,12 +277,16 @@ class PolicyResult(Record):
     switch_queue_drops: Optional[int] = figure("drops counted by the switch ports' class FIFOs")
     nic_queue_drops: Optional[int] = figure("drops counted by the GPU NICs' class FIFOs")
     drops_by_port: Optional[Dict[str, Any]] = figure("those drops per port and class")
+    link_losses: Optional[int] = figure(
+        "packets the lossy links lost (topology.lossy_links; null: none), control included")
+    link_losses_by_port: Optional[Dict[str, Any]] = figure(
+        "what each end of a lossy link lost: RoCE data and other packets")
     queued_at_end: Optional[int] = figure(
         "frames still queued in switch ports or GPU NICs when the collectives had ended and the "
         "fabric had had up to 3 s to drain: in flight, not lost")
     unexplained_drops: Optional[int] = figure(
-        "drops no emulated buffer, socket or queued_at_end accounts for (emulator artefacts; "
-        "should be 0)")
+        "drops no emulated buffer, lossy link, socket or queued_at_end accounts for (emulator "
+        "artefacts; should be 0)")
     rx_socket_drops: Optional[int] = figure("frames the agents' receive sockets dropped")
     retransmitted_packets: Optional[int] = figure("go-back-N: packets sent again")
     naks: Optional[int] = figure("NAKs (PSN sequence errors) sent by receivers")

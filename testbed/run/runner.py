@@ -560,6 +560,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
                         pcaps = capture.stop()
                 _shielded_call(agents.stop)
         stats = egress_stats(session.fabric)
+        losses = session.fabric.link_losses()
         hops = session.fabric.hop_delays()
         say("tearing down the fabric")
     where, classes, cc = run.placement, run.classes, run.congestion_control
@@ -594,8 +595,11 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
         "switch_queue_drops": switch_drops,
         "nic_queue_drops": nic_drops,
         "drops_by_port": per_port,
+        "link_losses": sum(sum(v.values()) for v in losses.values()) if losses else None,
+        "link_losses_by_port": losses or None,
         "queued_at_end": in_flight,
         "unexplained_drops": max(0, figures["drops"] - switch_drops - nic_drops
+                                 - sum(v["data"] for v in losses.values())
                                  - figures["rx_socket_drops"] - in_flight),
         "spine_load_packets": spine_load(plan, stats),
         "pfc_pause_events": queues.get("pfc_pause_events", 0) if pfc else None,

@@ -14,6 +14,7 @@ from controllers.classes import TrafficClass, default_class
 from controllers.policy import Policy, make_policy
 from traffic.contract import QpLimiter, WorkloadSpec
 
+from ..base.errors import ConfigError
 from ..base.hops import HopModel, PathDelay, hop_model, mechanism
 from ..base.topology import FabricPlan
 from ..fabric.capabilities import Capabilities
@@ -67,13 +68,17 @@ def decide(name: str, plan: FabricPlan, scenario: Scenario, caps: Capabilities) 
     classes = tuple(policy.traffic_classes())
     cc = congestion_control(scenario, policy)
     hops = hop_model(scenario, policy.params)
+    placement = cluster_placement(scenario, plan)
+    if placement and scenario.topology.lossy_links:
+        raise ConfigError("topology.lossy_links: a fabric split over servers cannot have "
+                          "lossy links yet; run it on one server")
     return PolicyRun(
         policy=policy, scenario=scenario, classes=classes, marking=marking, marking_via=via,
         link_mtu=link_mtu(scenario.workload.mtu), hops=hops,
         path_delay=path_delay(scenario, hops, caps),
         congestion_control=cc, rto_us=rto_us(scenario, policy, roce_class(policy, classes)),
         qp_limiter=qp_limiter(scenario, policy, classes) if cc == "dcqcn" else None,
-        placement=cluster_placement(scenario, plan), workloads=workload_specs(scenario, plan),
+        placement=placement, workloads=workload_specs(scenario, plan),
         job=plan_job(scenario))
 
 
