@@ -35,6 +35,7 @@ class Transport:
     max_rto_ns: int
     retry_limit: int
     reorder_ns: int  # per-packet entropy: how long a gap may wait before it is NAKed
+    go_back_0: bool  # restart a message from its first packet on loss (the strawman)
     dcqcn_timer_ns: int
     dcqcn_byte_counter: int
     dcqcn_clamp_target: bool

@@ -118,8 +118,9 @@ class QueuePair:
         self.conn = roce.Connection(me, them, sport, self.dqpn, tos=t.roce_tos)
         self.ack = roce.AckTemplate(roce.ack_frame(me, them, sport, self.dqpn, t.ack_tos))
         self.cnp = roce.cnp_frame(me, them, sport, self.dqpn, t.cnp_tos)
-        self.req = Requester(gpu.cfg.mtu, t.rto_ns, t.max_rto_ns, t.retry_limit)
-        self.resp = Responder(t.ack_every, t.reorder_ns)
+        self.req = Requester(gpu.cfg.mtu, t.rto_ns, t.max_rto_ns, t.retry_limit,
+                             go_back_0=t.go_back_0)
+        self.resp = Responder(t.ack_every, t.reorder_ns, t.go_back_0)
         dcqcn = t.congestion_control == "dcqcn"
         self.rp = ReactionPoint(gpu.dcqcn, now_ns=now_ns) if dcqcn else None
         self.np = NotificationPoint(gpu.dcqcn.cnp_interval_ns) if dcqcn else None
@@ -247,8 +248,9 @@ class Gpu:
                     nl, socket.if_nametoindex(self.cfg.intf), limiter.major,
                     limiter.open_bytes, limiter.burst, limiter.quantum)
         self.receiver = nicio.Receiver(self.rx, self.cfg.ip)
-        # the receive path's common case, delivered where the packets are parsed
-        self.fast = (self.by_qpn, self.rank_by_addr, self.packets, self.rank, self.iterations,
+        # the receive path's common case, delivered where the packets are parsed (not under
+        # go-back-0, whose responder also keeps which PSNs were placed before: no QP is fast)
+        self.fast = ({} if self.transport.go_back_0 else self.by_qpn, self.rank_by_addr, self.packets, self.rank, self.iterations,
                      PROBE_CLOCK_SLACK_NS)
         self.sender = nicio.Sender(self.tx)
         self.stamps = nicio.Stamps(self.tx)

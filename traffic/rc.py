@@ -15,6 +15,14 @@ rules follow the InfiniBand RC transport (IBTA vol. 1, ch. 9.7) as RoCE NICs imp
   NAK for the expected PSN and drops packets until that PSN arrives. A duplicate is dropped and
   re-acknowledged. With ``reorder_ns`` (for packet spraying) packets ahead of the expected PSN
   are placed instead of dropped, and a gap is NAKed only when it persists that long.
+* Go-back-0 (``go_back_0``, a strawman kept to show why NICs moved to go-back-N, SIGCOMM 2016):
+  the responder acknowledges whole messages only and, on a gap, discards the partial message
+  and NAKs its first PSN, so the requester restarts the message from its first packet; a NAK
+  restarts the requester's timer (the responder answered), so it retries for as long as NAKs
+  come, as the NICs of the paper did. A
+  message gets through only when all its packets do in one pass; under a small drop rate
+  large messages rarely do (livelock). ``delivered`` then lists only PSNs placed for the first
+  time: a restarted message's earlier packets are written again, not delivered twice.
 """
 from __future__ import annotations
 
@@ -71,8 +79,9 @@ class RetryExceeded(Exception):
 
 class Requester:
     def __init__(self, mtu: int, rto_ns: int, max_rto_ns: int, retry_limit: int = 7,
-                 first_psn: int = 0):
+                 first_psn: int = 0, go_back_0: bool = False):
         self.mtu, self.rto0, self.max_rto, self.retry_limit = mtu, rto_ns, max_rto_ns, retry_limit
+        self.go_back_0 = go_back_0  # a NAK restarts the timer (the responder answered)
         self.next_psn = first_psn  # PSN of the next new packet to create
         self.send_psn = first_psn  # PSN of the next packet to put on the wire
         self.una = first_psn  # oldest unacknowledged PSN
@@ -157,6 +166,8 @@ class Requester:
                 # go back N - unless the NAKed PSN was acknowledged since (a late NAK)
                 if 0 <= psn_diff(psn, self.una) and 0 <= psn_diff(self.send_psn, psn):
                     self.send_psn = psn
+                    if self.go_back_0:
+                        self.progress_ns = now
                 return done
             return []
         self.counters["acks"] += 1
@@ -217,7 +228,10 @@ class Response:
 class Responder:
     ack_every: int = 16
     reorder_ns: int = 0  # > 0: tolerate reordering for this long (sprayed packets)
+    go_back_0: bool = False  # restart a message from its first packet on a gap
     epsn: int = 0  # expected PSN
+    message_psn: int = 0  # first PSN of the message being received (go-back-0 restarts it)
+    fresh_psn: int = 0  # go-back-0: the first PSN never placed before
     msn: int = 0  # messages completed
     unacked: int = 0  # delivered since the last ACK
     nak_sent: bool = False  # one NAK per gap
@@ -247,7 +261,11 @@ class Responder:
                 return [], None
             self.nak_sent = True
             self.counters["naks_sent"] += 1
+            if self.go_back_0:  # the partial message is discarded
+                self.epsn = self.message_psn
             return [], Response(SYNDROME_NAK_SEQ, self.epsn, self.msn)
+        if self.go_back_0:
+            return self._deliver_whole(psn, opcode, ackreq)
         delivered = [psn]
         want_ack = self._deliver(opcode, ackreq)
         while self.ahead and self.epsn in self.ahead:  # placed packets that are now in order
@@ -266,6 +284,18 @@ class Responder:
         if opcode in (roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY):
             self.msn = (self.msn + 1) % PSN_MOD
         return ackreq or self.unacked >= self.ack_every
+
+    def _deliver_whole(self, psn: int, opcode: int, ackreq: bool
+                       ) -> Tuple[List[int], Optional[Response]]:
+        """Go-back-0: place the in-order packet; acknowledge only a completed message."""
+        self._deliver(opcode, ackreq)
+        fresh = psn_diff(psn, self.fresh_psn) >= 0
+        if fresh:
+            self.fresh_psn = self.epsn
+        if opcode in (roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY):
+            self.message_psn = self.epsn
+            return [psn], self._ack()
+        return ([psn] if fresh else []), None
 
     def _ack(self) -> Response:
         self.unacked = 0

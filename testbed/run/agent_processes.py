@@ -46,6 +46,7 @@ def transport_config(run: PolicyRun) -> Transport:
         qps_per_peer=tr.qps_per_peer, entropy=tr.entropy, ack_every=tr.ack_every,
         rto_ns=rto_ns, max_rto_ns=MAX_RTO_FACTOR * rto_ns, retry_limit=tr.retry_limit,
         reorder_ns=rto_ns // 2 if tr.entropy == "per-packet" else 0,
+        go_back_0=tr.retransmission == "go-back-0",
         dcqcn_timer_ns=scenario.emulated_ns(tr.dcqcn_timer_us),
         dcqcn_byte_counter=tr.dcqcn_byte_counter, dcqcn_clamp_target=tr.dcqcn_clamp_target,
         cnp_interval_ns=scenario.emulated_ns(tr.cnp_interval_us),

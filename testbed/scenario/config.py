@@ -41,6 +41,15 @@ SAMPLING_FLOOR_US = 200  # the switch-queue emulator cannot sample faster (emula
 
 
 @dataclass(frozen=True)
+class LossyLink:
+    link: str = field(default="", metadata={
+        "empty": True, "doc": "the link's two nodes, like lf1-sp1 or gpu3-lf2 (either order)"})
+    drop_rate: float = field(default=0.0, metadata={
+        "min": 0.0, "max": 0.5, "doc": "share of the IPv4 packets each end sends that the "
+                                      "link loses, drawn per packet"})
+
+
+@dataclass(frozen=True)
 class TopologyConfig:
     spines: int = field(default=2, metadata={"min": 1, "max": 255, "doc": "spine switches"})
     leaves: int = field(default=4, metadata={"min": 1, "max": 255, "doc": "leaf switches"})
@@ -89,6 +98,12 @@ class TopologyConfig:
     modelled_rate_gbit: float = field(default=100.0, metadata={
         "min": 1.0, "max": 1600.0, "unit": "Gbit/s",
         "doc": "link rate of the real fabric being modelled (sets the time scale)"})
+    lossy_links: Tuple[LossyLink, ...] = field(default=(), metadata={
+        "item": LossyLink,
+        "doc": "links that lose packets at random in both directions (a bad cable or optic), "
+               "after the sender's queue; each is {link: its two nodes like lf1-sp1 or "
+               "gpu3-lf2, drop_rate: 0..0.5 of the IPv4 packets}; counted apart from buffer "
+               "drops as link_losses (one server only)"})
 
     def __post_init__(self):
         if self.host_rate_mbit != AUTO and self.fabric_rate_mbit == AUTO:
@@ -258,6 +273,11 @@ class TransportConfig:
         "choices": ("auto", "dcqcn", "none"),
         "doc": "sender rate control; auto: the policy's default (lossless and hyperscale "
                "with ECN: dcqcn; enterprise and bare hyperscale: none)"})
+    retransmission: str = field(default="go-back-n", metadata={
+        "choices": ("go-back-n", "go-back-0"),
+        "doc": "go-back-n: resend from the lost packet (RoCE NICs today); go-back-0: a "
+               "strawman that restarts the whole message, which livelocks under loss "
+               "(SIGCOMM 2016); needs entropy per-qp"})
     qps_per_peer: int = field(default=1, metadata={
         "min": 1, "max": 64, "doc": "queue pairs per peer; a message is split over them"})
     entropy: str = field(default="per-qp", metadata={
@@ -668,7 +688,16 @@ def _derive(scenario: "Scenario", data: Mapping[str, Any]) -> "Scenario":
             raise ConfigError(f"topology.oversubscription: gives a fabric rate of {rate:g} "
                               "Mbit/s, outside 0.1..1000")
         t = dataclasses.replace(t, fabric_rate_mbit=rate)
-    FabricPlan.for_topology(t)  # servers and layout fit the leaves
+    plan = FabricPlan.for_topology(t)  # servers and layout fit the leaves
+    for i, lossy in enumerate(t.lossy_links):
+        plan.link_named(lossy.link, f"topology.lossy_links[{i}].link")
+    named = [frozenset(x.link.split("-")) for x in t.lossy_links]
+    if len(set(named)) < len(named):
+        raise ConfigError("topology.lossy_links: a link is named twice")
+    tr = scenario.transport
+    if tr.retransmission == "go-back-0" and tr.entropy == "per-packet":
+        raise ConfigError("transport.retransmission: go-back-0 restarts a message on any "
+                          "gap, and sprayed packets arrive out of order; use entropy per-qp")
     if scenario.workload.pxn and t.gpus_per_server < 2:
         raise ConfigError("workload.pxn: PXN relays over a server's scale-up domain; set "
                           "topology.gpus_per_server above 1")

@@ -71,6 +71,28 @@ def test_drops_cost_go_back_n_retransmissions_and_lossless_has_none(tmp_path):
     assert hs["cct_us"]["p50"] > ll["cct_us"]["p50"]
 
 
+@pytest.mark.parametrize("retransmission", ["go-back-n", "go-back-0"])
+def test_a_lossy_link_loses_packets_that_the_transport_recovers(tmp_path, retransmission):
+    scenario, res, run_dir = run(
+        tmp_path, ["hyperscale"],
+        topology={"spines": 1, "leaves": 2, "gpus_per_leaf": 2,
+                  "lossy_links": [{"link": "lf1-sp1", "drop_rate": 0.02}]},
+        transport={"congestion_control": "none", "retransmission": retransmission},
+        policy_params={"hyperscale": {"ecn": "off"}},
+        workload={"collective": "ring", "size_bytes": 262144, "chunks": 1, "iterations": 2})
+    p = res["policies"]["hyperscale"]
+    # every byte arrived, once: a restarted message's packets are not delivered twice
+    assert delivered_bytes(run_dir, "hyperscale") == expected_bytes(scenario)
+    lost = p["link_losses_by_port"]
+    assert set(lost) == {"lf1-eth3", "sp1-eth1"}  # both ends of the link
+    data = sum(v["data"] for v in lost.values())
+    # the link, not a buffer, lost them, and the monitor accounts for each one
+    assert data > 0 and p["switch_queue_drops"] == 0
+    assert p["drops"] == data + p["queued_at_end"] + p["rx_socket_drops"]
+    assert p["unexplained_drops"] == 0 and p["fidelity"]["verdict"] == "ok", p["fidelity"]
+    assert p["retransmitted_packets"] > 0 and p["naks"] > 0
+
+
 def backlog_mean(run_dir, policy, ports):
     with open(os.path.join(run_dir, f"switchq-{policy}.timeline.csv")) as f:
         rows = list(csv.DictReader(f))

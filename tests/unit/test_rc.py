@@ -170,3 +170,57 @@ def test_a_nak_for_a_psn_already_acknowledged_does_not_rewind():
     assert not req.pending() and req.peek() is None
     req.post("m3", MTU, now=3)  # and the next message goes out from where it should
     assert [p.psn for p in drain(req)] == [4]
+
+
+def test_go_back_0_discards_the_partial_message_and_restarts_it_from_its_first_packet():
+    req = Requester(MTU, rto_ns=10 * MS, max_rto_ns=80 * MS)
+    resp = Responder(ack_every=2, go_back_0=True)
+    done = req.post("done", 2 * MTU, now=0)
+    msg = req.post("m", 6 * MTU, now=0)  # PSNs 2..7
+    delivered, responses = deliver(resp, drain(req), drop={5})
+    assert delivered == [0, 1, 2, 3, 4]
+    # whole messages only are acknowledged (no ACK after two packets), then one NAK for
+    # the first PSN of the message the gap is in
+    assert [(r.syndrome, r.psn) for r in responses] == [(SYNDROME_ACK, 1),
+                                                         (SYNDROME_NAK_SEQ, 2)]
+    assert resp.epsn == 2 and resp.counters["out_of_order_dropped"] == 2  # 6 and 7
+    for r in responses:
+        req.on_ack(r.psn, r.syndrome, now=1)
+    resent = drain(req, now=1)
+    assert [p.psn for p in resent] == [2, 3, 4, 5, 6, 7]  # from the message's start
+    delivered, responses = deliver(resp, resent, now=1)
+    assert delivered == [5, 6, 7]  # 2-4 are written again, not delivered twice
+    assert [(r.syndrome, r.psn) for r in responses] == [(SYNDROME_ACK, 7)]
+    assert req.on_ack(7, SYNDROME_ACK, now=2) == [msg] and done not in req.messages
+
+
+def test_go_back_0_never_completes_a_message_that_loses_a_packet_every_pass():
+    req = Requester(MTU, rto_ns=10 * MS, max_rto_ns=80 * MS, retry_limit=64)
+    resp = Responder(ack_every=16, go_back_0=True)
+    req.post("m", 8 * MTU, now=0)
+    for attempt in range(1, 5):  # a drop rate of 1 in 8: one packet lost in every pass
+        delivered, responses = deliver(resp, drain(req, now=attempt), now=attempt,
+                                       drop={attempt + 2})
+        assert all(r.syndrome == SYNDROME_NAK_SEQ and r.psn == 0 for r in responses)
+        for r in responses:
+            assert req.on_ack(r.psn, r.syndrome, now=attempt) == []
+    assert resp.msn == 0 and req.outstanding()
+    gbn_req, gbn = Requester(MTU, 10 * MS, 80 * MS), Responder(ack_every=16)
+    gbn_req.post("m", 8 * MTU, now=0)
+    for attempt in range(1, 4):  # the first two passes' losses: go-back-N gets through
+        for r in deliver(gbn, drain(gbn_req, now=attempt), now=attempt,
+                         drop={attempt + 2} if attempt < 3 else set())[1]:
+            gbn_req.on_ack(r.psn, r.syndrome, now=attempt)
+    assert gbn.msn == 1 and not gbn_req.outstanding()
+
+
+def test_go_back_0_retries_for_as_long_as_naks_come():
+    req = Requester(MTU, rto_ns=10 * MS, max_rto_ns=80 * MS, retry_limit=1, go_back_0=True)
+    resp = Responder(ack_every=16, go_back_0=True)
+    req.post("m", 8 * MTU, now=0)
+    for attempt in range(1, 6):  # five passes, 10 ms apart, each NAKed
+        now = attempt * 10 * MS
+        assert not req.check_timeout(now)  # the last NAK restarted the timer
+        for r in deliver(resp, drain(req, now=now), now=now, drop={3})[1]:
+            req.on_ack(r.psn, r.syndrome, now=now)
+    assert req.counters["timeouts"] == 0 and req.counters["naks"] == 5
