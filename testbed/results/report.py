@@ -200,7 +200,7 @@ def _per_job_rows(views: Dict[str, PolicyResult], names: List[str],
                   modelled: bool) -> List[List[str]]:
     """With several jobs on the fabric, each one's iteration, exposed communication and
     network cost (the rows above are the first job's)."""
-    count = max(len(views[n].jobs) for n in names)
+    count = max((len(views[n].jobs) for n in names), default=0)
     out = []
     for k in range(count if count > 1 else 0):
         def get(n, key, sub=None):

@@ -47,6 +47,7 @@ def make_run(root, status="complete", policies=("hyperscale", "lossless"), scena
         _timeline(os.path.join(run, f"switchq-{name}.timeline.csv"),
                   [[t0 + k * 5_000_000, k * 1000, 0, 500 * (k % 2),
                     "sp1-eth1 lf1-eth3" if 2 <= k < 4 else ""] for k in range(8)])
+    os.makedirs(run, exist_ok=True)
     with open(os.path.join(run, "results.json"), "w") as f:
         json.dump(results, f)
     return run
@@ -105,6 +106,12 @@ def test_an_incomplete_run_says_so_and_plots_what_it_has(tmp_path):
     page = open(htmlreport.write(run), encoding="utf-8").read()
     assert "This run is <b>incomplete</b>" in page
     assert len(re.findall(r"data:image/png", page)) == 3  # no queue timeline to draw
+
+
+def test_a_failed_run_without_a_finished_policy_still_gets_its_page(tmp_path):
+    run = make_run(tmp_path, status="failed", policies=())
+    page = open(htmlreport.write(run), encoding="utf-8").read()
+    assert "This run is <b>failed</b>" in page and page.endswith("</html>\n")
 
 
 def test_without_matplotlib_the_page_is_still_written(tmp_path, monkeypatch):
