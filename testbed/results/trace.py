@@ -90,7 +90,8 @@ def build(hosts: Dict[int, str], spans: Sequence[dict], iterations: Sequence[dic
                 out.append(_complete(clock, f"wait: {kind}", "wait", rank + 1, COMPUTE_TID,
                                      start, end, {"iteration": it, "waited_for": op,
                                                   "kind": kind}))
-    instants = sorted((int(e["t_ns"]), rank, e) for rank, rows in events.items() for e in rows)
+    instants = sorted(((int(e["t_ns"]), rank, e) for rank, rows in events.items() for e in rows),
+                      key=lambda x: x[:2])  # events at one time on one GPU keep their order
     for t_ns, rank, e in instants[:max_instant_events]:
         kind = e["kind"]
         name = {"rto": "retransmission timeout", "nak": "NAK sent"}.get(kind, kind)

@@ -572,9 +572,13 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
                                            cnp=cc == "dcqcn"),
                      job=run.job, gpus_per_server=plan.gpus_per_server)
     figures, packets = collect(records, ctx)
-    trace.write(os.path.join(run_dir, f"timeline-{name}.json"),
-                timeline(records, ctx, sorted(glob.glob(os.path.join(
-                    run_dir, f"switchq-{name}*.timeline.csv")))))
+    try:
+        trace.write(os.path.join(run_dir, f"timeline-{name}.json"),
+                    timeline(records, ctx, sorted(glob.glob(os.path.join(
+                        run_dir, f"switchq-{name}*.timeline.csv")))))
+    except Exception as e:  # never let the trace, drawn from the records, cost the figures
+        LOG.warning("timeline-%s.json was not written: %s", name, e)
+        session.warnings.append(f"timeline-{name}.json was not written: {e}")
     figures["emulation_cost"] = dict(
         cost.cost_report(before, finished, figures["packets_received"], os.cpu_count() or 1),
         agents_start_cpu_s=round(cost.breakdown(before, started)["agents"], 3))

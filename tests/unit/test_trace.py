@@ -110,3 +110,12 @@ def test_only_the_first_instants_are_kept_and_the_rest_counted():
                     max_instant_events=3)
     naks = [e["ts"] for e in t["traceEvents"] if e["ph"] == "i"]
     assert naks == [0.0, 0.001, 0.002] and t["otherData"]["omitted_instants"] == 2
+
+
+def test_events_at_the_same_time_on_one_gpu_are_all_kept():
+    spans, its, waits = _records()
+    t0 = its[0]["compute_start_ns"]
+    events = {0: [{"t_ns": t0, "kind": "nak", "peer": p} for p in (1, 2, 1)]}
+    t = trace.build({0: "gpu1", 1: "gpu2"}, spans, its, waits, events, [], SCALE)
+    peers = [e["args"]["peer_rank"] for e in t["traceEvents"] if e["ph"] == "i"]
+    assert peers == [1, 2, 1]
