@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Tuple
 
+import numpy as np
+
 from ..base.errors import ConfigError
 from ..results.model import RunResult
 from ..scenario.config import DEFAULT, Scenario
@@ -261,7 +263,135 @@ VICTIMS = Case(
     _victim_runs, _victim_judge)
 
 
-CASES: Tuple[Case, ...] = (STRAGGLER, HOPS, LOSSY, VICTIMS, JOB)
+# --- go-back-N vs go-back-0 under loss --------------------------------------------------------
+
+LOSS_RATE, LOSS_SIZE = 0.01, 4 << 20  # a ring of 4 GPUs: 1 MiB messages, 256 packets each
+LOSSY_LINK = "lf1-sp1"  # the one spine: every step's cross-leaf transfers cross it
+GO_BACK_MARGIN = 2.5  # go-back-0 takes at least this many times go-back-N's time
+
+
+def _loss_runs(quick: bool) -> List[Run]:
+    base = DEFAULT.override(dict(BARE, topology={"spines": 1, "leaves": 2, "gpus_per_leaf": 2},
+                                 workload={"collective": "ring", "size_bytes": LOSS_SIZE,
+                                           "chunks": 1, "iterations": 2 if quick else 4}))
+    lossy = base.override({"topology": {"lossy_links": [{"link": LOSSY_LINK,
+                                                         "drop_rate": LOSS_RATE}]}})
+    return [Run(label, s.with_policies(["hyperscale"])) for label, s in (
+        ("clean", base), ("go-back-n", lossy),
+        ("go-back-0", lossy.override({"transport": {"retransmission": "go-back-0"}})))]
+
+
+def go_back_0_model(packets: int, drop_rate: float, messages: int = 2) -> float:
+    """Go-back-0's cost of a ring step, in one message's packets: a message is sent again
+    until all ``packets`` pass in a row (each lost with ``drop_rate``), and the step waits
+    for the slowest of the ``messages`` that cross the lossy link (one each way): the mean
+    of their maximum, from each one's distribution (a Markov chain over the packets passed
+    in a row), NAK round trips left out."""
+    mean = (1 - (1 - drop_rate) ** packets) / (drop_rate * (1 - drop_rate) ** packets)
+    run = np.zeros(packets + 1)  # P(the current attempt has passed k packets in a row)
+    run[0] = 1.0
+    expected = 0.0
+    for _ in range(int(40 * mean)):  # the tail beyond is below 1e-9
+        expected += 1 - run[packets] ** messages  # P(max > n) summed: E[max]
+        done = run[packets] + run[packets - 1] * (1 - drop_rate)
+        run[1:packets] = run[0:packets - 1] * (1 - drop_rate)
+        run[0] = (1 - done) - run[1:packets].sum()
+        run[packets] = done
+    return float(expected / packets)
+
+
+def _loss_judge(results: Dict[str, RunResult]) -> Verdict:
+    cct = {k: results[k].policy("hyperscale").collective().cct_us.mean
+           for k in ("clean", "go-back-n", "go-back-0")}
+    n, zero = cct["go-back-n"] / cct["clean"], cct["go-back-0"] / cct["clean"]
+    lossy = {k: results[k].policy("hyperscale") for k in ("go-back-n", "go-back-0")}
+    model = go_back_0_model(-(-LOSS_SIZE // 4 // results["clean"].scenario.workload.mtu),
+                            LOSS_RATE)
+    lost = all((p.link_losses or 0) > 0 for p in lossy.values())
+    ok = lost and zero >= GO_BACK_MARGIN * n and model / 2 <= zero <= 3 * model
+    gbn = lossy["go-back-n"]
+    return Verdict(
+        f"{LOSS_RATE:.0%} lost on {LOSSY_LINK}: go-back-0 {zero:.1f}x the clean CCT (model "
+        f"{model:.1f}x, {lossy['go-back-0'].link_losses or 0:,} losses), go-back-N {n:.2f}x "
+        f"({gbn.link_losses or 0:,} losses, {gbn.naks} NAKs, {gbn.rto_timeouts} timeouts)",
+        ok,
+        "" if ok else ("the link lost nothing" if not lost else
+                       f"go-back-0 did not take {GO_BACK_MARGIN:g}x go-back-N's time"
+                       if zero < GO_BACK_MARGIN * n else
+                       "go-back-0 is off its model (below half or above three times it)"),
+        (("go-back-0 CCT / clean (model)", model, zero),
+         (f"go-back-N CCT / clean (bound: go-back-0's / {GO_BACK_MARGIN:g})",
+          zero / GO_BACK_MARGIN, n)))
+
+
+GO_BACK = Case(
+    "go-back-0", "Go-back-N vs go-back-0 under a small drop rate",
+    "Guo et al., RDMA over Commodity Ethernet at Scale, SIGCOMM 2016",
+    "go-back-0 (restart the message from its first packet) livelocked under small loss; "
+    "go-back-N, which resends from the lost packet, fixed it",
+    f"a 4-GPU ring of {LOSS_SIZE >> 20} MiB across a link losing {LOSS_RATE:.0%} of packets: "
+    "go-back-0 resends each 256-packet message until all pass in one go, and a step waits for "
+    "the slower of the two messages crossing the link: the mean of that maximum, over each "
+    "one's distribution of packets sent; go-back-N resends from the lost packet (a lost "
+    "message end waits for the timeout)",
+    f"go-back-0's CCT (mean over iterations) from half to three times the model (it leaves "
+    f"out the timeout after a lost message end, up to one per step), and at least "
+    f"{GO_BACK_MARGIN:g}x go-back-N's",
+    _loss_runs, _loss_judge)
+
+
+# --- QP scaling on static ECMP ---------------------------------------------------------------
+
+QP_MANY = 8
+
+
+def _qp_runs(quick: bool) -> List[Run]:
+    """A ring on two leaves, so one flow per direction crosses between them, with 1 and 8 QPs
+    per peer: over leaf uplinks of half its rate (2 spines, 2:1) and of its whole rate (1:1)."""
+    ring = DEFAULT.override({
+        "topology": {"spines": 2, "leaves": 2, "gpus_per_leaf": 2},
+        "workload": {"collective": "ring", "size_bytes": 4 << 20, "chunks": 1,
+                     "iterations": 2 if quick else 3}}).with_policies(["hyperscale"])
+    return [Run(f"{name}-{q}qp", ring.override({"topology": {"oversubscription": ratio},
+                                                 "transport": {"qps_per_peer": q}}))
+            for name, ratio in (("half-uplinks", 2), ("full-uplinks", 1)) for q in (1, QP_MANY)]
+
+
+def _busbw(result: RunResult) -> float:
+    return result.policy("hyperscale").collective().busbw_gbps_modelled
+
+
+def _qp_judge(results: Dict[str, RunResult]) -> Verdict:
+    half1, half_n = (_busbw(results[f"half-uplinks-{q}qp"]) for q in (1, QP_MANY))
+    full1, full_n = (_busbw(results[f"full-uplinks-{q}qp"]) for q in (1, QP_MANY))
+    line = results["half-uplinks-1qp"].scenario.topology.modelled_rate_gbit
+    half_gain, full_gain = half_n / half1, full_n / full1
+    ok = half1 <= 0.6 * line and half_gain >= 1.3 and full_gain <= 1.1
+    return Verdict(
+        f"uplinks at half the flow's rate: busbw {half1:.1f} -> {half_n:.1f} Gbit/s with "
+        f"{QP_MANY} QPs per peer ({half_gain:.2f}x); at its whole rate: {full1:.1f} -> "
+        f"{full_n:.1f} ({full_gain:.2f}x)", ok,
+        "" if ok else ("one QP was not held to one uplink" if half1 > 0.6 * line else
+                       "more QPs did not spread the flow over the uplinks"
+                       if half_gain < 1.3 else "more QPs helped a flow its path already held"),
+        ((f"busbw gain, {QP_MANY} QPs, half-rate uplinks (bound 1.3)", 1.3, half_gain),
+         (f"busbw gain, {QP_MANY} QPs, full-rate uplinks (bound 1.1)", 1.1, full_gain)))
+
+
+QP_SCALING = Case(
+    "qp-scaling", "More QPs per peer on static ECMP: when they help",
+    "Gangidi et al., RDMA over Ethernet for Distributed AI Training at Meta Scale, SIGCOMM 2024",
+    "spreading a collective's few large flows over more QPs raised all-reduce bandwidth up to "
+    "40% on static ECMP",
+    "ECMP hashes all of a flow's packets to one path: a ring's one cross-leaf flow gets one "
+    "of two half-rate uplinks (busbw at most about half the line), and 8 QPs spread it over "
+    "both; where one uplink carries the flow's whole rate, more QPs change nothing",
+    "half-rate uplinks: busbw with 1 QP at most 60% of the line, with 8 QPs at least 1.3x; "
+    "full-rate uplinks: 8 QPs at most 1.1x",
+    _qp_runs, _qp_judge)
+
+
+CASES: Tuple[Case, ...] = (STRAGGLER, HOPS, LOSSY, VICTIMS, JOB, GO_BACK, QP_SCALING)
 
 
 def by_name(names) -> List[Case]:

@@ -66,6 +66,33 @@ def _outcome(name, status, note=""):
     return suite.Outcome(case, verdict, status, {"run": "/tmp/x/20261205-000000-abcd"}, note)
 
 
+def test_the_go_back_0_model_is_the_closed_form_for_one_message_and_more_for_the_slower():
+    m, p = 256, 0.01
+    q = (1 - p) ** m
+    assert cases.go_back_0_model(m, p, messages=1) == pytest.approx((1 - q) / (p * q) / m,
+                                                                    rel=1e-6)
+    assert cases.go_back_0_model(m, p) == pytest.approx(6.71, abs=0.01)  # the slower of two
+    assert cases.go_back_0_model(64, p) < cases.go_back_0_model(m, p)  # collapses with size
+
+
+def test_go_back_0_judges_the_collapse_against_go_back_n_and_the_model():
+    def run(cct_us, lost=50):
+        c = {"collective": "ring", "size_bytes": cases.LOSS_SIZE, "cct_us": {"mean": cct_us}}
+        return _run({"hyperscale": {"collectives": [c], "link_losses": lost,
+                                    "retransmitted_packets": 10, "packets_sent": 100}})
+    model = cases.go_back_0_model(cases.LOSS_SIZE // 4 // DEFAULT.workload.mtu,
+                                  cases.LOSS_RATE)
+
+    def judge(n, zero, lost=50):
+        return cases.GO_BACK.judge({"clean": run(100.0, None), "go-back-n": run(n, lost),
+                                    "go-back-0": run(zero, lost)})
+    assert judge(180.0, 100 * model).ok
+    assert "did not take 2.5x go-back-N's" in judge(300.0, 100 * model).why
+    assert "off its model" in judge(120.0, 400 * model).why
+    assert "off its model" in judge(100.0, 45 * model).why
+    assert "lost nothing" in judge(120.0, 100 * model, lost=0).why
+
+
 def test_the_table_has_a_row_per_case_with_its_citation_and_verdict():
     text = suite.markdown([_outcome("straggler", suite.PASS),
                            _outcome("cut-through", suite.FAIL, "off the hop model")], True)
@@ -88,3 +115,18 @@ def test_a_failed_or_unfaithful_case_exits_non_zero_and_says_which_and_why(
     assert "straggler" not in err
     monkeypatch.setattr(suite, "run_suite", lambda *a, **k: (outcomes[:1], str(tmp_path)))
     assert main(["validate", "--quick", "--quiet"]) == 0
+
+
+def test_qp_scaling_must_help_a_flow_larger_than_its_path_and_only_that_one():
+    def run(busbw):
+        c = {"collective": "ring", "size_bytes": 4 << 20, "busbw_gbps_modelled": busbw}
+        return _run({"hyperscale": {"collectives": [c]}})
+
+    def judge(half1, half8, full1=95.0, full8=95.0):
+        return cases.QP_SCALING.judge({
+            "half-uplinks-1qp": run(half1), "half-uplinks-8qp": run(half8),
+            "full-uplinks-1qp": run(full1), "full-uplinks-8qp": run(full8)})
+    assert judge(40.0, 66.0).ok
+    assert "not held to one uplink" in judge(70.0, 95.0).why
+    assert "did not spread" in judge(40.0, 48.0).why
+    assert "already held" in judge(40.0, 66.0, full1=60.0, full8=95.0).why
