@@ -130,3 +130,20 @@ def test_qp_scaling_must_help_a_flow_larger_than_its_path_and_only_that_one():
     assert "not held to one uplink" in judge(70.0, 95.0).why
     assert "did not spread" in judge(40.0, 48.0).why
     assert "already held" in judge(40.0, 66.0, full1=60.0, full8=95.0).why
+
+
+def test_spraying_judges_the_share_of_the_line_and_the_spines_spread():
+    def run(busbw, load):
+        c = {"collective": "all_to_all", "size_bytes": 1 << 20, "busbw_gbps_modelled": busbw}
+        return _run({"hyperscale": {"collectives": [c], "spine_load_packets": load,
+                                    "drops": 0}})
+    even, skewed = {"sp1": 100, "sp2": 102, "sp3": 98, "sp4": 100}, \
+        {"sp1": 150, "sp2": 100, "sp3": 100, "sp4": 50}
+    assert cases.imbalance(skewed) == 1.5
+    assert cases.SPRAYING.judge({"per-qp": run(30.0, skewed), "per-packet": run(85.0, even)}).ok
+    assert "did not collide" in cases.SPRAYING.judge(
+        {"per-qp": run(30.0, even), "per-packet": run(85.0, even)}).why
+    assert "left the spines uneven" in cases.SPRAYING.judge(
+        {"per-qp": run(30.0, skewed), "per-packet": run(85.0, skewed)}).why
+    assert "shares of the line" in cases.SPRAYING.judge(
+        {"per-qp": run(30.0, skewed), "per-packet": run(60.0, even)}).why
