@@ -11,8 +11,10 @@
   uplinks whose queue builds (half the ECN threshold above the least loaded) while running
   flowlets stay in order; a change of the least-loaded set
   costs one flow mod per slot that moved, plus one for the hash when the set's size changed.
-* Spraying: when senders vary the UDP source port per packet, every packet is a new 5-tuple,
-  so packets are hashed over the slots - spread over the least-loaded uplinks.
+* Spraying: when senders vary the UDP source port per packet (``FabricContext.sprayed``),
+  every packet is a new 5-tuple, hashed over the slots - spread over the least-loaded uplinks -
+  and nothing is learned: a flowlet per packet would only cost Open vSwitch a flow table
+  change for every packet.
 
 Everything else (non-RoCE traffic, spines) is routed as in ``controllers.l3``.
 """
@@ -122,6 +124,9 @@ class LosslessPolicy(Policy):
                     cookie=self.cookie)
 
     def _slot(self, slot: int, port: int) -> Message:
+        if self.context.sprayed:
+            return flow(PRIO_ROUTE, {"reg1": slot}, SetField("reg0", port), table=l3.AR,
+                        cookie=self.cookie)
         learn = Learn(table=l3.FLOWLET, const=(("eth_type", ETH_TYPE_IPV4),
                                                ("ip_proto", IPPROTO_UDP)),
                       copy=FLOWLET_FIELDS, load_field="reg0", load_value=port,

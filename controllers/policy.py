@@ -45,6 +45,7 @@ class FabricContext:
     # testbed.fabric.bpfmark's program): the EGRESS table then matches ip_ecn
     openflow_marking: bool = False
     modelled_gbit: float = 100.0  # the modelled fabric's link rate: the byte defaults scale
+    sprayed: bool = False  # the senders draw a new UDP source port per packet
 
     @property
     def reaction_s(self) -> float:
@@ -60,7 +61,8 @@ class FabricContext:
         return cls(t.host_rate_mbit, t.fabric_rate_mbit, scenario.workload.mtu,
                    scenario.sample_interval_us / 1e6, scenario.time_scale,
                    t.cable_m, t.link_delay_us, scenario.emulation.switch_latency,
-                   modelled_gbit=t.modelled_rate_gbit)
+                   modelled_gbit=t.modelled_rate_gbit,
+                   sprayed=scenario.transport.entropy == "per-packet")
 
 
 class Policy(ABC):

@@ -95,6 +95,21 @@ def test_spraying_spreads_per_packet_source_ports_over_all_uplinks():
     assert max(spines.values()) < 1.3 * min(spines.values())
 
 
+def test_sprayed_packets_are_spread_without_learning_a_flowlet_each():
+    plan = FabricPlan(4, 2, 1)
+    sprayed = FakeFabric(plan, LosslessPolicy(plan, context=FabricContext(sprayed=True)))
+    learning = FakeFabric(plan, LosslessPolicy(plan))
+    src, dst = plan.host("gpu1"), plan.host("gpu2")
+    for fabric in (sprayed, learning):
+        spines = collections.Counter(fabric.send(src.name, udp_packet(src, dst, sport=s))[1][1]
+                                     for s in range(0xC000, 0xC000 + 800))
+        assert set(spines) == {"sp1", "sp2", "sp3", "sp4"}
+    leaf = plan.leaves[0].name
+    assert sprayed.switches[leaf].table(l3.FLOWLET) == learning.switches[leaf].table(
+        l3.FLOWLET)[:1]  # the miss entry alone, against one learned flowlet per packet
+    assert len(learning.switches[leaf].table(l3.FLOWLET)) > 800
+
+
 def test_queue_load_sends_nothing_when_nothing_changes(plan):
     policy = LosslessPolicy(plan)
     dpid = plan.leaves[0].dpid

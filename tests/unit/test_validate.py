@@ -133,17 +133,20 @@ def test_qp_scaling_must_help_a_flow_larger_than_its_path_and_only_that_one():
 
 
 def test_spraying_judges_the_share_of_the_line_and_the_spines_spread():
-    def run(busbw, load):
-        c = {"collective": "all_to_all", "size_bytes": 1 << 20, "busbw_gbps_modelled": busbw}
-        return _run({"hyperscale": {"collectives": [c], "spine_load_packets": load,
-                                    "drops": 0}})
     even, skewed = {"sp1": 100, "sp2": 102, "sp3": 98, "sp4": 100}, \
         {"sp1": 150, "sp2": 100, "sp3": 100, "sp4": 50}
+
+    def run(busbw, load):
+        def one(b, lo):
+            return {"collectives": [{"collective": "all_to_all", "size_bytes": 1 << 20,
+                                     "busbw_gbps_modelled": b}],
+                    "spine_load_packets": lo, "drops": 0}
+        return _run({"hyperscale": one(busbw, load), "lossless": one(busbw, load)})
+
+    def judge(static=(30.0, skewed), sprayed=(85.0, even)):
+        return cases.SPRAYING.judge({"per-qp": run(*static), "per-packet": run(*sprayed)})
     assert cases.imbalance(skewed) == 1.5
-    assert cases.SPRAYING.judge({"per-qp": run(30.0, skewed), "per-packet": run(85.0, even)}).ok
-    assert "did not collide" in cases.SPRAYING.judge(
-        {"per-qp": run(30.0, even), "per-packet": run(85.0, even)}).why
-    assert "left the spines uneven" in cases.SPRAYING.judge(
-        {"per-qp": run(30.0, skewed), "per-packet": run(85.0, skewed)}).why
-    assert "shares of the line" in cases.SPRAYING.judge(
-        {"per-qp": run(30.0, skewed), "per-packet": run(60.0, even)}).why
+    assert judge().ok
+    assert "did not collide" in judge(static=(30.0, even)).why
+    assert "left the spines uneven" in judge(sprayed=(85.0, skewed)).why
+    assert "shares of the line" in judge(sprayed=(60.0, even)).why
