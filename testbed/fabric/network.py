@@ -340,8 +340,9 @@ class Fabric:
         return "; ".join(out)
 
     def check_connectivity(self, may_reach=lambda a, b: True, timeout_s: float = 3.0) -> None:
-        """Each GPU pings the next GPU (in rank order) it may reach; fails naming the pairs
-        that cannot talk. This also makes the switches forward their first packets (see
+        """Each GPU pings the next GPU (in rank order) it may reach, again every 0.2 s until
+        one reply comes (a lossy link may lose a probe); fails naming the pairs that cannot
+        talk. This also makes the switches forward their first packets (see
         ``ovs_buffers``)."""
         if not shutil.which("ping"):
             raise CapabilityError("ping is not installed (Debian package iputils-ping): "
@@ -354,7 +355,7 @@ class Fabric:
             if peer is None:
                 continue
             proc = self.net.get(h.name).popen(
-                ["ping", "-n", "-q", "-c", "1", "-W", str(int(timeout_s)), peer.ip],
+                ["ping", "-n", "-q", "-c", "1", "-i", "0.2", "-w", str(int(timeout_s)), peer.ip],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             probes.append((h.name, peer.name, proc))
         failed = [f"{a}->{b}" for a, b, proc in probes if proc.wait() != 0]

@@ -93,6 +93,16 @@ def test_a_lossy_link_loses_packets_that_the_transport_recovers(tmp_path, retran
     assert p["retransmitted_packets"] > 0 and p["naks"] > 0
 
 
+def test_a_link_losing_a_third_of_its_packets_still_passes_the_connectivity_check(tmp_path):
+    # one ping each way would fail one run in two; the check pings again until a reply
+    _, res, _ = run(
+        tmp_path, ["hyperscale"],
+        topology={"spines": 1, "leaves": 2, "gpus_per_leaf": 1,
+                  "lossy_links": [{"link": "lf1-sp1", "drop_rate": 0.3}]},
+        workload={"collective": "ring", "size_bytes": 4096, "chunks": 1, "iterations": 1})
+    assert res["policies"]["hyperscale"]["link_losses"] > 0
+
+
 def backlog_mean(run_dir, policy, ports):
     with open(os.path.join(run_dir, f"switchq-{policy}.timeline.csv")) as f:
         rows = list(csv.DictReader(f))
