@@ -18,8 +18,8 @@ rules follow the InfiniBand RC transport (IBTA vol. 1, ch. 9.7) as RoCE NICs imp
 * Go-back-0 (``go_back_0``, a strawman kept to show why NICs moved to go-back-N, SIGCOMM 2016):
   the responder acknowledges whole messages only and, on a gap, discards the partial message
   and NAKs its first PSN, so the requester restarts the message from its first packet; a NAK
-  restarts the requester's timer (the responder answered), so it retries for as long as NAKs
-  come, as the NICs of the paper did. A
+  restarts the requester's timer and retry count (the responder answered), so it retries for
+  as long as NAKs come, as the NICs of the paper did. A
   message gets through only when all its packets do in one pass; under a small drop rate
   large messages rarely do (livelock). ``delivered`` then lists only PSNs placed for the first
   time: a restarted message's earlier packets are written again, not delivered twice.
@@ -166,8 +166,8 @@ class Requester:
                 # go back N - unless the NAKed PSN was acknowledged since (a late NAK)
                 if 0 <= psn_diff(psn, self.una) and 0 <= psn_diff(self.send_psn, psn):
                     self.send_psn = psn
-                    if self.go_back_0:
-                        self.progress_ns = now
+                    if self.go_back_0:  # the responder answered: timer and retries anew
+                        self.progress_ns, self.rto, self.retries = now, self.rto0, 0
                 return done
             return []
         self.counters["acks"] += 1

@@ -224,3 +224,11 @@ def test_go_back_0_retries_for_as_long_as_naks_come():
         for r in deliver(resp, drain(req, now=now), now=now, drop={3})[1]:
             req.on_ack(r.psn, r.syndrome, now=now)
     assert req.counters["timeouts"] == 0 and req.counters["naks"] == 5
+    # a timeout between NAKs (a pass's last packet lost) never adds up to the retry limit
+    for attempt in range(6, 12):
+        now = attempt * 10 * MS
+        drain(req, now=now)  # all lost
+        assert req.check_timeout(now + 10 * MS)
+        for r in deliver(resp, drain(req, now=now + 10 * MS), now=now, drop={3})[1]:
+            req.on_ack(r.psn, r.syndrome, now=now + 10 * MS)
+    assert req.counters["timeouts"] == 6 and req.retries == 0
