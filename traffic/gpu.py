@@ -248,9 +248,8 @@ class Gpu:
                     nl, socket.if_nametoindex(self.cfg.intf), limiter.major,
                     limiter.open_bytes, limiter.burst, limiter.quantum)
         self.receiver = nicio.Receiver(self.rx, self.cfg.ip)
-        # the receive path's common case, delivered where the packets are parsed (not under
-        # go-back-0, whose responder also keeps which PSNs were placed before: no QP is fast)
-        self.fast = ({} if self.transport.go_back_0 else self.by_qpn, self.rank_by_addr, self.packets, self.rank, self.iterations,
+        # the receive path's common case, delivered where the packets are parsed
+        self.fast = (self.by_qpn, self.rank_by_addr, self.packets, self.rank, self.iterations,
                      PROBE_CLOCK_SLACK_NS)
         self.sender = nicio.Sender(self.tx)
         self.stamps = nicio.Stamps(self.tx)

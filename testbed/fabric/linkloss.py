@@ -18,6 +18,8 @@ import socket
 import struct
 from typing import Dict, List, Optional, Tuple
 
+from traffic import roce
+
 from ..base.netlink import socket_in_netns
 from . import bpf
 from .bpf import (ETH_P_IP_BE, HELPER_MAP_LOOKUP, HELPER_SKB_LOAD_BYTES, OUT, R0, R1, R2, R3,
@@ -28,10 +30,10 @@ PROG_NAME = "testbed_loss"
 LOSS_PRIO = 1  # before the queue counters (2) and the marking program (3)
 HELPER_GET_PRANDOM_U32 = 7
 TC_ACT_STOLEN = 4
-LOST = "lost"
-UDP_DPORT = 14 + 20 + 2  # in a frame with an IPv4 header of 20 bytes (no options)
-ROCE_PORT_AS_READ = 0xB712  # UDP port 4791 as a little-endian 16-bit load reads it
-FIRST_NON_DATA_OPCODE = 0x10  # RC opcodes below: SEND and RDMA WRITE; ACK 0x11, CNP 0x81
+LOST, COUNT = "lost", "count"  # labels of the program
+UDP_DPORT = roce.SPORT_OFFSET + 2  # in a frame with an IPv4 header of 20 bytes, as RoCE's
+ROCE_PORT_AS_READ = socket.htons(roce.ROCE_UDP_PORT)  # as a little-endian 16-bit load reads it
+LAST_DATA_OPCODE = roce.RC_RDMA_WRITE_ONLY  # the agents' data: RDMA WRITE FIRST..ONLY
 MAX_THRESHOLD = (1 << 31) - 1  # a jump's immediate is a signed 32-bit value
 
 
@@ -53,13 +55,13 @@ def program(drop_rate: float, counters_fd: int, slot: int) -> bytes:
         mov_k(R7, 2 * slot + 1),  # control (ACK, NAK, CNP) or other traffic, unless...
         mov_x(R1, R6), mov_k(R2, UDP_DPORT), mov_x(R3, R10), add_k(R3, -16), mov_k(R4, 8),
         call(HELPER_SKB_LOAD_BYTES),  # UDP destination port .. BTH opcode
-        jne(R0, 0, "count"),
+        jne(R0, 0, COUNT),
         ldx_h(R1, R10, -16),
-        jne(R1, ROCE_PORT_AS_READ, "count"),
-        ldx_b(R1, R10, -10),
-        jge(R1, FIRST_NON_DATA_OPCODE, "count"),
+        jne(R1, ROCE_PORT_AS_READ, COUNT),
+        ldx_b(R1, R10, -16 + roce.BTH_OFFSET - UDP_DPORT),
+        jge(R1, LAST_DATA_OPCODE + 1, COUNT),
         mov_k(R7, 2 * slot),  # ...RoCE data
-        bpf.label("count"),
+        bpf.label(COUNT),
         stx_w(R10, R7, -4),
         ld_map_fd(R1, counters_fd),
         mov_x(R2, R10), add_k(R2, -4),
@@ -147,9 +149,9 @@ def selftest() -> None:
     tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
     tx.bind(("tbloss0", 0))
     frames = {}
-    for kind, opcode in (("data", 0x0A), ("other", 0x11)):  # RDMA WRITE ONLY, ACK
+    for kind, opcode in (("data", roce.RC_RDMA_WRITE_ONLY), ("other", roce.RC_ACKNOWLEDGE)):
         frame = bytearray(_probe_frame(0))
-        frame[UDP_DPORT + 6] = opcode
+        frame[roce.BTH_OFFSET] = opcode
         frames[kind] = bytes(frame)
     sent, got = 1000, {"data": 0, "other": 0}
 
@@ -157,7 +159,8 @@ def selftest() -> None:
         while True:
             data = rx.recv(2048)
             if data[30:34] == bytes([10, 0, 2, 1]):
-                got["data" if data[UDP_DPORT + 6] == 0x0A else "other"] += 1
+                got["data" if data[roce.BTH_OFFSET] == roce.RC_RDMA_WRITE_ONLY
+                    else "other"] += 1
     for i in range(sent):
         tx.send(frames["data" if i % 2 else "other"])
         try:  # read as they come: the receive buffer stays short

@@ -12,6 +12,8 @@ from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
+from traffic import roce
+
 from ..base.errors import ConfigError
 from ..results.model import RunResult
 from ..scenario.config import DEFAULT, Scenario
@@ -305,8 +307,9 @@ def _loss_judge(results: Dict[str, RunResult]) -> Verdict:
            for k in ("clean", "go-back-n", "go-back-0")}
     n, zero = cct["go-back-n"] / cct["clean"], cct["go-back-0"] / cct["clean"]
     lossy = {k: results[k].policy("hyperscale") for k in ("go-back-n", "go-back-0")}
-    model = go_back_0_model(-(-LOSS_SIZE // 4 // results["clean"].scenario.workload.mtu),
-                            LOSS_RATE)
+    message = LOSS_SIZE // 4  # a step's message of the 4-GPU ring
+    model = go_back_0_model(len(roce.packet_payloads(
+        message, results["clean"].scenario.workload.mtu)), LOSS_RATE)
     lost = all((p.link_losses or 0) > 0 for p in lossy.values())
     ok = lost and zero >= GO_BACK_MARGIN * n and model / 2 <= zero <= 3 * model
     gbn = lossy["go-back-n"]
