@@ -40,6 +40,7 @@ from traffic.jobgraph import collective_graph, collective_of, same_server
 from traffic.contract import WorkloadSpec
 
 from . import breakdown, trace
+from .fanin import fan_in
 from .jobfigures import (compute_waits, fabric_bytes_sent, job_figures, ops_by_rank_iteration,
                          waited_for)
 from .model import Modelled
@@ -189,6 +190,7 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
                             byte_scale_warning=ctx.job.warning or None,
                             gpus=sorted(ranks),
                             bytes_sent_per_rank=_job_bytes(ctx, packets, iterations, ranks))
+            f["fan_in"] = _fan_in(ctx, [s for s in spans if int(s["rank"]) in ranks], packets)
             f["modelled"] = modelled(f, ctx.time_scale)
             jobs.append(f)
             figures["operations"] += breakdown.rows(
@@ -378,6 +380,13 @@ def _job_bytes(ctx: RunContext, packets: Packets, iterations: List[dict], ranks)
     return {"expected": {str(r): expected.get(r, 0) for r in sorted(ranks)},
             "measured": {str(r): round(int(delivered.payload[delivered.src == r].sum()) / its)
                          for r in sorted(ranks)}}
+
+
+def _fan_in(ctx: RunContext, spans: List[dict], packets: Packets) -> Optional[dict]:
+    """The job's fan-ins (``testbed.results.fanin``) from its spans and delivered packets."""
+    d = packets.select(packets.delivered == 1)
+    rx_ns = d.sent + np.round(d.latency * 1000).astype(np.int64)
+    return fan_in(ctx.job.graph, spans, d.src, d.dst, rx_ns, d.payload, ctx.time_scale) or None
 
 
 def _pooled_lag(summaries: List[dict]) -> Optional[dict]:

@@ -185,7 +185,7 @@ class Fidelity(Record):
 # the figures only a run of a training job writes (jobs: only with several jobs)
 JOB_FIGURES = frozenset({"iteration_us", "job_compute_us", "exposed_comm_us",
                          "ideal_iteration_us", "pipeline_bubble_us", "network_cost_us",
-                         "idle_gpu_us", "job", "jobs"})
+                         "idle_gpu_us", "job", "jobs", "fan_in"})
 
 
 def figure(doc: str, default: Any = None, unit: str = ""):
@@ -365,6 +365,13 @@ class PolicyResult(Record):
         "iteration compute_us, exposed_us (the compute stream's waits charged to it), comm_us "
         "(its spans), time_us_p50 of one op, algbw/busbw (Gbit/s)", unit="us, modelled",
         default=())
+    fan_in: Optional[Dict[str, Any]] = figure(
+        "a job's fan-ins (several GPUs writing to one at once), per communication kind: "
+        "receivers, senders (most into one), iterations and per_iteration (mean over its "
+        "fan-ins: receivers, and rounds of one op per sender): jain (Jain's index of the "
+        "senders' throughputs), gbps_modelled (the receiver's throughput while all of them "
+        "send), all_send_us (the last one's start to the first one's end) and whole_us (first "
+        "start to last end), modelled")
     jobs: Tuple[Dict[str, Any], ...] = figure(
         "several jobs on the fabric: each one's figures (the job figures above, its job and "
         "modelled; job.gpus names its GPUs); the figures above are the first one's",
