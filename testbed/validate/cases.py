@@ -1,14 +1,10 @@
 """The validation cases: published results about AI fabrics, each with what it predicts here,
-the runs that measure it and the rule that judges them (pure: scenarios out, typed results in).
-
-A case decides by sign and rough size with the tolerance its row states, never by an exact
-figure; the sources are in docs/REFERENCE.md ("What the validation suite cites").
+the runs that measure it and the rule that judges them (pure: scenarios out, typed results in;
+``testbed.validate.case``). PFC's spreading and DCQCN live in ``testbed.validate.congestion``.
 """
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 
@@ -16,38 +12,10 @@ from traffic import roce
 
 from ..base.errors import ConfigError
 from ..results.model import RunResult
-from ..scenario.config import DEFAULT, Scenario
-from ..scenario.catalog import SCENARIO_DIR, find
-
-
-@dataclass(frozen=True)
-class Run:
-    """One run a case needs: a label, the scenario (its policies included)."""
-    label: str
-    scenario: Scenario
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a case measured and whether it holds. ``bars``: (figure, the model's value or
-    bound, measured) for the suite's plot."""
-    measured: str
-    ok: bool
-    why: str = ""
-    bars: Tuple[Tuple[str, object, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    title: str
-    citation: str
-    published: str
-    predicts: str
-    tolerance: str
-    runs: Callable[[bool], List[Run]]  # quick -> the runs
-    judge: Callable[[Dict[str, RunResult]], Verdict]
-    notes: str = field(default="", compare=False)
+from ..scenario.config import DEFAULT
+from ..scenario.catalog import find
+from .case import BARE, Case, Run, Verdict
+from .congestion import DCQCN, VICTIMS
 
 
 # --- the seed's straggler arithmetic ---------------------------------------------------------
@@ -209,60 +177,6 @@ JOB = Case(
     "job); the gradient buckets overlap the backward pass, so exposed < total communication",
     "within 2% (free network); signs for the overlap (0 < exposed < total)",
     _job_runs, _job_judge)
-
-
-# --- PFC spreads congestion to victim flows -------------------------------------------------
-
-JOBS = os.path.join(SCENARIO_DIR, "jobs")
-VICTIM = {"file": os.path.join(JOBS, "ring6.yaml"), "ranks": [0, 1, 4, 5, 8, 9]}
-INCAST = {"file": os.path.join(JOBS, "incast-heavy.yaml"),
-          "ranks": [2, 3, 6, 7, 10, 11, 14, 15]}
-BARE = {"transport": {"congestion_control": "none"},
-        "policy_params": {"hyperscale": {"ecn": "off"}}}
-
-
-def _victim_runs(quick: bool) -> List[Run]:
-    """The victim ring on leaves 1-3 alone, then beside an incast into leaf 4 from GPUs on
-    the victim's leaves: without congestion control (lossy and PFC alone), and lossless with
-    DCQCN."""
-    base = find("incast").override({"topology": {"oversubscription": 0.5},  # idle uplinks
-                                    "workload": {"iterations": 3 if quick else 4}})
-    alone = base.override(dict(BARE, workload={"jobs": [VICTIM]}))
-    both = base.override({"workload": {"jobs": [VICTIM, INCAST]}})
-    return [Run("alone", alone.with_policies(["hyperscale", "lossless"])),
-            Run("incast", both.override(BARE).with_policies(["hyperscale", "lossless"])),
-            Run("incast-dcqcn", both.override({"transport": {"congestion_control": "dcqcn"}})
-                .with_policies(["lossless"]))]
-
-
-def _ring_us(result: RunResult, policy: str) -> float:
-    p = result.policy(policy)
-    return p.jobs[0]["iteration_us"]["p50"] if p.jobs else p.iteration_us.p50
-
-
-def _victim_judge(results: Dict[str, RunResult]) -> Verdict:
-    alone = {n: _ring_us(results["alone"], n) for n in ("hyperscale", "lossless")}
-    lossy = _ring_us(results["incast"], "hyperscale") / alone["hyperscale"]
-    pfc = _ring_us(results["incast"], "lossless") / alone["lossless"]
-    dcqcn = _ring_us(results["incast-dcqcn"], "lossless") / alone["lossless"]
-    pauses = results["incast"].policy("lossless").pfc_pause_events or 0
-    ok = pauses > 0 and pfc > 2 * lossy
-    return Verdict(
-        f"the victim ring slows {lossy:.1f}x on the lossy fabric, {pfc:.1f}x under PFC alone "
-        f"({pauses:,} pauses); with DCQCN {dcqcn:.1f}x (not judged yet)", ok,
-        "" if ok else "PFC did not slow the victim twice as much as the lossy fabric",
-        (("victim slowdown under PFC alone (bound: 2 x the lossy fabric's)", 2 * lossy, pfc),))
-
-
-VICTIMS = Case(
-    "pfc-spreading", "PFC spreads an incast's congestion to victim flows",
-    "Guo et al., RDMA over Commodity Ethernet at Scale, SIGCOMM 2016",
-    "PFC pauses propagate upstream and slow flows that never cross the congested port",
-    "a ring on leaves 1-3 (uplinks with room to spare), beside an incast into leaf 4 from GPUs "
-    "on its leaves, keeps its pace on a lossy fabric and slows under PFC alone",
-    "slowdown under PFC > 2 x the lossy fabric's, PFC pauses > 0 (DCQCN's slowdown is shown, "
-    "not judged)",
-    _victim_runs, _victim_judge)
 
 
 # --- go-back-N vs go-back-0 under loss --------------------------------------------------------
@@ -457,7 +371,7 @@ SPRAYING = Case(
     _spray_runs, _spray_judge)
 
 
-CASES: Tuple[Case, ...] = (STRAGGLER, HOPS, LOSSY, VICTIMS, JOB, GO_BACK, QP_SCALING,
+CASES: Tuple[Case, ...] = (STRAGGLER, HOPS, LOSSY, VICTIMS, DCQCN, JOB, GO_BACK, QP_SCALING,
                           SPRAYING)
 
 

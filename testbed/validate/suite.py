@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional
 from ..base.atomic import write_atomic
 from ..results.model import RunResult
 from ..run import runner
-from .cases import Case, Run, Verdict
+from .case import Case, Run, Verdict
 
 PASS, FAIL, UNFAITHFUL = "pass", "FAIL", "not measured faithfully"
 
@@ -140,7 +140,8 @@ def page(outcomes: List[Outcome], quick: bool) -> str:
                 data = base64.b64encode(png).decode("ascii")
                 parts.append(f"<figure><img src=\"data:image/png;base64,{data}\" "
                              f"alt=\"{e(o.case.name)}\"><figcaption>{e(o.case.title)}: "
-                             f"the model's value or bound (grey) and the measured one</figcaption></figure>")
+                             "the model's value or bound (grey) and the measured one"
+                             "</figcaption></figure>")
         links = "".join(f"<li><a href=\"{e(os.path.basename(d))}/report.html\">{e(label)}"
                         "</a></li>" for label, d in o.runs.items())
         parts.append(f"<p>{e(o.case.name)}: runs</p><ul>{links}</ul>")

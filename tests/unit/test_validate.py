@@ -5,7 +5,7 @@ import pytest
 from testbed.cli import main
 from testbed.results.model import RunResult
 from testbed.scenario.config import DEFAULT
-from testbed.validate import cases, suite
+from testbed.validate import cases, congestion, suite
 
 
 def _run(policies):
@@ -150,3 +150,54 @@ def test_spraying_judges_the_share_of_the_line_and_the_spines_spread():
     assert "did not collide" in judge(static=(30.0, even)).why
     assert "left the spines uneven" in judge(sprayed=(85.0, skewed)).why
     assert "shares of the line" in judge(sprayed=(60.0, even)).why
+
+
+def _fan_in_run(pauses, queueing_p50, gbps, jain):
+    rows = [{"jain": j, "gbps_modelled": g, "all_send_us": 1000.0, "whole_us": 1200.0}
+            for g, j in zip(gbps, jain)]
+    return _run({"lossless": {
+        "pfc_pause_events": pauses,
+        "modelled": {"latency_queueing_us": {"p50": queueing_p50}},
+        "fan_in": {"incast": {"receivers": 1, "senders": 7, "iterations": [0, 1, 2],
+                              "per_iteration": rows}}}})
+
+
+def _dcqcn(**dc):
+    pfc = dict(pauses=3500, queueing_p50=100.0, gbps=[100.0] * 3, jain=[0.85] * 3)
+    dcqcn = dict(pauses=120, queueing_p50=5.0, gbps=[70.0, 98.0, 99.0],
+                 jain=[0.99, 0.99, 0.99]) | dc
+    out = {}
+    for spines, over in congestion.FABRICS:
+        out[f"none-{spines}x{over:g}"] = _fan_in_run(**pfc)
+        out[f"dcqcn-{spines}x{over:g}"] = _fan_in_run(**dcqcn)
+    return congestion.DCQCN.judge(out)
+
+
+def test_dcqcn_is_judged_on_every_fabric_after_the_first_iteration():
+    good = _dcqcn()
+    assert good.ok and "first iteration 0.70x" in good.measured  # shown, not judged
+    assert "throughput on 2 spines, 1:1" in _dcqcn(gbps=[100.0, 85.0, 85.0]).why
+    assert "fairness" in _dcqcn(jain=[1.0, 0.9, 0.9]).why
+    assert "pauses" in _dcqcn(pauses=2000).why
+    assert "queues" in _dcqcn(queueing_p50=60.0).why
+
+
+def _ring(p50, paused_ms=0.0, pauses=0):
+    pfc = {"lf1-eth5": {"node": "lf1", "events": 3, "paused_ms": paused_ms},
+           "lf4-eth1": {"node": "lf4", "events": 9, "paused_ms": 1000.0}}  # not the victim's
+    return {"iteration_us": {"p50": p50}, "pfc_pause_events": pauses,
+            "switch_queues": {"pfc": pfc}}
+
+
+def test_pfc_spreading_needs_pfc_to_slow_the_victim_and_dcqcn_to_keep_pauses_away():
+    def judge(pfc_us=300.0, dcqcn_paused=10.0):
+        return congestion.VICTIMS.judge({
+            "alone": _run({"hyperscale": _ring(60.0), "lossless": _ring(60.0)}),
+            "incast": _run({"hyperscale": _ring(66.0),
+                            "lossless": _ring(pfc_us, paused_ms=100.0, pauses=50)}),
+            "incast-dcqcn": _run({"lossless": _ring(250.0, paused_ms=dcqcn_paused,
+                                                    pauses=5)})})
+    ok = judge()
+    assert ok.ok and "0.10x as long" in ok.measured and "slows 4.2x (not judged)" in ok.measured
+    assert "twice as much as the lossy fabric" in judge(pfc_us=100.0).why
+    assert "did not shorten the pauses" in judge(dcqcn_paused=60.0).why
