@@ -80,6 +80,7 @@ ROWS = [
      lambda p: _idle_on_n(_of(p.job, "idle_gpu_seconds_on_n_gpus"))),
     ("bytes / iteration: fabric, scale-up",
      lambda p: _split(_of(p.job, "bytes_per_iteration"))),
+    ("fan-in: Jain / Gbit/s (modelled) while all send", lambda p: _fan_in(p.fan_in)),
     ("CCT p50 (ms)", lambda p: _ms(_at(p.cct_us, "p50"))),
     ("CCT p99 (ms)", lambda p: _ms(_at(p.cct_us, "p99"))),
     ("CCT max (ms)", lambda p: _ms(_at(p.cct_us, "max"))),
@@ -118,6 +119,18 @@ TIME_ROWS = {"PFC paused time (ms)", "latency p50 (us)", "latency p99 (us)",
              "  network cost p50 (ms)", "compute per GPU (ms)", "exposed communication (ms)",
              "  pipeline bubble, free network (ms)", "idle GPU time / iteration (GPU-ms)"}
 """The rows that are times: in the modelled fabric's time unless emulated ones are asked for."""
+
+
+def _fan_in(fan_in):
+    """Per kind with a fan-in: Jain's index and the receiver's Gbit/s while all send (means
+    over the iterations)."""
+    if not fan_in:
+        return None
+    def mean(rows, key):
+        return sum(r[key] for r in rows) / len(rows)
+    return "; ".join(f"{kind} {mean(f['per_iteration'], 'jain'):.2f} / "
+                     f"{mean(f['per_iteration'], 'gbps_modelled'):.1f}"
+                     for kind, f in fan_in.items())
 
 
 def _share(x):

@@ -62,3 +62,10 @@ def test_repeated_bursts_are_rounds_of_their_own():
     ops = [(0, 0, 100), (1, 10, 120), (0, 130, 200), (1, 125, 210), (2, 300, 400)]
 
     assert rounds(ops) == [[(0, 0, 100), (1, 10, 120)], [(1, 125, 210), (0, 130, 200)]]
+
+
+def test_the_comparison_shows_each_fan_in_as_jain_and_throughput_over_the_iterations():
+    from testbed.results.report import _fan_in
+    rows = [{"jain": 0.9, "gbps_modelled": 80.0}, {"jain": 1.0, "gbps_modelled": 100.0}]
+    assert _fan_in({"incast": {"per_iteration": rows}}) == "incast 0.95 / 90.0"
+    assert _fan_in(None) is None
