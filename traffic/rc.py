@@ -245,9 +245,10 @@ class Responder:
                   ) -> Tuple[List[int], Optional[Response]]:
         """A data packet arrived: (PSNs delivered in order, ACK/NAK to send or None)."""
         d = psn_diff(psn, self.epsn)
-        if d < 0:  # duplicate: drop it, tell the requester where we are
+        if d < 0:  # duplicate: drop it, tell the requester where we are - under go-back-0
+            # the last whole message (a timeout rewound the requester into this one)
             self.counters["duplicates"] += 1
-            return [], self._ack()
+            return [], self._ack(self.message_psn if self.go_back_0 else self.epsn)
         if d > 0:  # a gap
             if self.reorder_ns and d < MAX_AHEAD:
                 if psn not in self.ahead:
@@ -297,10 +298,12 @@ class Responder:
             return [psn], self._ack()
         return ([psn] if fresh else []), None
 
-    def _ack(self) -> Response:
+    def _ack(self, upto: Optional[int] = None) -> Response:
+        """An ACK of everything before ``upto`` (default: the expected PSN)."""
         self.unacked = 0
         self.counters["acks_sent"] += 1
-        return Response(SYNDROME_ACK, (self.epsn - 1) % PSN_MOD, self.msn)
+        return Response(SYNDROME_ACK, ((self.epsn if upto is None else upto) - 1) % PSN_MOD,
+                        self.msn)
 
     def _nak_if_gap_old(self, now: int) -> Optional[Response]:
         if self.nak_sent or now - self.gap_since < self.reorder_ns:

@@ -232,3 +232,26 @@ def test_go_back_0_retries_for_as_long_as_naks_come():
         for r in deliver(resp, drain(req, now=now + 10 * MS), now=now, drop={3})[1]:
             req.on_ack(r.psn, r.syndrome, now=now + 10 * MS)
     assert req.counters["timeouts"] == 6 and req.retries == 0
+
+
+def test_go_back_0_never_acknowledges_part_of_a_message_when_a_timeout_rewinds_into_it():
+    # the requester's timer fired while the message was still arriving (it shares a link):
+    # it rewinds to the message's start; the responder, half way through, sees duplicates
+    req = Requester(MTU, rto_ns=10 * MS, max_rto_ns=80 * MS, go_back_0=True)
+    resp = Responder(ack_every=2, go_back_0=True)
+    req.post("m", 8 * MTU, now=0)
+    first = drain(req)
+    deliver(resp, first[:5])  # PSNs 0-4 placed
+    assert req.check_timeout(10 * MS)
+    again = drain(req, now=10 * MS)
+    _, responses = deliver(resp, again[:2], now=10 * MS)  # duplicates 0 and 1
+    # whole messages only: nothing of the message is acknowledged yet
+    assert all(r.psn == (0 - 1) % (1 << 24) for r in responses if r.syndrome == SYNDROME_ACK)
+    for r in responses:
+        req.on_ack(r.psn, r.syndrome, now=10 * MS)
+    assert req.una == 0
+    # the rest of the first pass loses PSN 6: the NAK for the message's start is obeyed
+    _, responses = deliver(resp, first[5:], now=10 * MS, drop={6})
+    assert [(r.syndrome, r.psn) for r in responses] == [(SYNDROME_NAK_SEQ, 0)]
+    req.on_ack(0, SYNDROME_NAK_SEQ, now=11 * MS)
+    assert [p.psn for p in drain(req, now=11 * MS)] == list(range(8))
