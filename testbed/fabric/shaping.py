@@ -100,6 +100,11 @@ def frame_bytes(mtu: int) -> int:
     return mtu + 14
 
 
+# The switch-queue emulator's resume "kick" (testbed.switchq.emulator): a small frame of a
+# local experimental EtherType, dropped by every policy at the next switch
+KICK_ETHERTYPE = 0x88B5
+
+
 def burst_bytes(rate_mbit: float, mtu: int, nic: bool = False) -> int:
     """HTB burst: how far a token bucket may run ahead of an ideal link after an idle spell
     (HTB sends while its tokens are >= 0, so after a refill the next frame leaves up to one
@@ -201,6 +206,10 @@ def tc_commands(intf: str, shape: Shape, netem: bool, mtu: int = 1500) -> List[s
         for dscp in c.dscp:
             cmds.append(f"tc filter add dev {intf} parent 1: protocol ip prio 1 u32 "
                         f"match ip dsfield {dscp << 2:#04x} 0xfc flowid 1:{c.minor:x}")
+    if len(classes) > 1:  # a kick leaves at once: never queued (or dropped) behind traffic
+        top = min(classes, key=lambda c: c.priority)
+        cmds.append(f"tc filter add dev {intf} parent 1: protocol {KICK_ETHERTYPE:#06x} prio 2 "
+                    f"u32 match u32 0 0 flowid 1:{top.minor:x}")
     return cmds
 
 

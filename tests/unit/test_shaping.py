@@ -151,3 +151,9 @@ def test_marking_method_uses_red_only_where_it_can():
         marking_method("red", False, lossless, "kernel")
     with pytest.raises(ConfigError, match="userspace datapath"):
         marking_method("red", True, lossy, "user")
+
+
+def test_the_emulators_resume_kick_goes_to_the_highest_priority_class():
+    cmds = tc_commands("x", Shape(40, TWO), netem=False, mtu=1500)
+    assert cmds[-1] == ("tc filter add dev x parent 1: protocol 0x88b5 prio 2 u32 "
+                        "match u32 0 0 flowid 1:10")
