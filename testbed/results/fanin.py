@@ -13,7 +13,7 @@ whole fan-in's time is given beside it.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -54,6 +54,8 @@ def fan_in(graph: JobGraph, spans: Sequence[dict], src: np.ndarray, dst: np.ndar
     for (kind, it, to), ops in sorted(sends(graph, spans).items()):
         for group in rounds(ops):
             row = _round(group, to, src, dst, rx_ns, payload, time_scale)
+            if row is None:
+                continue  # the ops overlapped, their transfers did not
             rows[kind][it].append(row)
             receivers[kind].add(to)
             most[kind] = max(most[kind], len(group))
@@ -82,8 +84,9 @@ def rounds(ops: Sequence[Tuple[int, int, int]]) -> List[List[Tuple[int, int, int
     return [r for r in out if len(r) > 1]
 
 
-def _round(ops, to: int, src, dst, rx_ns, payload, time_scale: float) -> dict:
-    """One fan-in's figures (``fan_in``)."""
+def _round(ops, to: int, src, dst, rx_ns, payload, time_scale: float) -> Optional[dict]:
+    """One fan-in's figures (``fan_in``); None when a sender delivered nothing while all
+    of them were sending (one-packet ops that overlap only by their acknowledgements)."""
     senders = [a for a, _s, _e in ops]
     first_end, last_start = min(e for _a, _s, e in ops), max(s for _a, s, _e in ops)
     into = dst == to
@@ -92,6 +95,8 @@ def _round(ops, to: int, src, dst, rx_ns, payload, time_scale: float) -> dict:
         mine = into & (src == a) & (rx_ns >= start) & (rx_ns <= end)
         rates.append(int(payload[mine].sum()) / max(1, end - start))
     together = into & np.isin(src, senders) & (rx_ns >= last_start) & (rx_ns <= first_end)
+    if set(src[together].tolist()) != set(senders):
+        return None
     bits = 8 * int(payload[together].sum())
     return {"jain": jain_index(rates),
             "gbps_modelled": bits / (first_end - last_start) * time_scale,

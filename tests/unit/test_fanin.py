@@ -69,3 +69,11 @@ def test_the_comparison_shows_each_fan_in_as_jain_and_throughput_over_the_iterat
     rows = [{"jain": 0.9, "gbps_modelled": 80.0}, {"jain": 1.0, "gbps_modelled": 100.0}]
     assert _fan_in({"incast": {"per_iteration": rows}}) == "incast 0.95 / 90.0"
     assert _fan_in(None) is None
+
+
+def test_ops_that_overlap_only_by_their_acknowledgements_are_no_fan_in():
+    # one-packet probes, one after the other; each sender's op ends when its ACK is back
+    spans = [_span(0, 0, "incast", 0, 1000), _span(1, 0, "incast", 500, 1500)]
+    src, dst = np.array([0, 1]), np.array([2, 2])
+    rx, payload = np.array([100, 1200]), np.array([100, 100])
+    assert fan_in(_graph(), spans, src, dst, rx, payload, 1.0) == {}
