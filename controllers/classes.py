@@ -45,6 +45,36 @@ class PfcRule:
 
     xoff: int
     xon: int
+    kind = "pfc"
+
+    @property
+    def threshold(self) -> int:
+        """The backlog above which the feeders stop."""
+        return self.xoff
+
+    def holds(self, backlog: int, held: bool) -> bool:
+        """Whether the feeders stay stopped (``held``: they are now): XOFF/XON hysteresis."""
+        return backlog >= self.xon if held else backlog > self.xoff
+
+
+@dataclass(frozen=True)
+class CreditRule:
+    """InfiniBand's credit-based flow control as the switch-queue emulator applies it: the
+    queues feeding a switch may send into this class's buffer while it has room for what
+    they can still send before a stop lands - they stop while its backlog is above ``limit``
+    (the lane's buffer less that margin) and go on as soon as it is back at or below: no
+    hysteresis, no pause frames, no headroom beyond the buffer (docs/fabric.md, "Credits")."""
+
+    limit: int
+    buffer: int  # the lane's buffer: what the class's queue holds at most
+    kind = "credit"
+
+    @property
+    def threshold(self) -> int:
+        return self.limit
+
+    def holds(self, backlog: int, held: bool) -> bool:
+        return backlog > self.limit
 
 
 @dataclass(frozen=True)
@@ -57,6 +87,7 @@ class TrafficClass:
     nic_buffer_bytes: Optional[int] = None  # on GPU NICs; None = the scenario's NIC queue
     ecn: Optional[EcnRule] = None
     pfc: Optional[PfcRule] = None
+    credit: Optional[CreditRule] = None  # in place of PFC (policy_params.lossless.flow_control)
 
     @property
     def minor(self) -> int:
@@ -64,7 +95,12 @@ class TrafficClass:
 
     @property
     def lossless(self) -> bool:
-        return self.pfc is not None
+        return self.flow_control is not None
+
+    @property
+    def flow_control(self):
+        """The rule that keeps the class lossless: PFC's or credits' (None: lossy)."""
+        return self.pfc or self.credit
 
 
 def default_class(classes) -> TrafficClass:
@@ -93,4 +129,5 @@ def class_from_dict(d: dict) -> TrafficClass:
     d["dscp"] = tuple(d["dscp"])
     d["ecn"] = EcnRule(**d["ecn"]) if d.get("ecn") else None
     d["pfc"] = PfcRule(**d["pfc"]) if d.get("pfc") else None
+    d["credit"] = CreditRule(**d["credit"]) if d.get("credit") else None
     return TrafficClass(**d)

@@ -3,7 +3,9 @@
 * Classes (every egress queue): CNPs highest priority; RoCE (DSCP 26) in a lossless class with
   PFC (pause the queues that feed the switch above XOFF, resume below XON) and RED-like ECN
   marking for DCQCN; everything else best effort, lossy. The RoCE buffer is XOFF plus headroom
-  for what arrives while a pause takes effect.
+  for what arrives while a pause takes effect. With ``flow_control: credit`` (InfiniBand) the
+  RoCE class is kept lossless by credits instead: its feeders wait while it has less room
+  than the headroom, inside its buffer.
 * Adaptive routing at the leaves: RoCE to another leaf looks up its flowlet (table FLOWLET);
   a new flow - or one idle for ``flowlet_gap_s`` - is hashed (5-tuple) over the leaf's
   least-loaded uplinks (one AR slot each), and the choice is learned for the flowlet. The
@@ -22,12 +24,13 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
+from testbed.base.errors import ConfigError
 from testbed.base.hops import model
 from testbed.base.topology import leaf_subnet
 
 from . import l3
 
-from .classes import EcnRule, PfcRule, TrafficClass
+from .classes import CreditRule, EcnRule, PfcRule, TrafficClass
 from .messages import (ETH_TYPE_IPV4, IPPROTO_UDP, PRIO_MISS, PRIO_ROCE, PRIO_ROUTE, ROCE_PORT,
                     ClearFlows, Learn, Message, Multipath, Resubmit, SetField, flow, prefix)
 from .params import LosslessParams
@@ -82,13 +85,31 @@ class LosslessPolicy(Policy):
 
     def traffic_classes(self) -> Tuple[TrafficClass, ...]:
         p = self.params
-        return (
-            TrafficClass("cnp", 0, 0, (p.cnp_dscp,), p.other_buffer_bytes),
-            TrafficClass("roce", 1, 1, (p.roce_dscp,), p.pfc_xoff_bytes + self.headroom_bytes(),
-                         ecn=EcnRule("red", p.ecn_kmin_bytes, p.ecn_kmax_bytes, p.ecn_pmax),
-                         pfc=PfcRule(p.pfc_xoff_bytes, p.pfc_xon_bytes)),
-            TrafficClass("other", 2, 2, (), p.other_buffer_bytes),
-        )
+        ecn = EcnRule("red", p.ecn_kmin_bytes, p.ecn_kmax_bytes, p.ecn_pmax)
+        headroom = self.headroom_bytes()
+        if p.flow_control == "credit":
+            roce = TrafficClass("roce", 1, 1, (p.roce_dscp,), self.credit_buffer(headroom),
+                                ecn=ecn, credit=self.credit_rule(headroom))
+        else:
+            roce = TrafficClass("roce", 1, 1, (p.roce_dscp,), p.pfc_xoff_bytes + headroom,
+                                ecn=ecn, pfc=PfcRule(p.pfc_xoff_bytes, p.pfc_xon_bytes))
+        return (TrafficClass("cnp", 0, 0, (p.cnp_dscp,), p.other_buffer_bytes), roce,
+                TrafficClass("other", 2, 2, (), p.other_buffer_bytes))
+
+    def credit_buffer(self, headroom: int) -> int:
+        return self.params.credit_buffer_bytes or self.params.pfc_xoff_bytes + headroom
+
+    def credit_rule(self, headroom: int) -> CreditRule:
+        """Credits: the feeders stop while the lane has less room than they can send before
+        the stop lands - the headroom PFC would keep beyond XOFF, here inside the buffer."""
+        buffer = self.credit_buffer(headroom)
+        frame = self.context.mtu + 100
+        if buffer - headroom < frame:
+            raise ConfigError(
+                f"policy_params.lossless.credit_buffer_bytes: {buffer:,} B leaves no room "
+                f"beyond the {headroom:,} B the feeders can send before a stop lands; give "
+                f"at least {headroom + frame:,}")
+        return CreditRule(buffer - headroom, buffer)
 
     # --- forwarding -------------------------------------------------------------------------
     def switch_connected(self, dpid: int) -> List[Message]:

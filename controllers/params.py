@@ -84,9 +84,17 @@ class EnterpriseParams:
 
 @dataclass(frozen=True)
 class LosslessParams:
-    """InfiniBand / Spectrum-X-class: lossless RoCE class (PFC), ECN for DCQCN, adaptive
-    routing and spraying, CNPs in the highest priority."""
+    """InfiniBand / Spectrum-X-class: lossless RoCE class (PFC, or InfiniBand's credits), ECN
+    for DCQCN, adaptive routing and spraying, CNPs in the highest priority."""
 
+    flow_control: str = field(default="pfc", metadata={
+        "choices": ("pfc", "credit"),
+        "doc": "what keeps the RoCE class lossless: pfc (Ethernet, the Spectrum-X reading: "
+               "pause above XOFF, resume below XON) or credit (InfiniBand: a queue's feeders "
+               "send only while it has room for what they can still send before a stop "
+               "lands; no hysteresis, no pause frames; docs/fabric.md, \"Credits\")"})
+    credit_buffer_bytes: int = _bytes(0, "credit: the RoCE lane's buffer per egress queue "
+                                         "(0: XOFF plus headroom, the buffer PFC gets)")
     pfc_xoff_bytes: int = _bytes(128_000, "RoCE class backlog that pauses the upstream queues")
     pfc_xon_bytes: int = _bytes(96_000, "RoCE class backlog below which they resume")
     pfc_headroom_bytes: int = _bytes(0, "RoCE buffer beyond XOFF (0: computed from the link "

@@ -1,4 +1,5 @@
-"""PFC as the switch-queue emulator applies it (pure: backlogs in, pause/resume out).
+"""Link-level flow control as the switch-queue emulator applies it - PFC, or InfiniBand's
+credits (pure: backlogs in, pause/resume out).
 
 A real switch sends PAUSE on the ingress ports whose packets fill a lossless queue. Here, when
 a lossless egress queue of switch S rises above XOFF, every queue that can feed it - the egress
@@ -6,6 +7,8 @@ queues at the far end of S's other links that may carry traffic towards it - is 
 it falls below XON they resume (a queue paused on behalf of several congested queues resumes
 when the last one clears). The paused queues then fill and, being lossless queues of their
 own switches, pause their feeders in turn: backpressure spreads hop by hop up to the GPU NICs.
+Under credits (``controllers.classes.CreditRule``) the same feeders wait while the queue has
+less room than they can still send, and go on as soon as it has: a wait, not a pause.
 
 Which links can feed an egress port of a leaf-spine fabric: at a leaf, traffic towards a GPU
 may come from any other port; traffic towards a spine comes only from the leaf's GPUs (a leaf
@@ -14,11 +17,11 @@ never sends from one spine to another); at a spine, any other leaf.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, NamedTuple, Set, Tuple
+from typing import Dict, List, NamedTuple, Set, Tuple, Union
 
 from testbed.base.topology import FabricPlan
 
-from .classes import PfcRule
+from .classes import CreditRule, PfcRule
 
 
 class Queue(NamedTuple):
@@ -51,10 +54,11 @@ def feeders(plan: FabricPlan, node: str, intf: str) -> List[Queue]:
 
 @dataclass
 class PfcState:
-    """Hysteresis per lossless egress queue, pause bookkeeping per fed queue."""
+    """Per lossless egress queue whether it holds its feeders (the rule's), pause - or credit
+    wait - bookkeeping per fed queue."""
 
     plan: FabricPlan
-    rule: PfcRule
+    rule: Union[PfcRule, CreditRule]
     congested: Set[Queue] = field(default_factory=set)
     paused_by: Dict[Queue, Set[Queue]] = field(default_factory=dict)
     paused_since: Dict[Queue, int] = field(default_factory=dict)
@@ -70,13 +74,14 @@ class PfcState:
 
     def update(self, backlog: Dict[Queue, int], now_ns: int) -> Tuple[List[Queue], List[Queue]]:
         """New backlogs of the lossless egress queues -> (queues to pause, to resume)."""
-        rule = self.rule
+        holds = self.rule.holds
         for q, b in backlog.items():
-            if q not in self.congested and b > rule.xoff:
+            held = q in self.congested
+            if not held and holds(b, False):
                 self.congested.add(q)
                 for f in self.feeders_of(q):
                     self.paused_by.setdefault(f, set()).add(q)
-            elif q in self.congested and b < rule.xon:
+            elif held and not holds(b, True):
                 self.congested.discard(q)
                 for f in self.feeders_of(q):
                     self.paused_by.get(f, set()).discard(q)
@@ -109,9 +114,12 @@ class PfcState:
         return {n: sorted(v) for n, v in sorted(out.items())}
 
     def report(self) -> Dict[str, dict]:
-        """{interface: {"events": n, "paused_ms": t}} for every queue ever paused."""
-        return {q.intf: {"node": q.node, "events": self.pause_events.get(q, 0),
-                         "paused_ms": round(self.paused_ns.get(q, 0) / 1e6, 3)}
+        """{interface: {"node", "events": n, "paused_ms": t}} for every queue ever paused;
+        under credits {"node", "waits": n, "waited_ms": t} for every queue that waited."""
+        events, held = ("events", "paused_ms") if self.rule.kind == "pfc" else \
+            ("waits", "waited_ms")
+        return {q.intf: {"node": q.node, events: self.pause_events.get(q, 0),
+                         held: round(self.paused_ns.get(q, 0) / 1e6, 3)}
                 for q in sorted(self.pause_events, key=_key)}
 
 

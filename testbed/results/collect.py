@@ -74,6 +74,7 @@ class Mechanisms:
     ecn: bool = True
     pfc: bool = True
     cnp: bool = True
+    credit: bool = False  # InfiniBand's credits in place of PFC
 
 
 @dataclass

@@ -147,6 +147,7 @@ class Modelled(Record):
     jitter_us: Optional[Jitter] = None
     straggler_idle_us: Optional[StragglerIdle] = None
     pfc_paused_ms: Optional[float] = None
+    credit_wait_ms: Optional[float] = None
     latency_queueing_us: Optional[Percentiles] = None
     path_delay_us: Optional[Dict[str, float]] = None
     latency_floor_us: Optional[Dict[str, Optional[float]]] = None
@@ -162,7 +163,8 @@ class Modelled(Record):
               "straggler_idle_us": StragglerIdle, "latency_queueing_us": Percentiles,
               "iteration_us": Cct}
     OMITTED_WHEN_EMPTY = frozenset({"cct_us", "latency_us", "jitter_us", "straggler_idle_us",
-                                    "pfc_paused_ms", "latency_queueing_us", "path_delay_us",
+                                    "pfc_paused_ms", "credit_wait_ms", "latency_queueing_us",
+                                    "path_delay_us",
                                     "latency_floor_us", "iteration_us", "job_compute_us",
                                     "exposed_comm_us", "ideal_iteration_us",
                                     "pipeline_bubble_us", "network_cost_us", "idle_gpu_us"})
@@ -302,6 +304,12 @@ class PolicyResult(Record):
     pfc_pause_events: Optional[int] = figure("PFC pauses sent (null: no PFC)")
     pfc_paused_ms: Optional[float] = figure(
         "time queues spent paused, summed (null: no PFC)", unit="ms, emulated")
+    credit_waits: Optional[int] = figure(
+        "times a queue stopped to wait for credits: the next hop's lane had no room for what "
+        "it could send (null: no credits; policy_params.lossless.flow_control)")
+    credit_wait_ms: Optional[float] = figure(
+        "time queues spent waiting for credits, summed; per queue in switch_queues.credit "
+        "(null: no credits)", unit="ms, emulated")
     latency_us: Optional[Percentiles] = figure(
         "one-way latency of every data packet {p50, p99, p999, max, mean, count}",
         unit="us, emulated")
@@ -378,7 +386,8 @@ class PolicyResult(Record):
         default=())
     modelled: Optional[Modelled] = figure(
         "the time figures in the modelled fabric's time (emulated / time_scale), pfc_paused_ms "
-        "included: what the tables show and what compares across time scales")
+        "and credit_wait_ms included: what the tables show and what compares across time "
+        "scales")
     agents_reporting: Optional[int] = figure("agent processes whose records were read")
     agent_loop_lag_us: Optional[Dict[str, Any]] = figure(
         "how late the agents acted on their timers, pooled over agents; by_timer splits it by "
@@ -400,8 +409,8 @@ class PolicyResult(Record):
         "(the latter include the servers' clock offset)", unit="us, emulated")
     spine_load_packets: Optional[Dict[str, int]] = figure("packets each spine forwarded")
     switch_queues: Optional[Dict[str, Any]] = figure(
-        "the switch-queue emulator's report: per-queue pauses, marking time per port, largest "
-        "backlog per port and class, sampling cost")
+        "the switch-queue emulator's report: per-queue pauses (pfc) or credit waits (credit), "
+        "marking time per port, largest backlog per port and class, sampling cost")
     reaction_time_us: Optional[float] = figure("the emulator's sample interval",
                                                unit="us, emulated")
     ecn_marking: Optional[str] = figure(

@@ -55,6 +55,8 @@ ROWS = [
     ("ECN-marked packets received", lambda p: p.ecn_marked_packets),
     ("PFC pause events", lambda p: p.pfc_pause_events),
     ("PFC paused time (ms)", lambda p: p.pfc_paused_ms),
+    ("credit waits", lambda p: p.credit_waits),
+    ("credit wait time (ms)", lambda p: p.credit_wait_ms),
     ("latency p50 (us)", lambda p: _at(p.latency_us, "p50")),
     ("  fixed path delay on one leaf (us)", lambda p: _of(p.path_delay_us, "same_leaf")),
     ("  fixed path delay across leaves (us)", lambda p: _of(p.path_delay_us, "cross_leaf")),
@@ -109,7 +111,10 @@ JOB_ROWS = {label for label, _ in ROWS[ROWS.index(next(r for r in ROWS if r[0].s
 COLLECTIVE_ROWS = {"CCT p50 (ms)", "CCT p99 (ms)", "CCT max (ms)", "busbw (Gbit/s, modelled)",
                    "straggler idle / iteration (ms)", "same tail on N GPUs (GPU-s/step)"}
 """Rows of a collective's figures (shown when a policy replayed collectives)."""
-TIME_ROWS = {"PFC paused time (ms)", "latency p50 (us)", "latency p99 (us)",
+CREDIT_ROWS = {"credit waits", "credit wait time (ms)"}
+"""Rows of InfiniBand's credits (shown when a policy ran with them)."""
+TIME_ROWS = {"PFC paused time (ms)", "credit wait time (ms)", "latency p50 (us)",
+             "latency p99 (us)",
              "latency p99.9 (us)", "latency max (us)", "jitter |IPDV| p99 (us)", "CCT p50 (ms)",
              "CCT p99 (ms)", "CCT max (ms)", "straggler idle / iteration (ms)",
              "  fixed path delay on one leaf (us)", "  fixed path delay across leaves (us)",
@@ -199,10 +204,11 @@ def comparison(results: RunResult, emulated: bool = False) -> Tuple[List[str], L
     rxe = any(policies[n].rxe for n in names)
     job = any(policies[n].job for n in names)
     coll = not job or any(policies[n].collectives for n in names)
+    credit = any(policies[n].credit_waits is not None for n in names)
     rows = [[label] + [(sig if modelled and label in TIME_ROWS else fmt)(get(views[n]))
                        for n in names] for label, get in ROWS
             if (rxe or not label.startswith("rxe ")) and (job or label not in JOB_ROWS)
-            and (coll or label not in COLLECTIVE_ROWS)]
+            and (coll or label not in COLLECTIVE_ROWS) and (credit or label not in CREDIT_ROWS)]
     at = next((i for i, r in enumerate(rows) if r[0] == "bytes / iteration: fabric, scale-up"),
               len(rows) - 1) + 1
     rows[at:at] = _per_job_rows({n: views[n] for n in names}, names, modelled)

@@ -569,6 +569,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
                      extrapolate_gpus=scenario.workload.extrapolate_gpus,
                      mechanisms=Mechanisms(ecn=any(c.ecn for c in classes),
                                            pfc=any(c.pfc for c in classes),
+                                           credit=any(c.credit for c in classes),
                                            cnp=cc == "dcqcn"),
                      job=run.job, gpus_per_server=plan.gpus_per_server)
     figures, packets = collect(records, ctx)
@@ -589,7 +590,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
         incast["packets_received"] = figures["per_gpu"][incast["target"]]["rx_foreign_qp"]
     switch_drops, nic_drops, per_port = queue_drops(plan, stats)
     nic_pauses = queues.pop("gpu_pauses_ns", {})  # for the monitor, not for results.json
-    pfc = ctx.mechanisms.pfc
+    pfc, credit = ctx.mechanisms.pfc, ctx.mechanisms.credit
     figures.update({
         "gpus": len(plan.gpus),
         "params": policy.params_dict(),
@@ -608,6 +609,8 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
         "spine_load_packets": spine_load(plan, stats),
         "pfc_pause_events": queues.get("pfc_pause_events", 0) if pfc else None,
         "pfc_paused_ms": queues.get("pfc_paused_ms", 0.0) if pfc else None,
+        "credit_waits": queues.get("credit_waits", 0) if credit else None,
+        "credit_wait_ms": queues.get("credit_wait_ms", 0.0) if credit else None,
         "switch_queues": queues,
         "ecn_marking": run.marking,
         "ecn_marking_via": run.marking_via,
@@ -632,8 +635,9 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
                                    nic_pauses)
     say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "
         f"received, {figures['drops']:,} dropped, {_count(figures['ecn_marked_packets'])} "
-        f"ECN-marked, {_count(figures['pfc_pause_events'])} PFC pauses; fidelity "
-        f"{figures['fidelity']['verdict']}")
+        f"ECN-marked, " + (f"{_count(figures['credit_waits'])} credit waits" if credit else
+                           f"{_count(figures['pfc_pause_events'])} PFC pauses")
+        + f"; fidelity {figures['fidelity']['verdict']}")
     return PolicyResult.from_json(figures, f"policies.{name}", strict=True, name=name)
 
 

@@ -196,6 +196,8 @@ def policies_text() -> str:
                 extra.append(f"ECN {c.ecn.kind}")
             if c.pfc:
                 extra.append(f"PFC XOFF {c.pfc.xoff:,} / XON {c.pfc.xon:,} B")
+            if c.credit:
+                extra.append(f"credits: feeders wait above {c.credit.limit:,} B")
             out.append(f"  class {c.name} (priority {c.priority}): {', '.join(extra)}")
         for f in dataclasses.fields(policy.params):
             value = getattr(policy.params, f.name)

@@ -10,12 +10,14 @@ reads the backlog of every traffic-class buffer of every switch port (one netlin
   leaving that port; where the kernel cannot run it, the change goes to the controller,
   which switches the port's OpenFlow marking group.
 * PFC: a class with a ``PfcRule`` pauses the queues that feed its switch above XOFF and
-  resumes them below XON (``controllers.pfc``); a pause closes the fed queue's PFC gate (a
-  tbf, see ``testbed.fabric.shaping``) with a prebuilt netlink message, in the root namespace for
-  switch ports and in the GPU's namespace for NICs. After a resume the interface is sent one
-  small frame (EtherType 0x88B5, local experimental; every policy drops it at the next
-  switch): changing a tbf does not reschedule the device, and HTB would otherwise look at the
-  reopened class only when its own timer fires - up to a second later (measured).
+  resumes them below XON (``controllers.pfc``); with a ``CreditRule`` (InfiniBand's credits)
+  they wait while it has less room than they can still send, through the same gates. A pause
+  closes the fed queue's PFC gate (a tbf, see ``testbed.fabric.shaping``) with a prebuilt
+  netlink message, in the root namespace for switch ports and in the GPU's namespace for
+  NICs. After a resume the interface is sent one small frame (EtherType 0x88B5, local
+  experimental; a filter puts it in the highest-priority class and every policy drops it at
+  the next switch): changing a tbf does not reschedule the device, and HTB would otherwise
+  look at the reopened class only when its own timer fires - up to a second later (measured).
 * Load: for adaptive routing, the backlog of the watched ports goes to the controller when it
   changed by a frame or more.
 
@@ -53,7 +55,7 @@ from ..base.procutil import die_with_parent, react_first
 from ..fabric.bpf import Clsact
 from ..fabric.bpfmark import Marker
 from ..fabric.bpfqueue import QueueCounters
-from ..fabric.shaping import gate_handle, gate_params, gate_parent
+from ..fabric.shaping import KICK_ETHERTYPE, gate_handle, gate_params, gate_parent
 from .contract import EmulatorConfig
 from .messages import Outbox, PfcRelay
 from .record import SampleCost, Timeline, peaks, spread
@@ -68,7 +70,7 @@ LOAD_EVERY_NS = 5_000_000  # adaptive routing needs the trend, not every sample
 QUIET_SPACING = 2  # intervals between samples while every queue is far from a threshold
 PAUSE, RESUME = 1, 2  # what happens to a queue: the index of its message in ``pause_msgs``
 # Broadcast, from a MAC no GPU has, local experimental EtherType: dropped by every policy.
-KICK_FRAME = (b"\xff" * 6 + bytes.fromhex("020000000000") + b"\x88\xb5"
+KICK_FRAME = (b"\xff" * 6 + bytes.fromhex("020000000000") + KICK_ETHERTYPE.to_bytes(2, "big")
               + b"testbed: resume".ljust(46, b"\0"))
 
 
@@ -90,7 +92,7 @@ class Emulator:
                     dpid = next(s.dpid for s in self.plan.switches if s.name == node)
                     self.ports[intf] = (node, dpid, port)  # on this server (split fabrics)
         self.ecn_class = next((c for c in self.classes if c.ecn), None)
-        self.pfc_class = next((c for c in self.classes if c.pfc), None)
+        self.pfc_class = next((c for c in self.classes if c.flow_control), None)
         self.load_class = self.pfc_class or self.ecn_class or self.classes[0]
         # the class this emulator marks; none where the kernel's RED marks (testbed.fabric.shaping)
         self.marks = self.ecn_class if cfg.ecn_marking == "sampled" else None
@@ -129,7 +131,7 @@ class Emulator:
         self.marking_since: Dict[str, int] = {}
         self.marking_ns: Dict[str, int] = {}
         self.toggles: Dict[str, int] = {}
-        self.pfc = PfcState(self.plan, self.pfc_class.pfc) if self.pfc_class else None
+        self.pfc = PfcState(self.plan, self.pfc_class.flow_control) if self.pfc_class else None
         self.queue_of = {intf: Queue(node, intf) for intf, (node, _d, _p) in self.ports.items()}
         self.queues = [self.queue_of[intf] for intf in self.port_order]
         self.pause_msgs: Dict[Queue, Tuple[socket.socket, bytes, bytes]] = {}
@@ -239,7 +241,7 @@ class Emulator:
         (plus the switch headroom) fills it while it drains at its own rate."""
         thresholds = [t for c in self.acting for t in
                       ([c.ecn.kmin] if c.ecn and c is self.marks else [])
-                      + ([c.pfc.xoff] if c.pfc else [])]
+                      + ([c.flow_control.threshold] if c.flow_control else [])]
         if not thresholds:
             return -1  # nothing to cross: never quiet (the load is reported every sample)
         ports: Dict[str, int] = {}
@@ -426,7 +428,9 @@ class Emulator:
             self.pfc.finish(now)
         for intf in list(self.marking_since):
             self.marking_ns[intf] = self.marking_ns.get(intf, 0) + now - self.marking_since[intf]
-        pfc = self.pfc.report() if self.pfc else {}
+        held = self.pfc.report() if self.pfc else {}
+        credit = bool(self.pfc) and self.pfc.rule.kind == "credit"
+        pfc, waits = ({}, held) if credit else (held, {})
         if self.relay:
             self.relay.flush()  # the resumes above, to the other servers
             self.counters.update(self.relay.counters)
@@ -449,6 +453,10 @@ class Emulator:
             "pfc": pfc,
             "pfc_pause_events": sum(v["events"] for v in pfc.values()),
             "pfc_paused_ms": round(sum(v["paused_ms"] for v in pfc.values()), 3),
+            "credit": waits,
+            "credit_buffer_bytes": self.pfc.rule.buffer if credit else None,
+            "credit_waits": sum(v["waits"] for v in waits.values()),
+            "credit_wait_ms": round(sum(v["waited_ms"] for v in waits.values()), 3),
             # for the fidelity monitor, which leaves a paused NIC's silence out of its pacing
             "gpu_pauses_ns": (self.pfc.spans_of({g.name for g in self.plan.gpus})
                               if self.pfc else {}),

@@ -24,7 +24,8 @@ def merge_reports(reports: List[dict]) -> dict:
         return reports[0] if reports else {}
     out = {"interval_us": reports[0]["interval_us"], "counters": {}, "max_backlog": {},
            "ecn": {}, "pfc": {}, "pfc_pause_events": 0, "pfc_paused_ms": 0.0,
-           "gpu_pauses_ns": {},
+           "credit": {}, "credit_waits": 0, "credit_wait_ms": 0.0,
+           "credit_buffer_bytes": reports[0].get("credit_buffer_bytes"), "gpu_pauses_ns": {},
            "sample_ms": {k: max(r["sample_ms"].get(k, 0.0) for r in reports)
                          for k in ("mean", "p99", "max", "max_gap")},
            "scheduling": ", ".join(sorted({r.get("scheduling", "normal") for r in reports})),
@@ -32,10 +33,12 @@ def merge_reports(reports: List[dict]) -> dict:
     for r in reports:
         for k, v in r["counters"].items():
             out["counters"][k] = out["counters"].get(k, 0) + v
-        for key in ("max_backlog", "ecn", "pfc", "gpu_pauses_ns"):
+        for key in ("max_backlog", "ecn", "pfc", "credit", "gpu_pauses_ns"):
             out[key].update(r.get(key) or {})
-        out["pfc_pause_events"] += r.get("pfc_pause_events", 0)
-        out["pfc_paused_ms"] = round(out["pfc_paused_ms"] + r.get("pfc_paused_ms", 0.0), 3)
+        for events, held in (("pfc_pause_events", "pfc_paused_ms"),
+                             ("credit_waits", "credit_wait_ms")):
+            out[events] += r.get(events, 0)
+            out[held] = round(out[held] + r.get(held, 0.0), 3)
     return out
 
 

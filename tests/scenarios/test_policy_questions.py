@@ -95,3 +95,43 @@ def test_a_latency_bound_ring_takes_the_modelled_path_delay_per_step(testbed_run
     # cut-through's advantage is the model's: 14 + 1 paths' worth of store-and-forward
     margin = cct["hyperscale"] - cct["lossless"]
     assert margin == pytest.approx(model["hyperscale"] - model["lossless"], rel=0.15)
+
+
+CREDIT = {"lossless": {"flow_control": "credit"}}
+JOBS = "testbed/scenario/builtin/jobs"
+
+
+def test_infiniband_credits_keep_an_incast_lossless_without_a_pause(testbed_run):
+    """InfiniBand instead of RoCE's PFC: does an oversubscribed all-to-all still lose nothing,
+    and do the senders wait for credits instead of being paused?"""
+    result = testbed_run("oversubscribed", policies=["lossless"], policy_params=CREDIT,
+                         transport={"congestion_control": "none"},
+                         workload={"collective": "all_to_all", "iterations": 2})
+    ib = result.policy("lossless")
+    assert ib.drops == 0 and ib.switch_queue_drops == 0 and ib.retransmitted_packets == 0
+    assert ib.pfc_pause_events is None  # no PFC: absent, not zero
+    assert ib.credit_waits > 0 and ib.credit_wait_ms > 0
+    queues = ib.switch_queues
+    assert queues["credit"] and all(q["waits"] > 0 for q in queues["credit"].values())
+    peaks = [by_class["roce"] for by_class in queues["max_backlog"].values()
+             if "roce" in by_class]
+    assert peaks and max(peaks) <= queues["credit_buffer_bytes"]  # never beyond the lane
+
+
+def test_credits_spread_congestion_to_a_victim_as_pfc_does(testbed_run):
+    """Under credits, does an incast into leaf 4 slow a ring on leaves 1-3 that never crosses
+    its port - congestion spreading hop by hop, as with PFC?"""
+    victim = {"file": f"{JOBS}/ring6.yaml", "ranks": [0, 1, 4, 5, 8, 9]}
+    incast = {"file": f"{JOBS}/incast-heavy.yaml", "ranks": [2, 3, 6, 7, 10, 11, 14, 15]}
+    common = dict(policies=["lossless"], policy_params=CREDIT,
+                  transport={"congestion_control": "none"},
+                  topology={"oversubscription": 0.5})  # uplinks with room to spare
+    alone = testbed_run("incast", workload={"iterations": 3, "jobs": [victim]}, **common)
+    both = testbed_run("incast", workload={"iterations": 3, "jobs": [victim, incast]},
+                       **common)
+    ring_alone = alone.policy("lossless").iteration_us.p50  # one job: its figures on top
+    ib = both.policy("lossless")
+    assert ib.drops == 0 and ib.pfc_pause_events is None
+    assert ib.jobs[0]["iteration_us"]["p50"] > 2 * ring_alone  # the victim slowed
+    waited = {q["node"] for q in ib.switch_queues["credit"].values()}
+    assert {"lf1", "lf2", "lf3"} & waited  # the victim's leaves waited: hop by hop

@@ -1,7 +1,7 @@
 import pytest
 
-from controllers.classes import (EcnRule, PfcRule, TrafficClass, class_dscps, class_from_dict,
-                                 class_to_dict, default_class)
+from controllers.classes import (CreditRule, EcnRule, PfcRule, TrafficClass, class_dscps,
+                                 class_from_dict, class_to_dict, default_class)
 
 
 def test_step_marking():
@@ -21,6 +21,8 @@ def test_classes_round_trip_and_one_default():
     c = TrafficClass("roce", 1, 1, (26,), 1000, ecn=EcnRule("red", 1, 2, 0.5),
                      pfc=PfcRule(10, 5))
     assert class_from_dict(class_to_dict(c)) == c and c.minor == 0x11 and c.lossless
+    ib = TrafficClass("roce", 1, 1, (26,), 1000, credit=CreditRule(800, 1000))
+    assert class_from_dict(class_to_dict(ib)) == ib and ib.lossless and ib.flow_control.limit
     other = TrafficClass("other", 2, 2, (), 10)
     assert default_class((c, other)) is other
     with pytest.raises(ValueError):

@@ -139,3 +139,28 @@ def test_without_adaptive_routing_roce_is_hashed(plan):
     fabric.send(src.name, udp_packet(src, dst))
     assert fabric.switches["lf1"].table(l3.FLOWLET) == []
     assert policy.watched_ports() is None and not policy.wants_queue_load
+
+
+def test_credits_keep_the_roce_lane_lossless_in_place_of_pfc(plan):
+    ctx = FabricContext(40, 40, 4096, 0.001)
+    params = resolve("lossless", {"flow_control": "credit"}, 100.0, 4096)
+    policy = LosslessPolicy(plan, params, context=ctx)
+    cnp, roce, other = policy.traffic_classes()
+    headroom = policy.headroom_bytes()
+    assert roce.pfc is None and roce.lossless and roce.flow_control is roce.credit
+    # the buffer PFC would get (XOFF + headroom); the feeders stop where PFC's XOFF is
+    assert roce.buffer_bytes == roce.credit.buffer == params.pfc_xoff_bytes + headroom
+    assert roce.credit.limit == params.pfc_xoff_bytes
+    assert roce.ecn.kmax <= roce.credit.limit
+    given = resolve("lossless", {"flow_control": "credit", "credit_buffer_bytes": 300_000},
+                    100.0, 4096)
+    lane = LosslessPolicy(plan, given, context=ctx).traffic_classes()[1]
+    assert lane.buffer_bytes == 300_000 and lane.credit.limit == 300_000 - headroom
+
+
+def test_a_credit_buffer_smaller_than_the_headroom_is_refused(plan):
+    params = resolve("lossless", {"flow_control": "credit", "credit_buffer_bytes": 10_000},
+                     100.0, 4096)
+    with pytest.raises(Exception, match="credit_buffer_bytes: 10,000 B leaves no room"):
+        LosslessPolicy(plan, params, context=FabricContext(40, 40, 4096, 0.001)
+                       ).traffic_classes()

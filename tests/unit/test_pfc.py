@@ -1,4 +1,4 @@
-from controllers.classes import PfcRule
+from controllers.classes import CreditRule, PfcRule
 from controllers.pfc import PfcState, Queue, feeders
 from testbed.base.topology import FabricPlan
 
@@ -64,3 +64,23 @@ def test_each_gpu_nic_s_pauses_are_kept_as_spans_in_time_order():
     state.finish(45)
     assert state.spans_of({"gpu2"}) == {"gpu2": [(0, 10), (20, 45)]}
     assert state.spans_of({"gpu1"}) == {}  # never paused
+
+
+def test_credits_stop_feeders_above_the_limit_and_let_them_go_at_once_below():
+    state = PfcState(PLAN, CreditRule(limit=1000, buffer=1500))
+    q = Queue("lf1", "lf1-eth1")
+    pause, _ = state.update({q: 1200}, 0)
+    assert names(pause) == ["gpu2-eth0", "sp1-eth1", "sp2-eth1"]
+    assert state.update({q: 1001}, 1_000_000) == ([], [])
+    pause, resume = state.update({q: 1000}, 2_000_000)  # room again: no hysteresis
+    assert pause == [] and len(resume) == 3
+    assert state.report()["sp1-eth1"] == {"node": "sp1", "waits": 1, "waited_ms": 2.0}
+    pause, _ = state.update({q: 1001}, 3_000_000)  # and stopped again at once
+    assert len(pause) == 3
+
+
+def test_pfc_holds_its_feeders_down_to_xon_where_credits_let_them_go():
+    pfc, credit = PfcRule(xoff=1000, xon=500), CreditRule(limit=1000, buffer=1500)
+    assert pfc.holds(700, held=True) and not pfc.holds(700, held=False)
+    assert not credit.holds(700, held=True) and credit.holds(1001, held=False)
+    assert pfc.threshold == credit.threshold == 1000

@@ -16,6 +16,10 @@ def test_split_fabric_reports_merge_with_the_worst_gap_and_every_scheduling():
     assert merged["counters"] == {"samples": 200, "late": 5}
     assert merged["pfc_pause_events"] == 5 and merged["pfc_paused_ms"] == 3.0
     assert merged["servers"] == 2
+    waits = [dict(report("normal", 1.0, 0, 0), credit={"lf1-eth1": {"waits": 2}},
+                  credit_waits=2, credit_wait_ms=0.5) for _ in range(2)]
+    merged = merge_reports(waits)
+    assert merged["credit_waits"] == 4 and merged["credit_wait_ms"] == 1.0
 
 
 def test_one_report_is_kept_as_it_is():
