@@ -383,11 +383,12 @@ def _job_bytes(ctx: RunContext, packets: Packets, iterations: List[dict], ranks)
                          for r in sorted(ranks)}}
 
 
-def _fan_in(ctx: RunContext, spans: List[dict], packets: Packets) -> Optional[dict]:
-    """The job's fan-ins (``testbed.results.fanin``) from its spans and delivered packets."""
+def _fan_in(ctx: RunContext, spans: List[dict], packets: Packets) -> dict:
+    """The job's fan-ins (``testbed.results.fanin``) from its spans and delivered packets
+    (empty: none)."""
     d = packets.select(packets.delivered == 1)
     rx_ns = d.sent + np.round(d.latency * 1000).astype(np.int64)
-    return fan_in(ctx.job.graph, spans, d.src, d.dst, rx_ns, d.payload, ctx.time_scale) or None
+    return fan_in(ctx.job.graph, spans, d.src, d.dst, rx_ns, d.payload, ctx.time_scale)
 
 
 def _pooled_lag(summaries: List[dict]) -> Optional[dict]:

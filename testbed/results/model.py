@@ -374,8 +374,9 @@ class PolicyResult(Record):
         "(its spans), time_us_p50 of one op, algbw/busbw (Gbit/s)", unit="us, modelled",
         default=())
     fan_in: Optional[Dict[str, Any]] = figure(
-        "a job's fan-ins (several GPUs writing to one at once), per communication kind: "
-        "receivers, senders (most into one), iterations and per_iteration (mean over its "
+        "a job's fan-ins (several GPUs writing to one at once; empty: none), per "
+        "communication kind: receivers, senders (most into one), iterations and "
+        "per_iteration (mean over its "
         "fan-ins: receivers, and rounds of one op per sender): jain (Jain's index of the "
         "senders' throughputs), gbps_modelled (the receiver's throughput while all of them "
         "send), all_send_us (the last one's start to the first one's end) and whole_us (first "
