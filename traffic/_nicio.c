@@ -324,8 +324,8 @@ static PyObject *receive(PyObject *self, PyObject *args) {
 }
 
 /* Attribute names of traffic/agent.py's QueuePair and traffic/rc.py's Responder. */
-static PyObject *s_peer, *s_resp, *s_reorder_ns, *s_go_back_0, *s_epsn, *s_unacked,
-    *s_ack_every, *s_nak_sent, *s_counters, *s_delivered;
+static PyObject *s_peer, *s_resp, *s_in_order_only, *s_epsn, *s_unacked, *s_ack_every,
+    *s_nak_sent, *s_counters, *s_delivered;
 
 static int get_long(PyObject *obj, PyObject *name, long long *v) {
     PyObject *x = PyObject_GetAttr(obj, name);
@@ -373,14 +373,13 @@ static int deliver_in_order(const struct dgram *g, PyObject *by_qpn, PyObject *r
     PyObject *resp = PyObject_GetAttr(qp, s_resp);
     if (!resp) return -1;
     int r = -1;
-    long long reorder, go_back_0, epsn, unacked, every, psn = g->word & PSN_MASK;
-    if (get_long(resp, s_reorder_ns, &reorder) < 0 || get_long(resp, s_go_back_0, &go_back_0) < 0
-            || get_long(resp, s_epsn, &epsn) < 0
+    long long in_order_only, epsn, unacked, every, psn = g->word & PSN_MASK;
+    if (get_long(resp, s_in_order_only, &in_order_only) < 0 || get_long(resp, s_epsn, &epsn) < 0
             || get_long(resp, s_unacked, &unacked) < 0 || get_long(resp, s_ack_every, &every) < 0)
         goto out;
     r = 0;
     /* reordering places packets ahead; go-back-0 keeps which PSNs were placed before */
-    if (reorder != 0 || go_back_0 || psn != epsn || unacked + 1 >= every) goto out;
+    if (!in_order_only || psn != epsn || unacked + 1 >= every) goto out;
     r = -1;
     PyObject *counters = PyObject_GetAttr(resp, s_counters);
     if (!counters) goto out;
@@ -696,8 +695,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_nicio", NULL, -1, m
 
 PyMODINIT_FUNC PyInit__nicio(void) {
     struct { PyObject **at; const char *name; } names[] = {
-        {&s_peer, "peer"}, {&s_resp, "resp"}, {&s_reorder_ns, "reorder_ns"},
-        {&s_go_back_0, "go_back_0"}, {&s_epsn, "epsn"},
+        {&s_peer, "peer"}, {&s_resp, "resp"}, {&s_in_order_only, "in_order_only"},
+        {&s_epsn, "epsn"},
         {&s_unacked, "unacked"}, {&s_ack_every, "ack_every"}, {&s_nak_sent, "nak_sent"},
         {&s_counters, "counters"}, {&s_delivered, "delivered"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)

@@ -240,6 +240,12 @@ class Responder:
     counters: Dict[str, int] = field(default_factory=lambda: {
         "delivered": 0, "out_of_order_dropped": 0, "duplicates": 0, "naks_sent": 0,
         "acks_sent": 0, "placed_ahead": 0})
+    # the agents' C receive path may deliver an in-order packet itself: neither reordering
+    # (packets placed ahead) nor go-back-0 (PSNs placed before) is kept (traffic/_nicio.c)
+    in_order_only: bool = field(init=False)
+
+    def __post_init__(self):
+        self.in_order_only = not self.reorder_ns and not self.go_back_0
 
     def on_packet(self, psn: int, opcode: int, ackreq: bool, now: int
                   ) -> Tuple[List[int], Optional[Response]]:

@@ -5,10 +5,9 @@ Per communication kind, iteration and receiver, each round of overlapping ops of
 from two or more senders (``rounds``): Jain's index of the senders' throughputs (each one's
 payload delivered over its op's time, posted to acknowledged), and the receiver's throughput
 while all of them send (payload delivered from them between the last one's start and the
-first one's end). DCQCN's published
-claims (fair shares, throughput kept: docs/REFERENCE.md) are about that window; once the first
-sender is done the others must speed up, which a rate control does at its own pace, so the
-whole fan-in's time is given beside it.
+first one's end). DCQCN's published claims (fair shares, throughput kept: docs/REFERENCE.md)
+are about that window; once the first sender is done the others must speed up, which a rate
+control does at its own pace, so the whole fan-in's time is given beside it.
 """
 from __future__ import annotations
 
@@ -72,15 +71,16 @@ def rounds(ops: Sequence[Tuple[int, int, int]]) -> List[List[Tuple[int, int, int
     """The fan-ins among one receiver's ops: in order of start, an op joins the current
     round unless its sender is in it already or the round's first op has ended; rounds of
     one sender are none."""
-    out: List[List[Tuple[int, int, int]]] = []
-    current: List[Tuple[int, int, int]] = []
+    out: List[List[Tuple[int, int, int]]] = [[]]
+    senders, first_end = set(), 0
     for op in sorted(ops, key=lambda o: (o[1], o[0])):
-        if current and (op[0] in {a for a, _s, _e in current}
-                        or op[1] >= min(e for _a, _s, e in current)):
-            out.append(current)
-            current = []
-        current.append(op)
-    out.append(current)
+        sender, start, end = op
+        if out[-1] and (sender in senders or start >= first_end):
+            out.append([])
+            senders = set()
+        first_end = min(first_end, end) if out[-1] else end
+        out[-1].append(op)
+        senders.add(sender)
     return [r for r in out if len(r) > 1]
 
 

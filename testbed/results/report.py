@@ -6,6 +6,7 @@ Reads the typed results (``testbed.results.model``). Times lead in the modelled 
 from __future__ import annotations
 
 import math
+from statistics import fmean
 from typing import Dict, List, Sequence, Tuple
 
 from .model import CollectiveResult, PolicyResult, RunResult
@@ -131,10 +132,8 @@ def _fan_in(fan_in):
     over the iterations)."""
     if not fan_in:
         return None
-    def mean(rows, key):
-        return sum(r[key] for r in rows) / len(rows)
-    return "; ".join(f"{kind} {mean(f['per_iteration'], 'jain'):.2f} / "
-                     f"{mean(f['per_iteration'], 'gbps_modelled'):.1f}"
+    return "; ".join(f"{kind} {fmean(r['jain'] for r in f['per_iteration']):.2f} / "
+                     f"{fmean(r['gbps_modelled'] for r in f['per_iteration']):.1f}"
                      for kind, f in fan_in.items())
 
 
