@@ -267,8 +267,8 @@ class CollectiveResult(Record):
 @dataclass(frozen=True)
 class PolicyResult(Record):
     """One policy's run (``policies.<name>``)."""
-    name: str = field(default="", metadata={"doc": "the policy (the key under policies)",
-                                            "json": False})
+    name: str = field(default="", metadata={
+        "doc": "the policy, or a variant's label (the key under policies)", "json": False})
     gpus: Optional[int] = figure("GPUs in the fabric")
     duration_s: Optional[float] = figure("wall time of the policy's run, build to teardown",
                                          unit="s")
@@ -439,6 +439,7 @@ class PolicyResult(Record):
     rxe: Optional[Dict[str, Any]] = figure(
         "--traffic rxe only: mode, endpoints, devices, and per perftest test the command, exit "
         "code, figures, the endpoint NICs' packet counters and error if it failed")
+    policy: Optional[str] = figure("the policy run (for a variant: the policy its label runs)")
     params: Optional[Dict[str, Any]] = figure("the policy's parameters as run")
     traffic_classes: Tuple[str, ...] = figure("the policy's traffic classes", default=())
     congestion_control: Optional[str] = figure("dcqcn or none, as run")

@@ -58,6 +58,7 @@ ROWS = [
     ("PFC paused time (ms)", lambda p: p.pfc_paused_ms),
     ("credit waits", lambda p: p.credit_waits),
     ("credit wait time (ms)", lambda p: p.credit_wait_ms),
+    ("largest switch queue (KB)", lambda p: _largest_kb(p.switch_queues)),
     ("latency p50 (us)", lambda p: _at(p.latency_us, "p50")),
     ("  fixed path delay on one leaf (us)", lambda p: _of(p.path_delay_us, "same_leaf")),
     ("  fixed path delay across leaves (us)", lambda p: _of(p.path_delay_us, "cross_leaf")),
@@ -125,6 +126,13 @@ TIME_ROWS = {"PFC paused time (ms)", "credit wait time (ms)", "latency p50 (us)"
              "  network cost p50 (ms)", "compute per GPU (ms)", "exposed communication (ms)",
              "  pipeline bubble, free network (ms)", "idle GPU time / iteration (GPU-ms)"}
 """The rows that are times: in the modelled fabric's time unless emulated ones are asked for."""
+
+
+def _largest_kb(queues):
+    """The largest backlog any switch egress queue held (any class), in KB."""
+    peaks = [b for by_class in ((queues or {}).get("max_backlog") or {}).values()
+             for b in by_class.values()]
+    return round(max(peaks) / 1000, 1) if peaks else None
 
 
 def _fan_in(fan_in):

@@ -21,11 +21,13 @@ from ..base.procutil import free_tcp_port, log_tail, stop_process
 
 
 class ControllerProcess:
-    def __init__(self, policy, run_dir: str, private_dir: str, ledger: Ledger):
-        """``policy``: the configured policy core (its name, plan, parameters, context)."""
+    def __init__(self, policy, run_dir: str, private_dir: str, ledger: Ledger,
+                 label: str = ""):
+        """``policy``: the configured policy core (its name, plan, parameters, context);
+        ``label``: what names its files (a variant's label; default the policy's name)."""
         self.policy, self.plan = policy, policy.plan
         self.run_dir, self.ledger = run_dir, ledger
-        name = policy.name
+        name = label or policy.name
         self.log_path = os.path.join(run_dir, f"controller-{name}.log")
         self.state_path = os.path.join(private_dir, f"controller-{name}.state")
         self.policy_path = os.path.join(private_dir, f"policy-{name}.json")

@@ -72,10 +72,16 @@ def validate(scenario: Scenario, available_mb: Optional[int] = None) -> FabricPl
     scenario = scenario.for_checks()
     known = policy_names()
     for p in scenario.policies:
-        if p not in known:
-            raise ConfigError(f"policies: unknown policy {p!r} (known: {', '.join(known)})")
+        if p not in known and p not in scenario.variants:
+            variants = f"; variants: {', '.join(scenario.variants)}" if scenario.variants else ""
+            raise ConfigError(f"policies: unknown policy {p!r} (known: {', '.join(known)}"
+                              f"{variants})")
     if len(set(scenario.policies)) != len(scenario.policies):
         raise ConfigError("policies: each policy may appear once")
+    for label in scenario.variants:
+        if label not in scenario.policies:
+            raise ConfigError(f"variants.{label}: {label} is not among the policies run "
+                              f"({', '.join(scenario.policies)}); name it there")
     plan = FabricPlan.for_topology(scenario.topology)
     if available_mb is not None:
         capacity.check(plan, available_mb)
@@ -86,7 +92,7 @@ def validate(scenario: Scenario, available_mb: Optional[int] = None) -> FabricPl
     _validate_workload(scenario, plan)
     background_plan(plan, scenario)  # ConfigError for impossible background traffic
     for name in scenario.policy_params:
-        if name not in scenario.policies:
+        if name not in scenario.base_policies:
             raise ConfigError(f"policy_params.{name}: {name} is not among the policies run "
                               f"({', '.join(scenario.policies)})")
     if cluster_placement(scenario, plan):  # ConfigError for an impossible placement
@@ -102,8 +108,9 @@ def validate(scenario: Scenario, available_mb: Optional[int] = None) -> FabricPl
         if not background_plan(plan, scenario).empty:
             raise ConfigError("rxe: the rxe endpoints are neighbour hosts, which background "
                               "traffic also uses; drop one of them")
-    for name in scenario.policies:
-        policy = make_policy(name, plan, scenario)  # parameters that need the plan
+    for label in scenario.policies:
+        name, runs_with = scenario.policy_run(label)
+        policy = make_policy(name, plan, runs_with)  # parameters that need the plan
         if scenario.rxe.enabled and not policy.may_reach(ends[0].name, ends[1].name):
             raise ConfigError(f"policy_params.{name}: the rxe endpoints {ends[0].name} and "
                               f"{ends[1].name} are in different tenants")
@@ -151,7 +158,7 @@ def choose_time_scale(scenario: Scenario, progress: Progress,
         return scenario, None
     cap = (timescale.learned_cap(calibrate.learned(scenario, cal), scenario.policies)
            if auto else None)
-    choice = timescale.choose(t.host_rate_mbit, scenario.policies, t.gpus, cal, cap)
+    choice = timescale.choose(t.host_rate_mbit, scenario.base_policies, t.gpus, cal, cap)
     if auto:
         scenario = scenario.with_host_rate(choice.host_rate_mbit)
     progress(timescale.describe(choice, t.modelled_rate_gbit))
@@ -288,7 +295,7 @@ def run_again(asked_scenario: Scenario, scenario: Scenario,
         results, superseded=(f"the fidelity monitor rejected this run; it ran again at "
                              f"{slower:g} Mbit/s (the run directory's results.json)")))
     progress(timescale.retry_text(attempt, slower))
-    choice = timescale.retried(choice, slower, attempt, scenario.policies,
+    choice = timescale.retried(choice, slower, attempt, scenario.base_policies,
                                scenario.topology.gpus)
     return asked_scenario.with_host_rate(slower), choice
 
@@ -356,7 +363,7 @@ def fabric_up(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
     """
     t, plan, classes = run.scenario.topology, run.plan, run.classes
     with contextlib.ExitStack() as stack:
-        ctl = ControllerProcess(run.policy, run_dir, ledger.private_dir, ledger)
+        ctl = ControllerProcess(run.policy, run_dir, ledger.private_dir, ledger, run.name)
         stack.callback(_shielded_call, ctl.stop)
         say("starting the controller")
         ctl.start()
@@ -593,6 +600,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
     pfc, credit = ctx.mechanisms.pfc, ctx.mechanisms.credit
     figures.update({
         "gpus": len(plan.gpus),
+        "policy": policy.name,
         "params": policy.params_dict(),
         "traffic_classes": [c.name for c in classes],
         "congestion_control": cc,

@@ -42,10 +42,11 @@ class PolicyRun:
     placement: Optional[Dict[str, str]]  # node -> server of a split fabric (None: one server)
     workloads: Tuple[WorkloadSpec, ...]  # the collectives every GPU replays, one per size
     job: Optional[JobPlan] = None  # the training job they replay instead, if the scenario has one
+    label: str = ""  # what names its results: the policy's name or a variant's label
 
     @property
     def name(self) -> str:
-        return self.policy.name
+        return self.label or self.policy.name
 
     @property
     def plan(self) -> FabricPlan:
@@ -56,8 +57,10 @@ class PolicyRun:
         return self.scenario.time_scale
 
 
-def decide(name: str, plan: FabricPlan, scenario: Scenario, caps: Capabilities) -> PolicyRun:
-    """Policy ``name``'s run of ``scenario`` on a machine with ``caps``."""
+def decide(label: str, plan: FabricPlan, scenario: Scenario, caps: Capabilities) -> PolicyRun:
+    """The run of ``label`` (a policy, or a variant of one) of ``scenario`` on a machine with
+    ``caps``."""
+    name, scenario = scenario.policy_run(label)
     draft = make_policy(name, plan, scenario)
     marking = ecn_marking(scenario, draft.traffic_classes(), caps)
     via = marking_via(marking, caps.bpf_marking)
@@ -79,7 +82,7 @@ def decide(name: str, plan: FabricPlan, scenario: Scenario, caps: Capabilities) 
         congestion_control=cc, rto_us=rto_us(scenario, policy, roce_class(policy, classes)),
         qp_limiter=qp_limiter(scenario, policy, classes) if cc == "dcqcn" else None,
         placement=placement, workloads=workload_specs(scenario, plan),
-        job=plan_job(scenario))
+        job=plan_job(scenario), label=label)
 
 
 def ecn_marking(scenario: Scenario, classes, caps: Capabilities) -> Optional[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Tuple, Union
 
@@ -418,6 +419,22 @@ ALL_POLICIES = tuple(policy_names())  # the policy registry, in name order
 
 
 @dataclass(frozen=True)
+class VariantConfig:
+    """A policy run under a label of its own, with its own parameters, beside other runs of
+    the same policy (e.g. lossless with credits beside lossless with PFC): the label goes into
+    policies and names its results."""
+
+    policy: str = field(default="lossless", metadata={
+        "choices": ALL_POLICIES, "doc": "the policy it runs"})
+    congestion_control: str = field(default="auto", metadata={
+        "choices": ("auto", "dcqcn", "none"),
+        "doc": "transport.congestion_control for this run; auto: the scenario's"})
+    # checked against the policy's own parameters (``_variants``)
+    policy_params: Dict[str, Any] = field(default_factory=dict, metadata={
+        "doc": "parameters that replace the policy's for this run, over policy_params"})
+
+
+@dataclass(frozen=True)
 class MeasurementConfig:
     """What is recorded besides the agents' records (kernel timestamps of every packet)."""
 
@@ -482,6 +499,9 @@ class Scenario:
     rxe: RxeConfig = field(default_factory=RxeConfig)
     policy_params: Dict[str, Dict[str, Any]] = field(default_factory=dict, metadata={
         "doc": "per policy, parameters that replace its defaults (see the policy reference)"})
+    variants: Dict[str, VariantConfig] = field(default_factory=dict, metadata={
+        "doc": "labelled runs of a policy with parameters of their own (label: {policy, "
+               "congestion_control, policy_params}); run a label by naming it in policies"})
 
     @property
     def time_scale(self) -> float:
@@ -515,7 +535,7 @@ class Scenario:
                        f"floor), {SAMPLING_FLOOR_US / self.time_scale:.3g} us modelled instead "
                        f"of {SAMPLING_MODELLED_US:g}: ECN, PFC and adaptive routing react that "
                        "much later than the modelled switches")
-        if "lossless" in self.policies:
+        if "lossless" in self.base_policies:
             gap = self.policy_params.get("lossless", {}).get(
                 "flowlet_gap_s", LosslessParams.flowlet_gap_s)
             out.append(f"lossless: the flowlet gap is an OpenFlow idle timeout of {gap:g} s "
@@ -535,26 +555,49 @@ class Scenario:
         t = dataclasses.replace(self.topology, host_rate_mbit=float(host_rate_mbit))
         return _derive(dataclasses.replace(self, topology=t), {})
 
+    @property
+    def base_policies(self) -> Tuple[str, ...]:
+        """The policies the runs use (a variant's own policy for its label), each once."""
+        return tuple(dict.fromkeys(self.policy_run(label)[0] for label in self.policies))
+
+    def policy_run(self, label: str) -> Tuple[str, "Scenario"]:
+        """The policy a label of ``policies`` runs and the scenario it runs with: for a
+        variant its parameters over ``policy_params`` and its congestion control."""
+        v = self.variants.get(label)
+        if v is None:
+            return label, self
+        params = dict(self.policy_params)
+        params[v.policy] = {**params.get(v.policy, {}), **v.policy_params}
+        transport = self.transport
+        if v.congestion_control != AUTO:
+            transport = dataclasses.replace(transport, congestion_control=v.congestion_control)
+        return v.policy, dataclasses.replace(self, policy_params=params, transport=transport)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Scenario":
-        params = None
         _no_renamed_keys(data)
-        if isinstance(data, Mapping) and "policy_params" in data:
+        loose = {}  # mappings whose keys are names: checked by their own rules
+        if isinstance(data, Mapping):
             data = dict(data)
-            params = data.pop("policy_params")
+            loose = {k: data.pop(k) for k in ("policy_params", "variants") if k in data}
         scenario = _derive(build(cls, data), data)
-        if params is not None:
-            scenario = dataclasses.replace(scenario, policy_params=_policy_params(params))
+        if "policy_params" in loose:
+            scenario = dataclasses.replace(scenario,
+                                           policy_params=_policy_params(loose["policy_params"]))
+        if "variants" in loose:
+            scenario = dataclasses.replace(scenario, variants=_variants(loose["variants"]))
         return scenario
 
     def to_dict(self) -> dict:
         return plain(self)
 
     def with_policies(self, policies) -> "Scenario":
-        """A copy running ``policies``; parameters of policies no longer run are dropped."""
+        """A copy running ``policies``; parameters and variants no longer run are dropped."""
         policies = tuple(policies)
-        params = {k: v for k, v in self.policy_params.items() if k in policies}
-        return dataclasses.replace(self, policies=policies, policy_params=params)
+        variants = {k: v for k, v in self.variants.items() if k in policies}
+        kept = dataclasses.replace(self, policies=policies, variants=variants)
+        params = {k: v for k, v in self.policy_params.items() if k in kept.base_policies}
+        return dataclasses.replace(kept, policy_params=params)
 
     def override(self, changes: Mapping[str, Any]) -> "Scenario":
         """A copy with ``changes`` (a partial scenario mapping) applied and validated."""
@@ -717,6 +760,27 @@ def _policy_params(params) -> Dict[str, Dict[str, Any]]:
         cls = params_class(name)  # ConfigError for an unknown policy
         build(cls, values, f"policy_params.{name}")
         out[name] = dict(values)
+    return out
+
+
+def _variants(variants) -> Dict[str, VariantConfig]:
+    """Labelled policy runs: a label is a name of its own (it names files), and each run's
+    parameters are checked against its policy's."""
+    from controllers.params import params_class
+
+    if not isinstance(variants, Mapping):
+        raise ConfigError(f"variants: must be a mapping, got {type(variants).__name__}")
+    out = {}
+    for label, values in variants.items():
+        where = f"variants.{label}"
+        if not isinstance(label, str) or not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}", label):
+            raise ConfigError(f"variants: a label is 1-40 lowercase letters, digits and dashes, "
+                              f"got {label!r}")
+        if label in ALL_POLICIES:
+            raise ConfigError(f"{where}: {label} is a policy's name; give the variant its own")
+        v = build(VariantConfig, values, where)
+        build(params_class(v.policy), v.policy_params, f"{where}.policy_params")
+        out[label] = dataclasses.replace(v, policy_params=dict(v.policy_params))
     return out
 
 

@@ -135,3 +135,33 @@ def test_credits_spread_congestion_to_a_victim_as_pfc_does(testbed_run):
     assert ib.jobs[0]["iteration_us"]["p50"] > 2 * ring_alone  # the victim slowed
     waited = {q["node"] for q in ib.switch_queues["credit"].values()}
     assert {"lf1", "lf2", "lf3"} & waited  # the victim's leaves waited: hop by hop
+
+
+def test_ib_vs_roce_puts_credits_beside_pfc_and_dcqcn(testbed_run):
+    """The seed's question as a built-in: InfiniBand's credits or RoCE's PFC (alone, and with
+    DCQCN) under one incast beside a victim ring - each lossless, each in its own column."""
+    from testbed.results.report import comparison
+
+    result = testbed_run("ib-vs-roce", workload={"iterations": 2})
+    labels = ["ib-credits", "roce-pfc", "roce-dcqcn"]
+    assert list(result.policies) == labels
+    ib, pfc, dcqcn = (result.policy(n) for n in labels)
+    for p in (ib, pfc, dcqcn):
+        assert p.policy == "lossless" and p.fidelity.ok, p.fidelity.problems
+        assert p.drops == 0 and p.retransmitted_packets == 0
+        assert [j["job"]["name"] for j in p.jobs] == ["ring6", "incast-heavy"]
+    assert ib.params["flow_control"] == "credit" and ib.congestion_control == "none"
+    assert ib.credit_waits > 0 and ib.pfc_pause_events is None
+    assert pfc.pfc_pause_events > 0 and pfc.credit_waits is None
+    assert dcqcn.congestion_control == "dcqcn" and dcqcn.cnps_sent > 0
+    assert dcqcn.pfc_paused_ms < pfc.pfc_paused_ms  # DCQCN keeps most pauses away
+    header, rows = comparison(result)
+    assert header[1:] == labels
+    cells = {r[0]: r[1:] for r in rows}
+    assert cells["credit waits"][1:] == ["-", "-"] and cells["credit waits"][0] != "-"
+    assert cells["PFC pause events"][0] == "-" and "-" not in cells["PFC pause events"][1:]
+    assert "-" not in cells["largest switch queue (KB)"]
+    assert "job 1 (ring6): iteration p50 (ms)" in cells  # the victim, per mode
+    with open(f"{result.run_dir}/report.html", encoding="utf-8") as f:
+        page = f.read()
+    assert all(label in page for label in labels)

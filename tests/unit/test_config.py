@@ -4,6 +4,7 @@ import pytest
 from testbed.scenario.config import DEFAULT, Scenario
 from testbed.base.errors import ConfigError
 from testbed.run.runner import validate
+from tests.unit.decided import decided
 
 
 def test_defaults_are_the_documented_default_scenario():
@@ -156,3 +157,52 @@ def test_path_delay_reads_an_unquoted_off_as_off():
     assert Scenario.from_dict({}).emulation.path_delay == "auto"
     with pytest.raises(ConfigError, match="path_delay"):
         Scenario.from_dict({"emulation": {"path_delay": True}})
+
+
+VARIANTS = {"policies": ["lossless", "ib", "roce-pfc"],
+            "policy_params": {"lossless": {"pfc_xoff_bytes": 60000}},
+            "variants": {"ib": {"policy": "lossless", "congestion_control": "none",
+                                "policy_params": {"flow_control": "credit"}},
+                         "roce-pfc": {"congestion_control": "none"}}}
+
+
+def test_a_variant_runs_its_policy_with_its_parameters_over_the_scenarios():
+    s = Scenario.from_dict(VARIANTS)
+    assert Scenario.from_dict(s.to_dict()) == s
+    assert s.base_policies == ("lossless",)
+    name, ib = s.policy_run("ib")
+    assert name == "lossless" and ib.transport.congestion_control == "none"
+    assert ib.policy_params["lossless"] == {"pfc_xoff_bytes": 60000, "flow_control": "credit"}
+    assert s.policy_run("lossless") == ("lossless", s)  # a plain policy runs the scenario
+    assert s.policy_run("roce-pfc")[1].policy_params == s.policy_params
+    plan = validate(s)
+    runs = {label: decided(label, plan, s.for_checks()) for label in s.policies}
+    assert {label: r.name for label, r in runs.items()} == {
+        "lossless": "lossless", "ib": "ib", "roce-pfc": "roce-pfc"}
+    assert [r.congestion_control for r in runs.values()] == ["dcqcn", "none", "none"]
+    roce = {label: next(c for c in r.classes if c.name == "roce") for label, r in runs.items()}
+    assert roce["ib"].credit and not roce["ib"].pfc and roce["lossless"].pfc.xoff == 60000
+    # dropping a variant drops it and parameters nothing runs any longer
+    assert Scenario.from_dict(VARIANTS).with_policies(["hyperscale"]).variants == {}
+
+
+@pytest.mark.parametrize("variants, error", [
+    ({"lossless": {}}, "variants.lossless: lossless is a policy's name"),
+    ({"IB credits": {}}, "variants: a label is 1-40 lowercase"),
+    ({"ib": {"policy": "infiniband"}}, "variants.ib.policy: must be one of"),
+    ({"ib": {"policy_params": {"flow_contrl": "credit"}}},
+     "variants.ib.policy_params.flow_contrl: unknown key"),
+    ({"ib": {"policy_params": {"flow_control": "credits"}}},
+     "variants.ib.policy_params.flow_control: must be one of pfc, credit"),
+    ({"ib": {"mtu": 4096}}, "variants.ib.mtu: unknown key"),
+])
+def test_a_variant_is_refused_with_the_key_named(variants, error):
+    with pytest.raises(ConfigError, match=error):
+        Scenario.from_dict({"policies": ["ib"], "variants": variants})
+
+
+def test_a_variant_must_be_run_and_a_run_label_must_be_known():
+    with pytest.raises(ConfigError, match="variants.ib: ib is not among the policies run"):
+        validate(Scenario.from_dict({"policies": ["lossless"], "variants": {"ib": {}}}))
+    with pytest.raises(ConfigError, match="unknown policy 'ib'.*variants: roce"):
+        validate(Scenario.from_dict({"policies": ["ib", "roce"], "variants": {"roce": {}}}))

@@ -139,6 +139,13 @@ def test_summary_table_lists_policies_every_gpu_and_absent_counters_as_dashes():
     pfc = next(line for line in text.splitlines() if line.startswith("PFC pause events"))
     ecn = next(line for line in text.splitlines() if line.startswith("ECN-marked"))
     assert pfc.split()[-1] == "-" and ecn.split()[-1] == "0"
+    assert not any(line.startswith("largest switch queue") and line.split()[-1] != "-"
+                   for line in text.splitlines())  # no queue recorded: a dash
+    results["policies"]["hyperscale"]["switch_queues"] = {"max_backlog": {
+        "lf1-eth1": {"roce": 1500, "other": 120_400}, "sp1-eth2": {"roce": 90_000}}}
+    text = summary_table(typed(results))
+    peak = next(line for line in text.splitlines() if line.startswith("largest switch queue"))
+    assert peak.split()[-1] == "120.4"  # KB, any class of any port
 
 
 def test_a_job_s_table_shows_full_size_figures_and_its_operations():
