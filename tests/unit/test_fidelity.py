@@ -82,6 +82,22 @@ def test_idle_path_overhead_is_the_excess_over_the_model():
     assert not F.idle_path_check(minima, dict.fromkeys(minima, 90.0), allowed_us=80.0)["ok"]
 
 
+def test_an_incasts_pairs_count_as_their_one_destination():
+    """Measured (ib-vs-roce, PFC alone, 20 Mbit/s): six ring pairs 8-251 us over the model,
+    the seven pairs of an incast into gpu16 779-12,003 us - they queue behind its port for
+    the whole run. Per pair the median is an incast pair's; per destination, a ring's."""
+    ring = {(0, 1): 8.3, (1, 4): 114.2, (4, 5): 7.7, (5, 8): 59.9, (8, 9): 8.0, (9, 0): 250.5}
+    incast = {(2, 15): 12002.6, (3, 15): 8799.0, (6, 15): 1014.5, (7, 15): 2145.7,
+              (10, 15): 5624.9, (11, 15): 3944.4, (14, 15): 778.8}
+    excess = {**ring, **incast}
+    c = F.idle_path_check(excess, excess, allowed_us=417.0)
+    assert c["ok"] and c["paths"] == 13 and c["destinations"] == 7
+    assert c["overhead_us"] == 59.9 and c["overhead_us_worst"] == 12002.6
+    # a forwarding cost every path pays still fails, however the pairs fall
+    slow = {k: v + 400.0 for k, v in excess.items()}
+    assert not F.idle_path_check(slow, slow, allowed_us=417.0)["ok"]
+
+
 def test_a_floor_below_the_model_is_a_delay_not_applied():
     minima = {(0, 1): 10.0, (1, 0): 12.0, (0, 2): 9.0}
     c = F.idle_path_check(minima, {(0, 1): 5.0, (1, 0): 6.0, (0, 2): -200.0}, allowed_us=80.0)
