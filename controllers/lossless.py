@@ -5,7 +5,9 @@
   marking for DCQCN; everything else best effort, lossy. The RoCE buffer is XOFF plus headroom
   for what arrives while a pause takes effect. With ``flow_control: credit`` (InfiniBand) the
   RoCE class is kept lossless by credits instead: its feeders wait while it has less room
-  than the headroom, inside its buffer.
+  than the headroom, inside its buffer; and the CNP class is a lossless lane too, with
+  credits of its own (a buffer of ``other_buffer_bytes`` beyond the same headroom), so a
+  data lane that waits never holds a CNP.
 * Adaptive routing at the leaves: RoCE to another leaf looks up its flowlet (table FLOWLET);
   a new flow - or one idle for ``flowlet_gap_s`` - is hashed (5-tuple) over the leaf's
   least-loaded uplinks (one AR slot each), and the choice is learned for the flowlet. The
@@ -90,11 +92,14 @@ class LosslessPolicy(Policy):
         if p.flow_control == "credit":
             roce = TrafficClass("roce", 1, 1, (p.roce_dscp,), self.credit_buffer(headroom),
                                 ecn=ecn, credit=self.credit_rule(headroom))
+            cnp_lane = p.other_buffer_bytes + headroom  # InfiniBand: a lane of its own
+            cnp = TrafficClass("cnp", 0, 0, (p.cnp_dscp,), cnp_lane,
+                               credit=CreditRule(p.other_buffer_bytes, cnp_lane))
         else:
             roce = TrafficClass("roce", 1, 1, (p.roce_dscp,), p.pfc_xoff_bytes + headroom,
                                 ecn=ecn, pfc=PfcRule(p.pfc_xoff_bytes, p.pfc_xon_bytes))
-        return (TrafficClass("cnp", 0, 0, (p.cnp_dscp,), p.other_buffer_bytes), roce,
-                TrafficClass("other", 2, 2, (), p.other_buffer_bytes))
+            cnp = TrafficClass("cnp", 0, 0, (p.cnp_dscp,), p.other_buffer_bytes)
+        return (cnp, roce, TrafficClass("other", 2, 2, (), p.other_buffer_bytes))
 
     def credit_buffer(self, headroom: int) -> int:
         return self.params.credit_buffer_bytes or self.params.pfc_xoff_bytes + headroom

@@ -103,7 +103,8 @@ class LosslessParams:
     ecn_kmax_bytes: int = _bytes(96_000, "every ECT packet is marked above (Kmax)")
     ecn_pmax: float = field(default=0.2, metadata={
         "min": 0.0, "max": 1.0, "doc": "marking probability at Kmax (Pmax)"})
-    other_buffer_bytes: int = _bytes(96_000, "buffer of the lossy best-effort class")
+    other_buffer_bytes: int = _bytes(96_000, "buffer of the lossy best-effort class and of "
+                                             "CNPs' (credit: the CNP lane's, beyond headroom)")
     roce_dscp: int = field(default=26, metadata={"min": 0, "max": 63,
                                                  "doc": "DSCP of the lossless RoCE class"})
     cnp_dscp: int = field(default=48, metadata={"min": 0, "max": 63,

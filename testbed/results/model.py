@@ -410,8 +410,10 @@ class PolicyResult(Record):
         "(the latter include the servers' clock offset)", unit="us, emulated")
     spine_load_packets: Optional[Dict[str, int]] = figure("packets each spine forwarded")
     switch_queues: Optional[Dict[str, Any]] = figure(
-        "the switch-queue emulator's report: per-queue pauses (pfc) or credit waits (credit), "
-        "marking time per port, largest backlog per port and class, sampling cost")
+        "the switch-queue emulator's report: the RoCE lane's per-queue pauses (pfc) or credit "
+        "waits (credit); per lossless lane (lanes: RoCE's, and under credits the CNPs' own) "
+        "its flow control, threshold, buffer, holds and held_ms; marking time per port, "
+        "largest backlog per port and class, sampling cost")
     reaction_time_us: Optional[float] = figure("the emulator's sample interval",
                                                unit="us, emulated")
     ecn_marking: Optional[str] = figure(

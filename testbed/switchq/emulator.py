@@ -11,9 +11,10 @@ reads the backlog of every traffic-class buffer of every switch port (one netlin
   which switches the port's OpenFlow marking group.
 * PFC: a class with a ``PfcRule`` pauses the queues that feed its switch above XOFF and
   resumes them below XON (``controllers.pfc``); with a ``CreditRule`` (InfiniBand's credits)
-  they wait while it has less room than they can still send, through the same gates. A pause
-  closes the fed queue's PFC gate (a tbf, see ``testbed.fabric.shaping``) with a prebuilt
-  netlink message, in the root namespace for switch ports and in the GPU's namespace for
+  they wait while it has less room than they can still send, through the same gates. Each
+  such class is a lane with state of its own: a held data lane never holds the CNP lane. A
+  pause closes the fed queue's gate of that class (a tbf, see ``testbed.fabric.shaping``)
+  with a prebuilt netlink message, in the root namespace for switch ports and in the GPU's namespace for
   NICs. After a resume the interface is sent one small frame (EtherType 0x88B5, local
   experimental; a filter puts it in the highest-priority class and every policy drops it at
   the next switch): changing a tbf does not reschedule the device, and HTB would otherwise
@@ -92,8 +93,12 @@ class Emulator:
                     dpid = next(s.dpid for s in self.plan.switches if s.name == node)
                     self.ports[intf] = (node, dpid, port)  # on this server (split fabrics)
         self.ecn_class = next((c for c in self.classes if c.ecn), None)
-        self.pfc_class = next((c for c in self.classes if c.flow_control), None)
-        self.load_class = self.pfc_class or self.ecn_class or self.classes[0]
+        # the lossless classes (lanes), each with flow control of its own; the data lane is
+        # the one that also marks (RoCE's): its figures are the run's PFC / credit figures
+        self.lanes = tuple(c for c in self.classes if c.flow_control)
+        self.data_lane = next((c for c in self.lanes if c.ecn),
+                              self.lanes[0] if self.lanes else None)
+        self.load_class = self.data_lane or self.ecn_class or self.classes[0]
         # the class this emulator marks; none where the kernel's RED marks (testbed.fabric.shaping)
         self.marks = self.ecn_class if cfg.ecn_marking == "sampled" else None
         self.watch: Optional[Dict[int, List[int]]] = (
@@ -101,7 +106,7 @@ class Emulator:
         # The classes a sample acts on (marking, PFC, adaptive routing's load): sampled every
         # interval; every class, for the timeline and the largest backlogs, every window.
         # Where nothing acts, only the window's samples are taken.
-        acting = {c.minor: c for c in (self.marks, self.pfc_class) if c}
+        acting = {c.minor: c for c in (self.marks,) + self.lanes if c}
         if self.watch:
             acting[self.load_class.minor] = self.load_class
         self.acting = tuple(acting.values())
@@ -131,11 +136,14 @@ class Emulator:
         self.marking_since: Dict[str, int] = {}
         self.marking_ns: Dict[str, int] = {}
         self.toggles: Dict[str, int] = {}
-        self.pfc = PfcState(self.plan, self.pfc_class.flow_control) if self.pfc_class else None
+        self.held = {c.minor: PfcState(self.plan, c.flow_control) for c in self.lanes}
+        self.pfc = self.held[self.data_lane.minor] if self.lanes else None  # the data lane's
         self.queue_of = {intf: Queue(node, intf) for intf, (node, _d, _p) in self.ports.items()}
         self.queues = [self.queue_of[intf] for intf in self.port_order]
-        self.pause_msgs: Dict[Queue, Tuple[socket.socket, bytes, bytes]] = {}
+        # (lane's minor, fed queue) -> (socket, [PAUSE] message, [RESUME] message)
+        self.pause_msgs: Dict[Tuple[int, Queue], Tuple[socket.socket, bytes, bytes]] = {}
         self.kick_socks: Dict[Queue, socket.socket] = {}
+        self.host_socks: Dict[str, tuple] = {}  # GPU -> ((netlink socket, its indexes), kick)
         self.last_load: Dict[int, Dict[int, int]] = {}
         self.last_load_ns = 0
         self.quiet = False  # the last sample found every acting queue far below its thresholds
@@ -170,10 +178,10 @@ class Emulator:
         openflow_marks = self.marks and self.via == "openflow"
         if self.cfg.events and (openflow_marks or self.watch):
             self.events = Outbox(self.cfg.events)
-        if self.pfc_class and self.cfg.pfc_listen:
+        if self.lanes and self.cfg.pfc_listen:
             self.relay = PfcRelay(self.cfg)
-        if self.pfc_class:
-            self._prepare_pauses()
+        for lane in self.lanes:
+            self._prepare_pauses(lane)
 
     def _open_counters(self) -> None:
         """Count the acting class's queue bytes in the kernel (``testbed.fabric.bpfqueue``); where
@@ -196,44 +204,44 @@ class Emulator:
         self.counters_bpf = counters
         self.counting = "bpf"
 
-    def _prepare_pauses(self) -> None:
-        """Prebuild the pause and resume message of every queue PFC may pause."""
-        root = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
-        root.bind((0, 0))
-        root_index = {name: idx for idx, name in socket.if_nameindex()}
-        root_kick = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
-        self.sockets += [root, root_kick]
-        host_socks, host_kicks = {}, {}
+    def _prepare_pauses(self, lane: TrafficClass) -> None:
+        """Prebuild the pause and resume message of every queue ``lane``'s flow control may
+        hold (its gate of that class); the sockets are shared by the lanes."""
+        if not self.host_socks:  # the first lane: this namespace's sockets
+            root = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+            root.bind((0, 0))
+            self.root_sock = (root, {name: idx for idx, name in socket.if_nameindex()})
+            self.root_kick = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+            self.sockets += [root, self.root_kick]
+        state = self.held[lane.minor]
         if self.relay:  # every queue of this server that feeds any switch of the fabric
             every = [Queue(n, i) for link in self.plan.links
                      for n, i in ((link.node1, link.intf1), (link.node2, link.intf2))
                      if not self.plan.is_host(n)]
-            fed = {f for q in every for f in self.pfc.feeders_of(q) if self.relay.local(f)}
+            fed = {f for q in every for f in state.feeders_of(q) if self.relay.local(f)}
         else:
             fed = {f for intf, (node, _d, _p) in self.ports.items()
-                   for f in self.pfc.feeders_of(Queue(node, intf))}
-        c, mtu = self.pfc_class, self.cfg.mtu
-        handle = gate_handle(c) << 16
+                   for f in state.feeders_of(Queue(node, intf))}
+        mtu, handle = self.cfg.mtu, gate_handle(lane) << 16
         delayed = set(self.cfg.delayed)
         for q in sorted(fed, key=lambda q: (q.node, q.intf)):
-            parent = tc_handle(gate_parent(c, q.intf in delayed))
+            parent = tc_handle(gate_parent(lane, q.intf in delayed))
             if self.plan.is_host(q.node):
-                if q.node not in host_socks:
+                if q.node not in self.host_socks:
                     pid = self.cfg.host_pids[q.node]
-                    host_socks[q.node] = socket_in_netns(pid)
-                    host_kicks[q.node] = socket_in_netns(pid, socket.AF_PACKET)[0]
-                    self.sockets += [host_socks[q.node][0], host_kicks[q.node]]
-                sock, index = host_socks[q.node]
-                self.kick_socks[q] = host_kicks[q.node]
-                rate, buffer = self.cfg.host_rate_mbit, self.cfg.nic_queue_bytes
+                    self.host_socks[q.node] = (socket_in_netns(pid),
+                                               socket_in_netns(pid, socket.AF_PACKET)[0])
+                    self.sockets += [self.host_socks[q.node][0][0], self.host_socks[q.node][1]]
+                (sock, index), self.kick_socks[q] = self.host_socks[q.node]
+                rate = self.cfg.host_rate_mbit
+                buffer = lane.nic_buffer_bytes or self.cfg.nic_queue_bytes
             else:
-                sock, index = root, root_index
-                self.kick_socks[q] = root_kick
-                rate, buffer = self._rate(q.intf), c.buffer_bytes
+                (sock, index), self.kick_socks[q] = self.root_sock, self.root_kick
+                rate, buffer = self._rate(q.intf), lane.buffer_bytes
             msgs = [tbf_message(index[q.intf], handle, parent, g.rate_bytes, g.burst, g.limit)
                     for g in (gate_params(rate, mtu, buffer, paused=True),
                               gate_params(rate, mtu, buffer, paused=False))]
-            self.pause_msgs[q] = (sock, msgs[0], msgs[1])  # [PAUSE], [RESUME]
+            self.pause_msgs[(lane.minor, q)] = (sock, msgs[0], msgs[1])  # [PAUSE], [RESUME]
 
     def _low_water(self, cfg: EmulatorConfig) -> int:
         """The backlog below which an acting queue cannot cross its lowest threshold within
@@ -241,7 +249,7 @@ class Emulator:
         (plus the switch headroom) fills it while it drains at its own rate."""
         thresholds = [t for c in self.acting for t in
                       ([c.ecn.kmin] if c.ecn and c is self.marks else [])
-                      + ([c.flow_control.threshold] if c.flow_control else [])]
+                      + ([c.flow_control.threshold] if c in self.lanes else [])]
         if not thresholds:
             return -1  # nothing to cross: never quiet (the load is reported every sample)
         ports: Dict[str, int] = {}
@@ -293,11 +301,12 @@ class Emulator:
         self.quiet = self._quiet(by_class)
         if self.marks and not self.quiet:
             self._ecn(by_class[self.marks.minor], now)
-        if self.pfc and not self.quiet:
-            self._pfc(by_class[self.pfc_class.minor], now)
+        if not self.quiet:
+            for lane in self.lanes:
+                self._hold(lane.minor, by_class[lane.minor], now)
         if self.relay:  # pauses and resumes other servers decided for queues here
-            for q, action in self.relay.receive():
-                self._apply([q], action)
+            for minor, q, action in self.relay.receive():
+                self._apply(minor, [q], action)
             self.relay.flush()
         if self.watch and self.events:
             self._load(by_class[self.load_class.minor], now)
@@ -310,8 +319,8 @@ class Emulator:
         """Whether no acting queue can reach a threshold before the sample after next: each
         is below its lowest threshold by more than it can grow in that time (every other
         port of its switch sending into it at line rate), and nothing marks or is paused."""
-        if not self.acting or self.marking_since or (self.pfc and (self.pfc.paused_since
-                                                                   or self.pfc.congested)):
+        if not self.acting or self.marking_since or any(
+                state.paused_since or state.congested for state in self.held.values()):
             return False
         low = self.low_water
         return all(b <= low for c in self.acting for b in by_class[c.minor])
@@ -354,21 +363,22 @@ class Emulator:
                 self.events.ecn[(dpid, port)] = want
             self.counters["ecn_events"] += 1
 
-    def _pfc(self, backlog: List[int], now: int) -> None:
-        pause, resume = self.pfc.update(dict(zip(self.queues, backlog)), now)
-        self._apply(pause, PAUSE)
-        self._apply(resume, RESUME)
+    def _hold(self, minor: int, backlog: List[int], now: int) -> None:
+        """One lane's flow control: its queues' backlogs -> its feeders held or let go."""
+        pause, resume = self.held[minor].update(dict(zip(self.queues, backlog)), now)
+        self._apply(minor, pause, PAUSE)
+        self._apply(minor, resume, RESUME)
         self.counters["pauses_sent"] += len(pause)
         self.counters["resumes_sent"] += len(resume)
 
-    def _apply(self, queues: List[Queue], which: int) -> None:
+    def _apply(self, minor: int, queues: List[Queue], which: int) -> None:
         if self.relay:
             for q in [q for q in queues if not self.relay.local(q)]:
-                self.relay.send(q, which)
+                self.relay.send(minor, q, which)
             queues = [q for q in queues if self.relay.local(q)]
         by_socket: Dict[socket.socket, List[bytes]] = {}
         for q in queues:
-            entry = self.pause_msgs.get(q)
+            entry = self.pause_msgs.get((minor, q))
             if entry:
                 by_socket.setdefault(entry[0], []).append(entry[which])
         for sock, messages in by_socket.items():
@@ -423,9 +433,9 @@ class Emulator:
 
     def finish(self) -> dict:
         now = time.time_ns()
-        if self.pfc:
-            self._apply(list(self.pfc.paused_since), RESUME)  # leave nothing paused
-            self.pfc.finish(now)
+        for minor, state in self.held.items():
+            self._apply(minor, list(state.paused_since), RESUME)  # leave nothing paused
+            state.finish(now)
         for intf in list(self.marking_since):
             self.marking_ns[intf] = self.marking_ns.get(intf, 0) + now - self.marking_since[intf]
         held = self.pfc.report() if self.pfc else {}
@@ -457,6 +467,7 @@ class Emulator:
             "credit_buffer_bytes": self.pfc.rule.buffer if credit else None,
             "credit_waits": sum(v["waits"] for v in waits.values()),
             "credit_wait_ms": round(sum(v["waited_ms"] for v in waits.values()), 3),
+            "lanes": {c.name: lane_report(c, self.held[c.minor]) for c in self.lanes},
             # for the fidelity monitor, which leaves a paused NIC's silence out of its pacing
             "gpu_pauses_ns": (self.pfc.spans_of({g.name for g in self.plan.gpus})
                               if self.pfc else {}),
@@ -473,6 +484,16 @@ class Emulator:
             s.close()
         if self.relay:
             self.relay.close()
+
+
+def lane_report(lane: TrafficClass, state: PfcState) -> dict:
+    """One lossless class's flow control over the run: what held its feeders, at what
+    backlog, how often and how long (summed over the queues held)."""
+    rule = state.rule
+    return {"flow_control": rule.kind, "holds_above_bytes": rule.threshold,
+            "buffer_bytes": getattr(rule, "buffer", lane.buffer_bytes),
+            "holds": sum(state.pause_events.values()),
+            "held_ms": round(sum(state.paused_ns.values()) / 1e6, 3)}
 
 
 def ahead_of_traffic() -> str:

@@ -39,6 +39,11 @@ def merge_reports(reports: List[dict]) -> dict:
                              ("credit_waits", "credit_wait_ms")):
             out[events] += r.get(events, 0)
             out[held] = round(out[held] + r.get(held, 0.0), 3)
+        for name, lane in (r.get("lanes") or {}).items():
+            into = out.setdefault("lanes", {}).setdefault(name, dict(lane, holds=0,
+                                                                      held_ms=0.0))
+            into["holds"] += lane["holds"]
+            into["held_ms"] = round(into["held_ms"] + lane["held_ms"], 3)
     return out
 
 

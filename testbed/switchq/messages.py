@@ -53,7 +53,7 @@ class Outbox:
 class PfcRelay:
     """PFC between the queue emulators of a split fabric: a switch on one server pauses the
     queues that feed it, and some of those are on another server. Each emulator listens on a
-    unix socket; messages (``{"q": [node, intf], "a": PAUSE|RESUME}`` of
+    unix socket; messages (``{"c": lane's minor, "q": [node, intf], "a": PAUSE|RESUME}`` of
     ``testbed.switchq.emulator``, one JSON line each) go to the emulator of the server that
     holds the queue - reached through the socket forwards of the servers' ssh tunnel; remote
     emulators reach only the main one, which passes on what is not its own. Nothing here
@@ -78,12 +78,12 @@ class PfcRelay:
     def local(self, q: Queue) -> bool:
         return self.owner.get(q.node, self.me) == self.me
 
-    def send(self, q: Queue, action: int, counted: str = "relayed_out") -> None:
+    def send(self, minor: int, q: Queue, action: int, counted: str = "relayed_out") -> None:
         dest = self.owner[q.node]
         if not (self.peers.get(dest) or self.peers.get("*")):
             raise FabricError(f"PFC relay: no way to reach the emulator of {dest}")
         sock, buf = self.outbound.get(dest, (None, bytearray()))
-        buf += (json.dumps({"q": [q.node, q.intf], "a": action}) + "\n").encode()
+        buf += (json.dumps({"c": minor, "q": [q.node, q.intf], "a": action}) + "\n").encode()
         self.outbound[dest] = (sock, buf)
         if sock is None:  # connect now; if the peer is not up, the next flush tries again
             self._reconnect(dest)
@@ -117,7 +117,7 @@ class PfcRelay:
             return
         self.outbound[dest] = (sock, self.outbound[dest][1])
 
-    def receive(self) -> List[Tuple[Queue, int]]:
+    def receive(self) -> List[Tuple[int, Queue, int]]:
         """Messages from peers for this server's queues (and passes on the others')."""
         while True:
             try:
@@ -139,10 +139,10 @@ class PfcRelay:
                 m = json.loads(line)
                 q = Queue(m["q"][0], m["q"][1])
                 if self.local(q):
-                    mine.append((q, int(m["a"])))
+                    mine.append((int(m["c"]), q, int(m["a"])))
                     self.counters["relayed_in"] += 1
                 else:
-                    self.send(q, int(m["a"]), "passed_on")
+                    self.send(int(m["c"]), q, int(m["a"]), "passed_on")
         return mine
 
     def close(self) -> None:

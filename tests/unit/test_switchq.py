@@ -20,6 +20,15 @@ def test_split_fabric_reports_merge_with_the_worst_gap_and_every_scheduling():
                   credit_waits=2, credit_wait_ms=0.5) for _ in range(2)]
     merged = merge_reports(waits)
     assert merged["credit_waits"] == 4 and merged["credit_wait_ms"] == 1.0
+    lanes = [dict(report("normal", 1.0, 0, 0), lanes={
+        "cnp": {"flow_control": "credit", "holds_above_bytes": 96_000, "buffer_bytes": 500_000,
+                "holds": n, "held_ms": 0.25 * n},
+        "roce": {"flow_control": "credit", "holds_above_bytes": 128_000,
+                 "buffer_bytes": 532_000, "holds": 10 * n, "held_ms": 2.0}}) for n in (1, 2)]
+    merged = merge_reports(lanes)["lanes"]  # each lane adds up on its own
+    assert (merged["cnp"]["holds"], merged["cnp"]["held_ms"]) == (3, 0.75)
+    assert (merged["roce"]["holds"], merged["roce"]["held_ms"]) == (30, 4.0)
+    assert merged["roce"]["buffer_bytes"] == 532_000
 
 
 def test_one_report_is_kept_as_it_is():
