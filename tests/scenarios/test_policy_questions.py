@@ -153,6 +153,11 @@ def test_ib_vs_roce_puts_credits_beside_pfc_and_dcqcn(testbed_run):
     assert ib.params["flow_control"] == "credit" and ib.congestion_control == "none"
     assert ib.credit_waits > 0 and ib.pfc_pause_events is None
     assert pfc.pfc_pause_events > 0 and pfc.credit_waits is None
+    # InfiniBand: CNPs in a lane with credits of their own; RoCE: PFC on the data class only
+    assert {n: lane["flow_control"] for n, lane in ib.switch_queues["lanes"].items()} == {
+        "cnp": "credit", "roce": "credit"}
+    assert {n: lane["flow_control"] for n, lane in pfc.switch_queues["lanes"].items()} == {
+        "roce": "pfc"}
     assert dcqcn.congestion_control == "dcqcn" and dcqcn.cnps_sent > 0
     assert dcqcn.pfc_paused_ms < pfc.pfc_paused_ms  # DCQCN keeps most pauses away
     header, rows = comparison(result)
@@ -165,3 +170,18 @@ def test_ib_vs_roce_puts_credits_beside_pfc_and_dcqcn(testbed_run):
     with open(f"{result.run_dir}/report.html", encoding="utf-8") as f:
         page = f.read()
     assert all(label in page for label in labels)
+
+
+def test_credits_hold_the_data_lane_and_never_the_cnps(testbed_run):
+    """InfiniBand's lanes: while the RoCE lane waits for credits, does every CNP DCQCN sends
+    still get through, its own lane never waiting?"""
+    result = testbed_run("oversubscribed", policies=["lossless"], policy_params=CREDIT,
+                         transport={"congestion_control": "dcqcn"},
+                         workload={"collective": "all_to_all", "iterations": 2})
+    ib = result.policy("lossless")
+    assert ib.fidelity.ok, ib.fidelity.problems
+    assert ib.drops == 0 and ib.credit_waits > 0
+    lanes = ib.switch_queues["lanes"]
+    assert lanes["roce"]["holds"] == ib.credit_waits and lanes["roce"]["held_ms"] > 0
+    assert lanes["cnp"]["flow_control"] == "credit" and lanes["cnp"]["holds"] == 0
+    assert ib.cnps_sent > 0 and ib.cnps_received == ib.cnps_sent  # none lost, none held

@@ -156,6 +156,14 @@ def test_credits_keep_the_roce_lane_lossless_in_place_of_pfc(plan):
                     100.0, 4096)
     lane = LosslessPolicy(plan, given, context=ctx).traffic_classes()[1]
     assert lane.buffer_bytes == 300_000 and lane.credit.limit == 300_000 - headroom
+    # CNPs: a lane with credits of its own (InfiniBand's VLs), lossy only under PFC
+    assert cnp.credit and cnp.lossless and cnp.pfc is None and not cnp.ecn
+    assert cnp.credit.limit == params.other_buffer_bytes
+    assert cnp.buffer_bytes == cnp.credit.buffer == params.other_buffer_bytes + headroom
+    assert other.flow_control is None
+    pfc_cnp = LosslessPolicy(plan, resolve("lossless", {}, 100.0, 4096),
+                             context=ctx).traffic_classes()[0]
+    assert not pfc_cnp.lossless and pfc_cnp.buffer_bytes == params.other_buffer_bytes
 
 
 def test_a_credit_buffer_smaller_than_the_headroom_is_refused(plan):
