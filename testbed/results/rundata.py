@@ -13,7 +13,7 @@ from typing import Dict, List, Tuple
 
 from ..base.errors import ConfigError, ResultsError
 from . import trace
-from .collect import load_packets
+from .packets import load_packets
 from .model import RunResult
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from testbed.base.hops import PathDelay
 from testbed.base.topology import FabricPlan
-from testbed.results.collect import Packets
+from testbed.results.packets import Packets
 from testbed.results.latency import expected_latency_us, full_frame_path_us, latency_parts
 
 D = {"gpu_nic": 1.0, "switch_to_gpu": 10.0, "switch_to_switch": 100.0}
