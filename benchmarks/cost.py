@@ -10,7 +10,7 @@ Side by side in one invocation, per policy:
   of the GPU agents, Open vSwitch, the switch-queue emulator, the controller, the runner, the
   kernel and the rest of the machine, from the start of the agents to the end of the traffic);
 * floor: a fresh fabric under the same policy (controller, shaping, no queue emulator), and
-  ``traffic.floor`` pushing the frames the run's GPUs received - each data frame from its
+  ``benchmarks.floor`` pushing the frames the run's GPUs received - each data frame from its
   sender to its receiver at the sender's mean frame size, and each GPU's ACK/NAK/CNP frames
   (as ACK-sized frames) to the peers it received data from - from prebuilt frames as fast as
   the NICs take them.
@@ -98,7 +98,7 @@ def run_floor(scenario, name: str, records_dir: str, work: str) -> dict:
             path = os.path.join(ledger.private_dir, f"floor-{name}.json")
             with open(path, "w", encoding="utf-8") as f:
                 json.dump({"gpus": gpus}, f)
-            proc = subprocess.Popen([sys.executable, "-m", "traffic.floor", path],
+            proc = subprocess.Popen([sys.executable, "-m", "benchmarks.floor", path],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     cwd=os.path.dirname(HERE), start_new_session=True)
             ledger.add_pid(proc.pid)
@@ -133,10 +133,10 @@ def _line(proc, word: str, timeout: float) -> str:
         if ready:
             line = proc.stdout.readline().decode().strip()
             if not line:
-                raise RuntimeError(f"traffic.floor exited (code {proc.wait()})")
+                raise RuntimeError(f"benchmarks.floor exited (code {proc.wait()})")
             if line.startswith(word):
                 return line
-    raise RuntimeError(f"traffic.floor: no '{word}' after {timeout:.0f} s")
+    raise RuntimeError(f"benchmarks.floor: no '{word}' after {timeout:.0f} s")
 
 
 def table(rows: dict) -> str:

@@ -57,7 +57,7 @@ from .wakeup import cpus_kept_awake
 LOG = logging.getLogger(__name__)
 DRAIN_LIMIT_S = 3.0  # after the collectives: at most this long for queued frames to arrive
 CLOCK_WARN_US = 20.0  # servers' clocks further apart make cross-server one-way latency suspect
-Progress = Callable[[str], None]
+Say = Callable[[str], None]  # a line of progress for the user (the CLI prints it)
 
 
 def new_run_id() -> str:
@@ -146,7 +146,7 @@ def _validate_workload(scenario: Scenario, plan: FabricPlan) -> None:
                               f"(ranks 0..{n - 1})")
 
 
-def choose_time_scale(scenario: Scenario, progress: Progress,
+def choose_time_scale(scenario: Scenario, progress: Say,
                       calibration=None) -> Tuple[Scenario, Optional[timescale.Choice]]:
     """``scenario`` at the GPU NIC rate it runs at, and how that rate was chosen: ``auto``
     from this machine's calibration (measured first if there is none), an explicit rate
@@ -168,7 +168,7 @@ def choose_time_scale(scenario: Scenario, progress: Progress,
     return scenario, choice
 
 
-def run(scenario: Scenario, out_root: str = "results", progress: Progress = lambda s: None,
+def run(scenario: Scenario, out_root: str = "results", progress: Say = lambda s: None,
         caps: Optional[Capabilities] = None, calibrated: bool = True):
     """Run every policy of ``scenario``; returns (results dict, run directory). ``calibrated``:
     choose (``auto``) or check the GPU NIC rate against this machine's calibration first."""
@@ -262,7 +262,7 @@ def run(scenario: Scenario, out_root: str = "results", progress: Progress = lamb
     return results, run_dir
 
 
-def _say_unscaled(scenario: Scenario, progress: Progress) -> List[str]:
+def _say_unscaled(scenario: Scenario, progress: Say) -> List[str]:
     notes = scenario.unscaled_constants()
     for note in notes:
         progress(f"not scaled: {note}")
@@ -271,7 +271,7 @@ def _say_unscaled(scenario: Scenario, progress: Progress) -> List[str]:
 
 def run_again(asked_scenario: Scenario, scenario: Scenario,
               choice: Optional[timescale.Choice], results: dict, run_dir: str,
-              progress: Progress) -> Optional[Tuple[Scenario, timescale.Choice]]:
+              progress: Say) -> Optional[Tuple[Scenario, timescale.Choice]]:
     """After all policies ran at a rate chosen by ``auto``: keep what the attempt taught on
     this machine (``calibrate.remember``) and, if the fidelity monitor rejected some policies
     and attempts and slower rates are left, move this attempt's files into ``rejected/`` and
@@ -319,7 +319,7 @@ def wakeup_text(wakeup: dict) -> str:
     return f"CPU wake-ups: {wakeup.get('note')}"
 
 
-def _write_report(run_dir: str, progress: Progress) -> None:
+def _write_report(run_dir: str, progress: Say) -> None:
     """report.html and the plots; results.json is already safe, so a failure here is only
     reported (``python -m testbed report DIR`` retries it), and Ctrl-C stops it at once."""
     try:
@@ -356,7 +356,7 @@ def latency_by_path(packets, plan: FabricPlan, where: dict) -> dict:
 
 @contextlib.contextmanager
 def fabric_up(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
-              say: Progress = lambda s: None):
+              say: Say = lambda s: None):
     """Controller started, fabric built and shaped, switches programmed, connectivity checked.
 
     Everything is torn down on exit, whatever happened inside.
@@ -400,7 +400,7 @@ def fabric_up(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
 
 @contextlib.contextmanager
 def rxe_attached(run: PolicyRun, session: Session, caps: Capabilities, run_dir: str,
-                 ledger: Ledger, say: Progress):
+                 ledger: Ledger, say: Say):
     """The rxe endpoints of ``--traffic rxe`` attached to the fabric (None without it);
     detached on exit, whatever happened inside."""
     if not run.scenario.rxe.enabled:
@@ -472,7 +472,7 @@ class Emulators:
 
 
 def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
-               say: Progress, results: dict) -> PolicyResult:
+               say: Say, results: dict) -> PolicyResult:
     """One policy's run: its fabric up, the collective replayed, the figures gathered (every
     one declared: ``PolicyResult`` refuses a figure testbed/results/model.py does not
     know)."""
@@ -568,7 +568,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
                 _shielded_call(agents.stop)
         stats = egress_stats(session.fabric)
         losses = session.fabric.link_losses()
-        hops = session.fabric.hop_delays()
+        hop_delays = session.fabric.hop_delays()
         say("tearing down the fabric")
     where, classes, cc = run.placement, run.classes, run.congestion_control
     ctx = RunContext(ranks=len(plan.gpus), workloads=() if run.job else run.workloads,
@@ -637,7 +637,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
     figures.update(latency_parts(packets, plan, run.path_delay, expected, minima,
                                  scenario.workload.mtu, rate))
     figures["modelled"] = modelled(figures, ctx.time_scale)
-    figures["per_hop_latency"] = dict(hops, measured_min_us=figures["latency_floor_us"])
+    figures["per_hop_latency"] = dict(hop_delays, measured_min_us=figures["latency_floor_us"])
     figures["fidelity"] = evaluate(records, plan, figures, minima,
                                    packets.path_minima_us(expected), cpu.samples, scenario,
                                    nic_pauses)
@@ -704,7 +704,7 @@ def ovs_buffer_warnings(caps: Capabilities, need: int) -> list:
     return []
 
 
-def _prefixed(progress: Progress, prefix: str) -> Progress:
+def _prefixed(progress: Say, prefix: str) -> Say:
     return lambda msg: progress(f"{prefix} {msg}")
 
 

@@ -3,6 +3,7 @@ one module."""
 import ast
 import glob
 import os
+import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIMIT = 420  # "about 400"
@@ -87,3 +88,35 @@ def test_imports_run_one_way():
         wrong += [f"{os.path.relpath(path, ROOT)} imports {m}" for m in imports_of(path)
                   if layer(m) is not None and layer(m) > mine]
     assert not wrong, "\n".join(sorted(wrong))
+
+
+def layout_sections(design_text):
+    """DESIGN.md's layout block as {directory: the text that describes it} ("testbed/",
+    "testbed/results/", "docs/", ...): a line starting a word that ends with / opens one."""
+    block = design_text.split("## Layout", 1)[1].split("```", 2)[1]
+    sections, top, current = {}, "", None
+    for line in block.splitlines():
+        m = re.match(r"^( {0,2})([\w.-]+/)(.*)", line)
+        if m:
+            current = (top if m.group(1) else "") + m.group(2)
+            top = top if m.group(1) else m.group(2)
+            line = m.group(3)
+        if current:
+            sections[current] = sections.get(current, "") + " " + line
+    return sections
+
+
+def test_the_design_layout_names_every_module_and_doc():
+    with open(os.path.join(ROOT, "docs", "DESIGN.md"), encoding="utf-8") as f:
+        sections = layout_sections(f.read())
+    missing = []
+    for folder, pattern in (("testbed/", "*.py"), ("controllers/", "*.py"), ("traffic/", "*.py"),
+                            ("traffic/", "*.c"), ("benchmarks/", "*.py"), ("docs/", "*.md")):
+        dirs = [folder] + ([f"{folder}{d}/" for d in LAYERS] if folder == "testbed/" else [])
+        for d in dirs:
+            words = set(re.findall(r"[\w.-]+", sections.get(d, "")))
+            for path in sorted(glob.glob(os.path.join(ROOT, d, pattern))):
+                name = os.path.basename(path)
+                if name != "__init__.py" and name not in words and name[:-3] not in words:
+                    missing.append(os.path.join(d, name))
+    assert not missing, "not in docs/DESIGN.md's layout: " + ", ".join(missing)

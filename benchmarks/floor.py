@@ -1,6 +1,6 @@
 """The floor: the cheapest way this machine moves a run's frames through its fabric.
 
-``python -m traffic.floor CONFIG.json`` serves every GPU host the configuration lists, one
+``python -m benchmarks.floor CONFIG.json`` serves every GPU host the configuration lists, one
 process for all (sockets opened in each host's namespace): each GPU sends its frames - a count
 and a size per destination - from one prebuilt RoCEv2 frame per destination, as fast as its
 NIC takes them (a send buffer of a few frames; the loop sleeps until the NIC has room), and
@@ -24,7 +24,7 @@ from typing import Dict, List
 
 from testbed.base.procutil import die_with_parent, in_netns
 
-from . import roce
+from traffic import roce
 
 SNDBUF = 32 << 10  # the kernel doubles it: a few frames in the NIC queue, never its limit
 QUIET_S = 0.5
