@@ -40,7 +40,7 @@ def build(policy_name: str):
     from testbed.scenario.config import DEFAULT
     DEFAULT = DEFAULT.for_checks()  # at the reference rate the benchmark's figures are for
     from testbed.fabric.network import egress_shapes
-    from testbed.fabric.shaping import link_mtu
+    from testbed.base.frames import link_mtu
     from testbed.fabric.shaping import tc_commands
     from testbed.base.topology import FabricPlan
 
@@ -71,7 +71,7 @@ def emulator_step(policy_name: str, samples: int) -> dict:
     from controllers.policy import make_policy
     from testbed.scenario.config import DEFAULT
     DEFAULT = DEFAULT.for_checks()  # at the reference rate the benchmark's figures are for
-    from testbed.fabric.shaping import link_mtu
+    from testbed.base.frames import link_mtu
     from testbed.switchq.emulator import Emulator
     from testbed.switchq.contract import EmulatorConfig
     from testbed.base.topology import FabricPlan

@@ -31,6 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+from testbed.base.frames import full_frame_bytes  # noqa: E402
 
 from privatens import reexec_in_private_netns  # noqa: E402
 from traffic.contract import Peer  # noqa: E402
@@ -170,7 +171,7 @@ def inner(args) -> int:
         sprayed = agent_rate(mtu, args.packets // 2, entropy="per-packet")
         scapy = scapy_rate(mtu, args.scapy_packets)
         reused = scapy_rate(mtu, 10 * args.scapy_packets, reuse_socket=True)
-        report["runs"].append({"mtu": mtu, "frame_bytes": mtu + 62 + 14 + 16,
+        report["runs"].append({"mtu": mtu, "frame_bytes": full_frame_bytes(mtu),
                                "agent": agent, "agent_per_packet_entropy": sprayed,
                                "scapy_sendp": scapy,
                                "scapy_reused_socket": reused, "frames_valid": check,

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Dict, List, Tuple
 
 from testbed.base.errors import ConfigError
+from testbed.base.frames import link_frame_bytes, link_mtu
 from testbed.base.hops import model
 from testbed.base.topology import leaf_subnet
 
@@ -78,10 +79,10 @@ class LosslessPolicy(Policy):
         rate = max(ctx.host_rate_mbit, ctx.fabric_rate_mbit) * 1e6 / 8
         feeders = max(plan.hosts_per_leaf - 1 + plan.n_spines, plan.n_leaves - 1,
                       plan.hosts_per_leaf)
-        frame = ctx.mtu + 100
+        frame = link_mtu(ctx.mtu)  # the largest packet on a link
         hop = model(self.params, ctx.time_scale, ctx.cable_m, ctx.link_delay_us,
                     ctx.switch_latency)
-        delay_s = max(hop.switch_us(r, frame + 14)
+        delay_s = max(hop.switch_us(r, link_frame_bytes(frame))
                       for r in (ctx.host_rate_mbit, ctx.fabric_rate_mbit)) / 1e6
         return int(feeders * (rate * (ctx.reaction_s + delay_s) + 2 * frame))
 
@@ -108,7 +109,7 @@ class LosslessPolicy(Policy):
         """Credits: the feeders stop while the lane has less room than they can send before
         the stop lands - the headroom PFC would keep beyond XOFF, here inside the buffer."""
         buffer = self.credit_buffer(headroom)
-        frame = self.context.mtu + 100
+        frame = link_mtu(self.context.mtu)
         if buffer - headroom < frame:
             raise ConfigError(
                 f"policy_params.lossless.credit_buffer_bytes: {buffer:,} B leaves no room "
@@ -174,7 +175,7 @@ class LosslessPolicy(Policy):
         serialization, not congestion: moving flowlets away from it would only trade uplinks
         back and forth, a flow mod each time."""
         out: Dict[int, List[Message]] = {}
-        margin = max(self.context.mtu + 100, self.params.ecn_kmin_bytes // 2)
+        margin = max(link_mtu(self.context.mtu), self.params.ecn_kmin_bytes // 2)
         for dpid, backlog in load.items():
             if dpid not in self.slots or not backlog:
                 continue

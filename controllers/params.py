@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Tuple
 
 from testbed.base.errors import ConfigError
+from testbed.base.frames import link_mtu
 from testbed.base.schema import build
 
 REFERENCE_RATE_MBIT = 40.0  # the emulated rate the testbed's defaults were measured at
@@ -138,7 +139,7 @@ def resolve(policy: str, overrides: Mapping[str, Any], modelled_gbit: float, mtu
     defaults, then the overrides."""
     cls = params_class(policy)
     given = build(cls, overrides or {}, f"policy_params.{policy}")
-    frame = mtu + 100
+    frame = link_mtu(mtu)  # the largest packet on a link
     values: Dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         value = getattr(given, f.name)

@@ -23,13 +23,14 @@ import sys
 import time
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
+from testbed.base.frames import full_frame_bytes
 from testbed.base.procutil import die_with_parent, precise_timers, react_first
 
 from . import records
 from .collectives import Transfer
 from .contract import AgentConfig, GpuConfig, Job
 from .delayline import DelayLine
-from .gpu import FRAME_OVERHEAD, Gpu, QueuePair
+from .gpu import Gpu, QueuePair
 from .progress import Phase
 from .rc import RetryExceeded
 from .timers import Sleeper, TimerHeap
@@ -69,7 +70,7 @@ class Loop:
                 raise RuntimeError(f"{g.host}: the GPUs of its server with ranks {strangers} "
                                    "are not served by this process")
         # a full frame's time at the fastest GPU NIC
-        self.frame_ns = min(int((c.mtu + FRAME_OVERHEAD) * 8e9 / c.link_rate_bps)
+        self.frame_ns = min(int(full_frame_bytes(c.mtu) * 8e9 / c.link_rate_bps)
                             for c in configs)
         self.moderation_ns = int(MODERATION_SHARE * self.frame_ns)
         self.by_fd: Dict[int, Gpu] = {}  # receive socket -> its GPU

@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from typing import Any, Dict, List, Optional, Tuple
 
-from .roce import frame_bytes
+from testbed.base.frames import udp_frame_bytes
 
 RX_NS, ADDR, SIZE = 1, 4, 13  # fields of ``traffic.nicio``'s datagram tuple
 
@@ -41,7 +41,7 @@ class DelayLine:
     def release_ns(self, rx_ns: int, addr: int, size: int) -> int:
         """When a datagram of ``size`` bytes from ``addr`` received at ``rx_ns`` leaves."""
         return (rx_ns + self.delay_ns.get(addr, 0)
-                + int(frame_bytes(size) * self.ns_per_byte))
+                + int(udp_frame_bytes(size) * self.ns_per_byte))
 
     def hold(self, datagrams: List[tuple], now_ns: int) -> int:
         """Take datagrams in arrival order; one without a kernel time arrived ``now_ns``.

@@ -44,6 +44,7 @@ import time
 from collections import defaultdict, deque
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
+from testbed.base.frames import full_frame_bytes
 from testbed.base.procutil import in_netns
 
 from . import nicio, ratelimit, roce
@@ -73,7 +74,6 @@ STAMPS_BATCH = 32  # transmit timestamps are collected once this many wait (and 
 # Frames a NIC holds: the one on the wire and two more, so that the link stays busy through a
 # wake-up delayed by a moderation interval plus a frame time
 NIC_QUEUE_FRAMES = 3
-FRAME_OVERHEAD = 76  # RoCE headers, ICRC and Ethernet around a full payload
 # A QP paced by its NIC rate limiter (traffic.ratelimit) gets frames up to this many frame
 # gaps ahead at its rate, and the loop comes back when one gap is left: a wake late by less
 # than a gap changes nothing on the wire
@@ -228,7 +228,7 @@ class Gpu:
         self.events: List[tuple] = []  # (ns, "rto" | "nak", peer rank): the timeline's instants
         self.limiters: Optional[ratelimit.Limiters] = None  # DCQCN's rate limiters in the NIC
         self.holding: set = set()  # QPs whose limiter holds frames
-        self.full_frame = config.mtu + FRAME_OVERHEAD
+        self.full_frame = full_frame_bytes(config.mtu)
         self.rate_sample_ns = int(RATE_SAMPLE_FRAMES * self.full_frame * self.ns_per_byte)
         self.mark = None  # progress seen by the stuck check, and since when
         self.mark_ns = 0

@@ -25,6 +25,9 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw, bind_layers
 
+from testbed.base.frames import (BTH_LEN, ETH_LEN, ICRC_LEN, IP_LEN, RETH_LEN, UDP_LEN,
+                                 udp_frame_bytes)
+
 ROCE_UDP_PORT = 4791  # IANA, RoCEv2 (IBTA annex A17)
 
 # RC opcodes (IBTA vol. 1, table 35; docs/REFERENCE.md)
@@ -41,20 +44,7 @@ DEFAULT_PKEY = 0xFFFF
 # DSCP 26 (the usual RoCE class) with ECT(0): senders are ECN-capable (DCQCN).
 ROCE_TOS = (26 << 2) | 0b10
 
-ETH_LEN, IP_LEN, UDP_LEN, BTH_LEN, RETH_LEN, ICRC_LEN = 14, 20, 8, 12, 16, 4
-BTH_OFFSET = ETH_LEN + IP_LEN + UDP_LEN  # 42, in a frame
-
-
-def frame_bytes(datagram_bytes):
-    """The Ethernet frame (no FCS) around a RoCEv2 UDP payload of ``datagram_bytes``."""
-    return datagram_bytes + BTH_OFFSET
-
-
-def data_frame_bytes(payload_bytes):
-    """The frame of an RDMA WRITE MIDDLE or LAST carrying ``payload_bytes`` (BTH, ICRC);
-    a FIRST or ONLY has a RETH more."""
-    return frame_bytes(payload_bytes + BTH_LEN + ICRC_LEN)
-
+BTH_OFFSET = udp_frame_bytes(0)  # 42, in a frame
 
 SPORT_OFFSET = ETH_LEN + IP_LEN
 PSN_MASK = 0xFFFFFF

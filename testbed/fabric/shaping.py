@@ -52,6 +52,7 @@ from controllers.classes import EcnRule, TrafficClass, default_class
 from traffic.ratelimit import DEFAULT_MINOR, OPEN_FACTOR
 
 from ..base.errors import ConfigError
+from ..base.frames import link_frame_bytes
 
 HTB_QUANTUM = 1600  # bytes; at least one frame
 NETEM_LIMIT = 100_000  # packets in flight on a delayed link; the bfifo below is the buffer
@@ -91,15 +92,6 @@ class HtbParams:
     prio: int
 
 
-def link_mtu(roce_mtu: int) -> int:
-    """Ethernet MTU that carries RoCE packets of path MTU ``roce_mtu`` (headers: 62 B)."""
-    return max(1500, roce_mtu + 100)
-
-
-def frame_bytes(mtu: int) -> int:
-    return mtu + 14
-
-
 # The switch-queue emulator's resume "kick" (testbed.switchq.emulator): a small frame of a
 # local experimental EtherType, dropped by every policy at the next switch
 KICK_ETHERTYPE = 0x88B5
@@ -117,8 +109,8 @@ def burst_bytes(rate_mbit: float, mtu: int, nic: bool = False) -> int:
     rate-limited) still sees every frame leave one serialization time after the last, as on a
     real link; a timer late by less than that is still caught up (docs/emulation-cost.md)."""
     if nic:
-        return max(1, int(frame_bytes(mtu) * NIC_RUN_AHEAD))
-    return max(frame_bytes(mtu), int(rate_mbit * 1e6 / 8 * 250e-6))
+        return max(1, int(link_frame_bytes(mtu) * NIC_RUN_AHEAD))
+    return max(link_frame_bytes(mtu), int(rate_mbit * 1e6 / 8 * 250e-6))
 
 
 def htb_params(rate_mbit: float, cls: TrafficClass, mtu: int,
@@ -127,7 +119,7 @@ def htb_params(rate_mbit: float, cls: TrafficClass, mtu: int,
     1:1 (the least own rate and burst HTB takes) and sends at most at the link rate."""
     link = int(rate_mbit * 1e6 / 8)
     return HtbParams(GUARANTEE_BYTES, link, 1, burst_bytes(rate_mbit, mtu, nic),
-                     max(HTB_QUANTUM, frame_bytes(mtu)), cls.priority)
+                     max(HTB_QUANTUM, link_frame_bytes(mtu)), cls.priority)
 
 
 NETEM_BASE, GATE_BASE, LIMITED_BUFFER_BASE = 0x20, 0x40, 0x60  # offsets from the class minor
@@ -162,8 +154,8 @@ def gate_params(rate_mbit: float, mtu: int, buffer_bytes: int, paused: bool) -> 
     """The PFC gate: open at 10x the link rate (HTB shapes), paused at 1 B/s. A pause lets
     at most one frame through, like the frame in flight when a real PAUSE arrives."""
     if paused:
-        return GateParams(1, frame_bytes(mtu), buffer_bytes)
-    return GateParams(min(0xFFFFFFFF, int(rate_mbit * 1e6 / 8 * 10)), 2 * frame_bytes(mtu),
+        return GateParams(1, link_frame_bytes(mtu), buffer_bytes)
+    return GateParams(min(0xFFFFFFFF, int(rate_mbit * 1e6 / 8 * 10)), 2 * link_frame_bytes(mtu),
                       buffer_bytes)
 
 
@@ -172,7 +164,7 @@ def tc_commands(intf: str, shape: Shape, netem: bool, mtu: int = 1500) -> List[s
     classes = shape.classes
     link_kbit = max(1, int(round(shape.rate_mbit * 1000)))
     burst = burst_bytes(shape.rate_mbit, mtu, shape.nic)
-    quantum = max(HTB_QUANTUM, frame_bytes(mtu))
+    quantum = max(HTB_QUANTUM, link_frame_bytes(mtu))
     default = default_class(classes)
     cmds = [f"tc qdisc replace dev {intf} root handle 1: htb default {default.minor:x}",
             f"tc class replace dev {intf} parent 1: classid 1:1 htb rate {link_kbit}kbit "
@@ -233,14 +225,14 @@ def limiter_qdisc(rate_mbit: float, mtu: int) -> dict:
     NIC serves its QPs round-robin by frames)."""
     return {"open_bytes": int(OPEN_FACTOR * rate_mbit * 1e6 / 8),
             "burst": burst_bytes(rate_mbit, mtu, nic=True),
-            "quantum": max(HTB_QUANTUM, frame_bytes(mtu))}
+            "quantum": max(HTB_QUANTUM, link_frame_bytes(mtu))}
 
 
 def fifo(buffer_bytes: int, in_bytes: bool, mtu: int) -> str:
     """The class buffer: a byte FIFO, or (lossy switch classes) full frames, oldest dropped."""
     if in_bytes:
         return f"bfifo limit {buffer_bytes}"
-    return f"pfifo_head_drop limit {max(2, buffer_bytes // frame_bytes(mtu))}"
+    return f"pfifo_head_drop limit {max(2, buffer_bytes // link_frame_bytes(mtu))}"
 
 
 def red_qdisc(rule: EcnRule, buffer_bytes: int, rate_mbit: float, mtu: int) -> str:
@@ -250,7 +242,7 @@ def red_qdisc(rule: EcnRule, buffer_bytes: int, rate_mbit: float, mtu: int) -> s
     never dropped early - the only drop is the byte limit, as with the bfifo it replaces.
     The average follows the queue as fast as RED allows (the smallest burst tc accepts), so
     marking tracks the instantaneous backlog as the sampled marking does."""
-    frame = frame_bytes(mtu)
+    frame = link_frame_bytes(mtu)
     if rule.kind == "step":
         lo, hi, p = rule.kmin, rule.kmin + frame, 1.0
     else:

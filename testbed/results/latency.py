@@ -8,8 +8,8 @@ from typing import Dict
 import numpy as np
 
 from traffic import metrics
-from traffic.roce import data_frame_bytes
 
+from ..base.frames import roce_frame_bytes
 from ..base.hops import PathDelay, path_floor_us, transmission_us
 
 
@@ -29,13 +29,13 @@ def expected_latency_us(packets, plan, path: PathDelay, rate_mbit: float) -> np.
     out = np.asarray([fixed.get(k, 0.0) for k in zip(packets.src.tolist(),
                                                      packets.dst.tolist())], dtype=float)
     if path.transmission:
-        out += transmission_us(data_frame_bytes(packets.payload.astype(float)), rate_mbit)
+        out += transmission_us(roce_frame_bytes(packets.payload.astype(float)), rate_mbit)
     return out
 
 
 def full_frame_path_us(path: PathDelay, mtu: int, rate_mbit: float) -> Dict[str, float]:
     """The modelled fixed path delay of a full data frame, on one leaf and across leaves."""
-    own = transmission_us(data_frame_bytes(mtu), rate_mbit) if path.transmission else 0.0
+    own = transmission_us(roce_frame_bytes(mtu), rate_mbit) if path.transmission else 0.0
     return {"same_leaf": round(path.expected_us(True) + own, 3),
             "cross_leaf": round(path.expected_us(False) + own, 3)}
 

@@ -38,6 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..base.frames import full_frame_bytes
 from ..fabric.shaping import burst_bytes
 from .cost import machine_cpu_s
 
@@ -222,7 +223,7 @@ def evaluate(records_dir: str, plan, figures: dict, path_minima_us: Dict[tuple, 
     ``gpu_pauses_ns``: when PFC paused each GPU's NIC, from the queue emulator)."""
     t, f = scenario.topology, scenario.fidelity
     rate = t.host_rate_mbit * 1e6
-    frame = scenario.workload.mtu + 62 + 14  # RoCE headers and Ethernet: a full data frame
+    frame = full_frame_bytes(scenario.workload.mtu)
     unit = float(serialization_us(frame, rate))
     measured = [busy_gap_deviation(*read_tx_log(os.path.join(records_dir, f"{h.name}.tx.csv")),
                                    rate_bps=rate, unit_us=unit,

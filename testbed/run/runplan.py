@@ -15,11 +15,12 @@ from controllers.policy import Policy, make_policy
 from traffic.contract import QpLimiter, WorkloadSpec
 
 from ..base.errors import ConfigError
+from ..base.frames import link_frame_bytes, link_mtu
 from ..base.hops import HopModel, PathDelay, hop_model, mechanism
 from ..base.topology import FabricPlan
 from ..fabric.capabilities import Capabilities
 from ..fabric.placement import place
-from ..fabric.shaping import frame_bytes, limiter_qdisc, link_mtu, marking_method, marking_via
+from ..fabric.shaping import limiter_qdisc, marking_method, marking_via
 from ..job.plan import JobPlan, plan_job
 from ..scenario.config import AUTO, Scenario
 
@@ -96,7 +97,7 @@ def path_delay(scenario: Scenario, hops: HopModel, caps: Capabilities) -> PathDe
     it here (``emulation.path_delay``; ConfigError for one this machine lacks)."""
     t = scenario.topology
     delays = hops.delays_us(t.host_rate_mbit, t.fabric_rate_mbit,
-                            frame_bytes(link_mtu(scenario.workload.mtu)))
+                            link_frame_bytes(link_mtu(scenario.workload.mtu)))
     return PathDelay(mechanism(scenario.emulation.path_delay, caps.netem), delays)
 
 

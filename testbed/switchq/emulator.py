@@ -50,6 +50,7 @@ from controllers.pfc import PfcState, Queue
 
 from ..base.atomic import write_json_atomic
 from ..base.errors import FabricError
+from ..base.frames import link_frame_bytes
 from ..base.netlink import (QdiscSampler, QueueStats, send_and_check, socket_in_netns, tbf_message,
                       tc_handle)
 from ..base.procutil import die_with_parent, react_first
@@ -81,7 +82,7 @@ class Emulator:
         self.plan = cfg.plan
         self.classes: Tuple[TrafficClass, ...] = cfg.classes
         self.interval_ns = int(cfg.interval_us * 1000)
-        self.frame = cfg.mtu + 14
+        self.frame = link_frame_bytes(cfg.mtu)
         self.rng = random.Random(cfg.seed)
         # Every switch egress port: interface -> (switch, dpid, OpenFlow port).
         self.ports: Dict[str, Tuple[str, int, int]] = {}

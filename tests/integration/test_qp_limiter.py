@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from testbed.base.frames import full_frame_bytes
+
 pytestmark = pytest.mark.integration
 
 RATE_MBIT = 40
@@ -92,7 +94,7 @@ def median_gap_ms(times) -> float:
     return gaps[len(gaps) // 2] / 1e6
 
 
-FRAME_MS = (4096 + 62 + 14) * 8 / (RATE_MBIT * 1e3)  # one full frame at the line rate
+FRAME_MS = full_frame_bytes(4096) * 8 / (RATE_MBIT * 1e3)  # one full frame at the line rate
 
 
 def test_a_limited_qp_leaves_at_its_rate(seen):

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from testbed.base.frames import full_frame_bytes
 from testbed.run import runner
 from testbed.run.agent_processes import loops_wanted
 from testbed.api import JOB_FIGURES, CollectiveResult, PolicyResult, RunResult
@@ -76,7 +77,7 @@ def test_ring_all_reduce_on_a_real_fabric(small_run):
     # collective: it cannot finish faster than its bytes take at the link rate.
     lat = hs["latency_us"]
     assert 0 < lat["p50"] <= lat["p99"] <= lat["max"] < 1e6
-    frame_bits = (w.mtu + 62 + 14) * 8
+    frame_bits = full_frame_bytes(w.mtu) * 8
     ideal_us = 2 * (n - 1) * chunk_packets * frame_bits / SMALL.topology.host_rate_mbit
     assert len(hs["cct_us"]["per_iteration"]) == w.iterations
     assert 0.9 * ideal_us <= hs["cct_us"]["p50"] <= 3 * ideal_us

@@ -2,13 +2,14 @@
 import numpy as np
 import pytest
 
+from testbed.base.frames import full_frame_bytes
 from testbed.run import fidelity as F
 from testbed.scenario.config import Scenario
 from testbed.base.topology import FabricPlan
 
 RATE = 40e6
-FRAME = 4172  # bytes: 4 KiB RoCE payload + headers
-SER_US = FRAME * 8 / 40  # 834.4 us at 40 Mbit/s
+FRAME = full_frame_bytes(4096)  # bytes: 4 KiB RoCE payload + headers
+SER_US = FRAME * 8 / 40  # 834 us at 40 Mbit/s
 
 
 def _ideal_link(arrivals_us, sizes, rate=RATE):

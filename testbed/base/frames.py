@@ -1,0 +1,39 @@
+"""A frame's size on the wire: the one place that knows the header sizes.
+
+A RoCEv2 data packet on Ethernet: Ethernet 14 B, IPv4 20, UDP 8, BTH 12, on the first packet
+of a WRITE (FIRST or ONLY) a RETH 16, the payload, ICRC 4; no FCS - what the kernel counts, the
+qdiscs queue and the timestamps see. Links carry IP packets up to their MTU: the RoCE path MTU
+with room for those headers and more (``LINK_MTU_ROOM``), at least Ethernet's 1500.
+"""
+from __future__ import annotations
+
+ETH_LEN, IP_LEN, UDP_LEN, BTH_LEN, RETH_LEN, ICRC_LEN = 14, 20, 8, 12, 16, 4
+LINK_MTU_ROOM = 100  # a link's MTU over the RoCE path MTU: its 60 B of IP-level headers, and more
+
+
+def roce_frame_bytes(payload, first: bool = False):
+    """The frame of a RoCEv2 data packet carrying ``payload`` bytes (a number or an array):
+    a WRITE MIDDLE or LAST; ``first``: a FIRST or ONLY, whose RETH adds 16 B."""
+    return (payload + ETH_LEN + IP_LEN + UDP_LEN + BTH_LEN + ICRC_LEN
+            + (RETH_LEN if first else 0))
+
+
+def full_frame_bytes(roce_mtu: int) -> int:
+    """The largest data frame of a RoCE path MTU (a FIRST carrying a full payload): the frame
+    whose serialization time the fidelity tolerances and the agents' pacing count in."""
+    return roce_frame_bytes(roce_mtu, first=True)
+
+
+def udp_frame_bytes(datagram_bytes):
+    """The frame around a UDP payload of ``datagram_bytes`` (a RoCE packet from its BTH on)."""
+    return datagram_bytes + ETH_LEN + IP_LEN + UDP_LEN
+
+
+def link_mtu(roce_mtu: int) -> int:
+    """The MTU of every link, for RoCE packets of path MTU ``roce_mtu``."""
+    return max(1500, roce_mtu + LINK_MTU_ROOM)
+
+
+def link_frame_bytes(mtu: int) -> int:
+    """The largest frame a link of MTU ``mtu`` carries."""
+    return mtu + ETH_LEN
