@@ -7,7 +7,6 @@ the highest; HTB serves higher-priority classes first (strict priority).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -118,16 +117,3 @@ def class_dscps(cls: TrafficClass, classes) -> Tuple[int, ...]:
         return tuple(sorted(cls.dscp))
     claimed = {d for c in classes for d in c.dscp}
     return tuple(d for d in range(64) if d not in claimed)
-
-
-def class_to_dict(c: TrafficClass) -> dict:
-    return dataclasses.asdict(c)
-
-
-def class_from_dict(d: dict) -> TrafficClass:
-    d = dict(d)
-    d["dscp"] = tuple(d["dscp"])
-    d["ecn"] = EcnRule(**d["ecn"]) if d.get("ecn") else None
-    d["pfc"] = PfcRule(**d["pfc"]) if d.get("pfc") else None
-    d["credit"] = CreditRule(**d["credit"]) if d.get("credit") else None
-    return TrafficClass(**d)

@@ -1,13 +1,13 @@
 """What the runner tells the controller process: the policy, the fabric it programs, the
 policy's parameters and the emulation's context. A frozen dataclass, JSON on the wire (the
-policy file); built from the configured policy in the runner
+policy file; ``testbed.base.contract``: an unknown key is refused); built from the configured policy in the runner
 (``testbed.run.controller_process``), read by the os-ken app (``controllers.app``)."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict
 
+from testbed.base.contract import dump, load
 from testbed.base.topology import FabricPlan
 
 from .params import resolve
@@ -26,13 +26,11 @@ class ControllerConfig:
         return cls(policy.name, policy.plan, policy.params_dict(), policy.context)
 
     def to_dict(self) -> dict:
-        return {"policy": self.policy, "plan": self.plan.to_dict(), "params": self.params,
-                "context": dataclasses.asdict(self.context)}
+        return dump(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "ControllerConfig":
-        return cls(data["policy"], FabricPlan.from_dict(data["plan"]), dict(data["params"]),
-                   FabricContext(**data["context"]))
+        return load(cls, data)
 
     def build(self) -> Policy:
         """The policy core the runner configured, again in this process."""

@@ -1,15 +1,16 @@
 """What the runner tells an agent process: the GPUs it serves and where it writes their
-records. Frozen dataclasses, JSON on the wire (``to_dict`` / ``from_dict``); built by pure
-functions in the runner (``testbed.run.agent_processes.agent_configs``), read by ``traffic.agent``.
+records. Frozen dataclasses, JSON on the wire (``to_dict`` / ``from_dict``: the one contract
+mechanism, ``testbed.base.contract``); built by pure functions in the runner
+(``testbed.run.agent_processes.agent_configs``), read by ``traffic.agent``.
 
 Times are emulated nanoseconds (the runner has applied the time scale); rates bit/s.
 """
 from __future__ import annotations
 
-import dataclasses
-import typing
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple, Union
+
+from testbed.base.contract import dump, load
 
 from .jobgraph import JobGraph
 
@@ -120,11 +121,11 @@ class GpuConfig:
     scale_up: Optional[ScaleUp] = None  # how they reach each other
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return dump(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "GpuConfig":
-        return _load(cls, data)
+        return load(cls, data)
 
 
 @dataclass(frozen=True)
@@ -137,29 +138,55 @@ class AgentConfig:
     job: Optional[Job] = None
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return dump(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "AgentConfig":
-        return _load(cls, data)
+        return load(cls, data)
 
 
-def _load(tp: Any, value: Any) -> Any:
-    """``value`` (from JSON) as type ``tp``: dataclasses, Optional and Tuple[X, ...] nested."""
-    origin = typing.get_origin(tp)
-    if origin is typing.Union:  # Optional[X]
-        if value is None:
-            return None
-        tp = next(a for a in typing.get_args(tp) if a is not type(None))
-        return _load(tp, value)
-    if origin is tuple:
-        item = typing.get_args(tp)[0]
-        return tuple(_load(item, v) for v in value)
-    if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        names = {f.name for f in dataclasses.fields(tp)}
-        unknown = set(value) - names
-        if unknown:
-            raise TypeError(f"{tp.__name__}: unknown keys {sorted(unknown)}")
-        return tp(**{k: _load(hints[k], v) for k, v in value.items()})
-    return value
+# --- what the runner (and the mechanism tests) tell a flow process (traffic.flows) ----------
+
+@dataclass(frozen=True)
+class Bursts:
+    """Synchronised bursts (an incast): ``packets`` each, every ``period_us`` from
+    ``start_ns`` until ``duration_s`` has passed."""
+    packets: int
+    period_us: float
+    duration_s: float
+    start_ns: int = 0
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """One ``python -m traffic.flows send|recv`` process. A field left None takes its mode's
+    default (RoCE sender: DSCP 26 with ECT(0), 4,096 B payloads back to back; UDP sender: DSCP
+    0, 64 B every 1,000 us; receiver: 600 s)."""
+    out: str  # where the summary goes (JSON)
+    kind: str = "roce"  # senders: roce | udp
+    start: str = ""  # "stdin": print ready, then wait for ``go <start_ns>``
+    ip: str = ""  # receivers: the address to listen on
+    duration_s: Optional[float] = None  # receivers: listen this long; udp: send this long
+    intf: str = ""  # roce: the NIC
+    src_mac: str = ""
+    src_ip: str = ""
+    dst_mac: str = ""
+    dst_ip: str = ""
+    sport: Union[int, str, None] = None  # roce: a port or "per-packet"; udp: bind to it
+    dscp: Optional[int] = None
+    ecn: Optional[int] = None
+    dqpn: int = 0x10000
+    payload: Optional[int] = None
+    seed: int = 1
+    packets: int = 0
+    interval_us: Optional[float] = None  # pacing between packets
+    rate_mbit: float = 0.0  # udp with duration_s: the rate
+    start_ns: int = 0  # 0: now
+    bursts: Optional[Bursts] = None
+
+    def to_dict(self) -> dict:
+        return dump(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FlowConfig":
+        return load(cls, data)

@@ -1,6 +1,7 @@
 """Plain flows between emulated hosts: for probing mechanisms (incast, priorities, ECMP, AR).
 
-``python -m traffic.flows send CONFIG.json`` sends one flow from the host it runs in:
+``python -m traffic.flows send CONFIG.json`` sends one flow from the host it runs in (CONFIG:
+a ``traffic.contract.FlowConfig``):
 
 * ``"kind": "roce"`` - RDMA WRITE MIDDLE packets from the agent's templates on an AF_PACKET
   socket, as fast as the NIC takes them (the socket blocks like a NIC) or paced by
@@ -21,6 +22,7 @@ latencies per sending address and kind.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import select
@@ -34,6 +36,7 @@ from typing import Dict
 from testbed.base.procutil import die_with_parent
 
 from . import roce
+from .contract import FlowConfig
 from .rxsocket import ANCILLARY_BYTES, ancillary, open_rx
 
 UDP_PROBE_PORT = 5001
@@ -44,23 +47,27 @@ RX_MODERATION_S = 0.005
 STAMP = struct.Struct("!Q")
 
 
-def send_roce(cfg: dict, stop=lambda: False) -> dict:
+def _given(value, default):
+    return default if value is None else value
+
+
+def send_roce(cfg: FlowConfig, stop=lambda: False) -> dict:
     """RoCE frames: ``packets`` of them back to back (or paced by ``interval_us``) from
     ``start_ns`` (default now), or - with ``bursts`` - ``packets`` per burst, bursts every
     ``period_us`` from ``start_ns`` until ``duration_s`` has passed (synchronised incast when
     several senders share a start)."""
-    me = roce.Endpoint(cfg["src_mac"], cfg["src_ip"])
-    peer = roce.Endpoint(cfg["dst_mac"], cfg["dst_ip"])
-    per_packet = cfg.get("sport") == "per-packet"
-    sport = 0xC000 if per_packet else int(cfg.get("sport", 0xC000))
-    tos = (cfg.get("dscp", 26) << 2) | cfg.get("ecn", 2)
-    tpl = roce.Connection(me, peer, sport, cfg.get("dqpn", 0x10000), tos).template(
-        roce.RC_RDMA_WRITE_MIDDLE, cfg.get("payload", 4096))
+    me = roce.Endpoint(cfg.src_mac, cfg.src_ip)
+    peer = roce.Endpoint(cfg.dst_mac, cfg.dst_ip)
+    per_packet = cfg.sport == "per-packet"
+    sport = 0xC000 if per_packet else int(_given(cfg.sport, 0xC000))
+    tos = (_given(cfg.dscp, 26) << 2) | _given(cfg.ecn, 2)
+    tpl = roce.Connection(me, peer, sport, cfg.dqpn, tos).template(
+        roce.RC_RDMA_WRITE_MIDDLE, _given(cfg.payload, 4096))
     tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
     tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # block like a NIC
-    tx.bind((cfg["intf"], 0))
+    tx.bind((cfg.intf, 0))
     tx.setblocking(False)
-    rng = random.Random(cfg.get("seed", 1))
+    rng = random.Random(cfg.seed)
     psn = 0
 
     def send_one() -> bool:
@@ -72,26 +79,26 @@ def send_roce(cfg: dict, stop=lambda: False) -> dict:
         return ok
 
     try:
-        bursts = cfg.get("bursts")
+        bursts = cfg.bursts
         if bursts:
-            start = bursts["start_ns"]
-            end = start + int(bursts["duration_s"] * 1e9)
-            period = int(bursts["period_us"] * 1000)
+            start = bursts.start_ns
+            end = start + int(bursts.duration_s * 1e9)
+            period = int(bursts.period_us * 1000)
             k = 0
             while not stop():
                 at = start + k * period
                 if at >= end or not _sleep_until(at, stop):
                     break
-                for _ in range(bursts["packets"]):
+                for _ in range(bursts.packets):
                     if not send_one():
                         break
                 k += 1
             return {"sent": psn, "bursts": k}
-        if not _sleep_until(cfg.get("start_ns") or 0, stop):
+        if not _sleep_until(cfg.start_ns, stop):
             return {"sent": 0}
-        interval = cfg.get("interval_us", 0) / 1e6
+        interval = _given(cfg.interval_us, 0) / 1e6
         next_at = time.monotonic()
-        for _ in range(cfg["packets"]):
+        for _ in range(cfg.packets):
             if not send_one():
                 break
             if interval:
@@ -126,23 +133,24 @@ def _sleep_until(at_ns: int, stop) -> bool:
         time.sleep(min(left, 0.1))
 
 
-def send_udp(cfg: dict, stop=lambda: False) -> dict:
+def send_udp(cfg: FlowConfig, stop=lambda: False) -> dict:
     """UDP datagrams with a send-time stamp: ``packets`` of them every ``interval_us``, or -
     with ``duration_s`` - at ``rate_mbit`` from ``start_ns`` (default now) until it passes."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, (cfg.get("dscp", 0) << 2) | cfg.get("ecn", 0))
-    if "sport" in cfg:
-        s.bind((cfg["src_ip"], int(cfg["sport"])))
-    size = cfg.get("payload", 64)
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS,
+                 (_given(cfg.dscp, 0) << 2) | _given(cfg.ecn, 0))
+    if cfg.sport is not None:
+        s.bind((cfg.src_ip, int(cfg.sport)))
+    size = _given(cfg.payload, 64)
     pad = bytes(max(0, size - STAMP.size))
-    if "duration_s" in cfg:
-        interval_ns = int((size + 28) * 8e9 / (cfg["rate_mbit"] * 1e6))  # + IP/UDP headers
+    if cfg.duration_s is not None:
+        interval_ns = int((size + 28) * 8e9 / (cfg.rate_mbit * 1e6))  # + IP/UDP headers
         count = None
     else:
-        interval_ns = int(cfg.get("interval_us", 1000) * 1000)
-        count = cfg["packets"]
-    start = cfg.get("start_ns") or time.time_ns()
-    end = start + int(cfg.get("duration_s", 0) * 1e9)
+        interval_ns = int(_given(cfg.interval_us, 1000) * 1000)
+        count = cfg.packets
+    start = cfg.start_ns or time.time_ns()
+    end = start + int(_given(cfg.duration_s, 0) * 1e9)
     sent = errors = 0
     try:
         if not _sleep_until(start, stop):
@@ -156,7 +164,7 @@ def send_udp(cfg: dict, stop=lambda: False) -> dict:
             if not _sleep_until(at, stop):
                 break
             try:
-                s.sendto(STAMP.pack(time.time_ns()) + pad, (cfg["dst_ip"], UDP_PROBE_PORT))
+                s.sendto(STAMP.pack(time.time_ns()) + pad, (cfg.dst_ip, UDP_PROBE_PORT))
                 sent += 1
             except OSError:  # ENOBUFS: the NIC queue was full; the datagram is lost
                 errors += 1
@@ -165,14 +173,14 @@ def send_udp(cfg: dict, stop=lambda: False) -> dict:
     return {"sent": sent, "send_errors": errors}
 
 
-def receive(cfg: dict, stop) -> dict:
+def receive(cfg: FlowConfig, stop) -> dict:
     socks = {}
     for port in (roce.ROCE_UDP_PORT, UDP_PROBE_PORT):
-        s = open_rx(cfg["ip"], port)
+        s = open_rx(cfg.ip, port)
         socks[s.fileno()] = (s, "roce" if port == roce.ROCE_UDP_PORT else "udp")
     print("ready", flush=True)
     flows: Dict[str, dict] = {}
-    deadline = time.monotonic() + cfg.get("duration_s", 600)
+    deadline = time.monotonic() + _given(cfg.duration_s, 600)
     poller = select.poll()
     for fd in socks:
         poller.register(fd, select.POLLIN)
@@ -211,11 +219,11 @@ def main(argv=None) -> int:
         print("usage: python -m traffic.flows send|recv CONFIG.json", file=sys.stderr)
         return 2
     with open(argv[1], encoding="utf-8") as f:
-        cfg = json.load(f)
+        cfg = FlowConfig.from_dict(json.load(f))
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     stop = lambda: bool(stopping)  # noqa: E731
-    if argv[0] == "send" and cfg.get("start") == "stdin":
+    if argv[0] == "send" and cfg.start == "stdin":
         # started ahead of time: say so, then learn the common start time (``go <ns>``)
         print("ready", flush=True)
         line = sys.stdin.readline().split()
@@ -223,16 +231,13 @@ def main(argv=None) -> int:
             print(f"flows: expected 'go <start_ns>', got {line!r}", file=sys.stderr)
             return 1
         start = int(line[1])
-        if cfg.get("bursts"):
-            cfg["bursts"]["start_ns"] = start
-        else:
-            cfg["start_ns"] = start
+        cfg = (dataclasses.replace(cfg, bursts=dataclasses.replace(cfg.bursts, start_ns=start))
+               if cfg.bursts else dataclasses.replace(cfg, start_ns=start))
     if argv[0] == "send":
-        result = (send_roce(cfg, stop) if cfg.get("kind", "roce") == "roce"
-                  else send_udp(cfg, stop))
+        result = send_roce(cfg, stop) if cfg.kind == "roce" else send_udp(cfg, stop)
     else:
         result = receive(cfg, stop)
-    with open(cfg["out"], "w", encoding="utf-8") as f:
+    with open(cfg.out, "w", encoding="utf-8") as f:
         json.dump(result, f)
     return 0
 

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from traffic.contract import Bursts, FlowConfig
+
 from ..base.errors import AgentError, CapabilityError, ConfigError
 from ..base.procutil import read_line, stop_processes
 from ..base.topology import FabricPlan, Host
@@ -175,9 +177,9 @@ class Background:
                 "dst_mac": dst.mac, "dst_ip": dst.ip, "dscp": self.roce_dscp, "ecn": 2,
                 "payload": mtu, "dqpn": 0xFFFF00,  # another job's QP: no agent QP matches
                 "start": "stdin",
-                "bursts": {"duration_s": self.duration_s,
-                           "period_us": self.scenario.emulated_ns(inc.period_us) / 1000,
-                           "packets": max(1, math.ceil(inc.burst_bytes / mtu))}})
+                "bursts": Bursts(duration_s=self.duration_s,
+                                 period_us=self.scenario.emulated_ns(inc.period_us) / 1000,
+                                 packets=max(1, math.ceil(inc.burst_bytes / mtu)))})
         for p in self.procs:
             if p["role"].endswith("sender"):
                 _expect_ready(p["proc"])
@@ -236,13 +238,14 @@ class Background:
     def _out(self, what: str, host: str) -> str:
         return os.path.join(self.work_dir, f"{what}-{host}.json")
 
-    def _flows(self, role: str, flow: Flow, host: str, mode: str, cfg: dict) -> None:
+    def _flows(self, role: str, flow: Flow, host: str, mode: str, fields: dict) -> None:
+        """A ``traffic.flows`` process with its contract (``FlowConfig``) of ``fields``."""
         path = os.path.join(self.work_dir, f"{role}-{host}.json")
-        cfg = dict(cfg, out=path + ".out")
+        cfg = FlowConfig(out=path + ".out", **fields)
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(cfg, f)
+            json.dump(cfg.to_dict(), f)
         self._popen(role, flow, host, [sys.executable, "-m", "traffic.flows", mode, path],
-                    cfg["out"], flows=True)
+                    cfg.out, flows=True)
 
     def _popen(self, role: str, flow: Flow, host: str, cmd: List[str], out: str,
                stdout_to_out: bool = False, flows: bool = False) -> None:

@@ -1,14 +1,15 @@
 """What the runner tells the switch-queue emulator process: the fabric, the classes it acts
-for, the rates, how marking is applied, where to report. A frozen dataclass, JSON on the wire;
-built by ``testbed.switchq.handle``, read by ``testbed.switchq.emulator``."""
+for, the rates, how marking is applied, where to report. A frozen dataclass, JSON on the wire
+(``testbed.base.contract``); built by ``testbed.switchq.handle``, read by
+``testbed.switchq.emulator``."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-from controllers.classes import TrafficClass, class_from_dict, class_to_dict
+from controllers.classes import TrafficClass
 
+from ..base.contract import dump, load
 from ..base.topology import FabricPlan
 
 
@@ -40,22 +41,8 @@ class EmulatorConfig:
     pfc_peers: Dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d.update(plan=self.plan.to_dict(), classes=[class_to_dict(c) for c in self.classes],
-                 watch={str(k): list(v) for k, v in self.watch.items()} if self.watch else None,
-                 delayed=list(self.delayed), nodes=list(self.nodes))
-        return d
+        return dump(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "EmulatorConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - names
-        if unknown:
-            raise TypeError(f"EmulatorConfig: unknown keys {sorted(unknown)}")
-        d = dict(data)
-        d.update(plan=FabricPlan.from_dict(data["plan"]),
-                 classes=tuple(class_from_dict(c) for c in data["classes"]),
-                 delayed=tuple(data.get("delayed", ())), nodes=tuple(data.get("nodes", ())))
-        if data.get("watch"):
-            d["watch"] = {int(k): tuple(v) for k, v in data["watch"].items()}
-        return cls(**d)
+        return load(cls, data)

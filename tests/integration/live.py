@@ -18,6 +18,7 @@ from testbed.base.ledger import Ledger
 from testbed.fabric.queues import egress_stats
 from testbed.run.runplan import decide
 from testbed.base.topology import FabricPlan
+from traffic.contract import FlowConfig
 
 # Integration tests run at the reference rate their figures were set for, not at the rate this
 # machine's calibration would choose (test_timescale.py covers auto).
@@ -36,19 +37,17 @@ class Live:
     def host(self, name):
         return self.plan.host(name)
 
-    def _start(self, host, mode, cfg, held=False):
+    def _start(self, host, mode, fields, held=False):
         self.count += 1
         path = os.path.join(self.tmp, f"{mode}-{host}-{self.count}.json")
-        cfg = dict(cfg, out=path + ".out")
-        if held:
-            cfg["start"] = "stdin"
+        cfg = FlowConfig(out=path + ".out", start="stdin" if held else "", **fields)
         with open(path, "w") as f:
-            json.dump(cfg, f)
+            json.dump(cfg.to_dict(), f)
         proc = self.session.fabric.host(host).popen(
             [sys.executable, "-m", "traffic.flows", mode, path], stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, stdin=subprocess.PIPE if held else None)
         self.ledger.add_pid(proc.pid)
-        flow = Flow(proc, cfg["out"])
+        flow = Flow(proc, cfg.out)
         if held or mode == "recv":
             flow.ready()
         return flow

@@ -1,7 +1,8 @@
 import pytest
 
 from controllers.classes import (CreditRule, EcnRule, PfcRule, TrafficClass, class_dscps,
-                                 class_from_dict, class_to_dict, default_class)
+                                 default_class)
+from testbed.base.contract import dump, load
 
 
 def test_step_marking():
@@ -20,9 +21,9 @@ def test_red_marking_is_linear_between_kmin_and_kmax():
 def test_classes_round_trip_and_one_default():
     c = TrafficClass("roce", 1, 1, (26,), 1000, ecn=EcnRule("red", 1, 2, 0.5),
                      pfc=PfcRule(10, 5))
-    assert class_from_dict(class_to_dict(c)) == c and c.minor == 0x11 and c.lossless
+    assert load(TrafficClass, dump(c)) == c and c.minor == 0x11 and c.lossless
     ib = TrafficClass("roce", 1, 1, (26,), 1000, credit=CreditRule(800, 1000))
-    assert class_from_dict(class_to_dict(ib)) == ib and ib.lossless and ib.flow_control.limit
+    assert load(TrafficClass, dump(ib)) == ib and ib.lossless and ib.flow_control.limit
     other = TrafficClass("other", 2, 2, (), 10)
     assert default_class((c, other)) is other
     with pytest.raises(ValueError):

@@ -7,6 +7,7 @@ import pytest
 
 from controllers.contract import ControllerConfig
 from controllers.policy import make_policy, policy_names
+from testbed.base.contract import ContractError, dump, load
 from testbed.run.agent_processes import agent_configs
 from testbed.scenario.config import Scenario
 from testbed.base.topology import FabricPlan
@@ -53,9 +54,9 @@ def test_a_config_with_a_key_the_contract_does_not_have_is_refused():
     wire = over_the_wire(agent_configs(decided("hyperscale", PLAN, s), "/x")[0]
                          .to_dict())
     GpuConfig.from_dict(wire)
-    with pytest.raises(TypeError, match="unknown keys"):
+    with pytest.raises(ContractError, match="GpuConfig.colour: unknown key"):
         GpuConfig.from_dict(dict(wire, colour="red"))
-    with pytest.raises(TypeError):
+    with pytest.raises(ContractError, match="transport"):
         GpuConfig.from_dict({k: v for k, v in wire.items() if k != "transport"})
 
 
@@ -74,5 +75,43 @@ def test_the_emulator_reads_back_its_config():
     again = EmulatorConfig.from_dict(over_the_wire(cfg.to_dict()))
     assert again.plan.to_dict() == cfg.plan.to_dict()
     assert dataclasses.replace(again, plan=cfg.plan) == cfg
-    with pytest.raises(TypeError, match="unknown keys"):
+    with pytest.raises(ContractError, match="EmulatorConfig.interval_ms: unknown key"):
         EmulatorConfig.from_dict(dict(cfg.to_dict(), interval_ms=1))
+
+
+def test_every_process_contract_refuses_a_key_it_does_not_declare_by_its_path():
+    """One mechanism (testbed.base.contract): the controller's config refuses an unknown key
+    too (it used to drop it), down to nested sections."""
+    policy = make_policy("lossless", PLAN, Scenario.from_dict({}).for_checks())
+    wire = over_the_wire(ControllerConfig.of(policy).to_dict())
+    with pytest.raises(ContractError, match="ControllerConfig.colour: unknown key"):
+        ControllerConfig.from_dict(dict(wire, colour="red"))
+    with pytest.raises(ContractError, match=r"ControllerConfig.context.mtus: unknown key"):
+        ControllerConfig.from_dict(dict(wire, context=dict(wire["context"], mtus=1)))
+    with pytest.raises(ContractError, match=r"ControllerConfig.context: must be a mapping"):
+        ControllerConfig.from_dict(dict(wire, context=[1]))
+
+
+def test_the_contract_loader_turns_json_back_into_types():
+    from typing import Dict, Optional, Tuple
+
+    @dataclasses.dataclass(frozen=True)
+    class Inner:
+        n: int
+        tags: Tuple[str, ...] = ()
+
+    @dataclasses.dataclass(frozen=True)
+    class Outer:
+        by_dpid: Dict[int, Tuple[int, ...]]
+        inner: Optional[Inner] = None
+        plan: Optional[FabricPlan] = None
+
+    value = Outer({3: (1, 2)}, Inner(1, ("a",)), PLAN)
+    again = load(Outer, json.loads(json.dumps(dump(value))))
+    assert again.by_dpid == {3: (1, 2)} and again.inner == value.inner
+    assert again.plan.to_dict() == PLAN.to_dict()
+    assert load(Outer, {"by_dpid": {}}).inner is None
+    with pytest.raises(ContractError, match=r"Outer.inner.m: unknown key"):
+        load(Outer, {"by_dpid": {}, "inner": {"n": 1, "m": 2}})
+    with pytest.raises(ContractError, match=r"Outer.by_dpid.3: must be a list"):
+        load(Outer, {"by_dpid": {"3": 4}})
