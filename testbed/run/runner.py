@@ -19,7 +19,7 @@ import secrets
 import shutil
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
 
 from controllers.policy import make_policy, policy_names
@@ -45,7 +45,7 @@ from ..results.latency import expected_latency_us, latency_parts
 from ..results.model import PolicyResult
 from ..scenario import capacity, timescale
 from ..scenario.config import Scenario
-from ..switchq.handle import EmulatorProcess, merge_reports
+from ..switchq.handle import EmulatorProcess, Emulators
 from . import calibrate, cost
 from .agent_processes import AgentGroup, expected_duration_s, finish_timeout_s
 from .background import Background, background_plan
@@ -213,24 +213,7 @@ def run(scenario: Scenario, out_root: str = "results", progress: Say = lambda s:
                                         "servers"]))
             results["cpu_wakeup"] = wakeup
             progress(wakeup_text(wakeup))
-            while True:
-                for i, name in enumerate(scenario.policies, 1):
-                    say = _prefixed(progress, f"[{name} {i}/{len(scenario.policies)}]")
-                    result = run_policy(decide(name, plan, scenario, caps), caps, run_dir,
-                                        ledger, say, results)
-                    results["policies"][name] = result.to_json()
-                    write_json_atomic(path, results)
-                    breakdown.write(run_dir, {n: p["operations"]
-                                              for n, p in results["policies"].items()})
-                again = run_again(asked, scenario, choice, results, run_dir, progress)
-                if again is None:
-                    break
-                scenario, choice = again
-                results.update({"scenario": scenario.to_dict(), "policies": {},
-                                "time_scale": round(scenario.time_scale, 1),
-                                "time_scale_choice": choice.to_dict(),
-                                "time_scale_not_scaled": _say_unscaled(scenario, progress)})
-                write_json_atomic(path, results)
+            _attempts(asked, scenario, choice, plan, caps, run_dir, ledger, results, progress)
         results["status"] = "complete"
     except KeyboardInterrupt:
         results["status"] = "incomplete"
@@ -267,6 +250,41 @@ def _say_unscaled(scenario: Scenario, progress: Say) -> List[str]:
     for note in notes:
         progress(f"not scaled: {note}")
     return notes
+
+
+def _attempts(asked: Scenario, scenario: Scenario, choice: Optional[timescale.Choice],
+              plan: FabricPlan, caps: Capabilities, run_dir: str, ledger: Ledger,
+              results: dict, progress: Say) -> None:
+    """Every policy at the chosen rate (``_policies``); while the fidelity monitor rejects
+    some and ``auto`` may go slower, the attempt is set aside and every policy runs again."""
+    while True:
+        _policies(scenario, plan, caps, run_dir, ledger, results, progress)
+        again = run_again(asked, scenario, choice, results, run_dir, progress)
+        if again is None:
+            return
+        scenario, choice = again
+        results.update({"scenario": scenario.to_dict(), "policies": {},
+                        "time_scale": round(scenario.time_scale, 1),
+                        "time_scale_choice": choice.to_dict(),
+                        "time_scale_not_scaled": _say_unscaled(scenario, progress)})
+        write_json_atomic(os.path.join(run_dir, "results.json"), results)
+
+
+def _policies(scenario: Scenario, plan: FabricPlan, caps: Capabilities, run_dir: str,
+              ledger: Ledger, results: dict, progress: Say) -> None:
+    """Each policy of one attempt on a fresh fabric; results.json and operations.csv are
+    written after each, so an interrupted run keeps what finished."""
+    path = os.path.join(run_dir, "results.json")
+    for i, name in enumerate(scenario.policies, 1):
+        say = _prefixed(progress, f"[{name} {i}/{len(scenario.policies)}]")
+        result, notes = run_policy(decide(name, plan, scenario, caps), caps, run_dir, ledger,
+                                   say)
+        results.setdefault("link_emulation", notes["link_emulation"])  # the first fabric's
+        if "cluster" in notes:
+            results["cluster"] = notes["cluster"]
+        results["policies"][name] = result.to_json()
+        write_json_atomic(path, results)
+        breakdown.write(run_dir, {n: p["operations"] for n, p in results["policies"].items()})
 
 
 def run_again(asked_scenario: Scenario, scenario: Scenario,
@@ -441,135 +459,171 @@ def queue_emulation(run: PolicyRun, session: Session, run_dir: str, ledger: Ledg
             report.update(emu.stop() or {})
 
 
-class Emulators:
-    """The queue emulators of a fabric: one, or one per server of a split fabric."""
+@dataclass
+class Replay:
+    """What the traffic phase leaves for the figures: CPU snapshots around it, the machine's
+    CPU samples while it ran, and what the side traffic and tools reported."""
 
-    def __init__(self, procs: List[EmulatorProcess]):
-        self.procs = procs
+    before: cost.Snapshot
+    started: Optional[cost.Snapshot] = None
+    finished: Optional[cost.Snapshot] = None
+    cpu_samples: List[float] = field(default_factory=list)
+    in_flight: int = 0  # frames still queued in the fabric when the agents stopped
+    background: dict = field(default_factory=dict)
+    pcaps: Optional[dict] = None
+    rxe: Optional[dict] = None
 
-    def start(self) -> None:
-        for p in self.procs:
-            p.start()
 
-    def check_alive(self) -> None:
-        for p in self.procs:
-            p.check_alive()
+@dataclass
+class FabricEnd:
+    """The fabric's own counters, read before it is torn down."""
 
-    def describe(self) -> str:
-        p = self.procs[0]
-        if p.acting:
-            return (f"switch-queue emulator sampling every {p.interval_us:,} us "
-                    f"(class {', '.join(p.acting)} acts on samples)")
-        return (f"switch-queue emulator sampling every {p.interval_us:,} us (nothing acts on "
-                "samples: the queue timeline only)")
+    stats: dict  # per switch port: egress counters (testbed.fabric.queues)
+    losses: dict  # per lossy link end: frames it dropped
+    hop_delays: dict  # the path delay per port kind as applied
 
-    def local_pids(self) -> List[int]:
-        """The emulators running on this machine (for the cost meter)."""
-        return [p.proc.pid for p in self.procs if p.proc is not None and p.server == "localhost"]
 
-    def stop(self) -> dict:
-        return merge_reports([p.stop() or {} for p in self.procs])
+class _Once:
+    """A stop that runs once: in the flow where its result is wanted, or at exit (shielded)
+    after an error, whichever comes first."""
+
+    def __init__(self, stop):
+        self.stop, self.done, self.result = stop, False, None
+
+    def __call__(self):
+        if not self.done:
+            self.done = True
+            with shielded():
+                self.result = self.stop()
+        return self.result
 
 
 def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
-               say: Say, results: dict) -> PolicyResult:
-    """One policy's run: its fabric up, the collective replayed, the figures gathered (every
-    one declared: ``PolicyResult`` refuses a figure testbed/results/model.py does not
-    know)."""
-    policy, scenario, plan, name = run.policy, run.scenario, run.plan, run.name
-    records = os.path.join(run_dir, "records", name)
+               say: Say) -> Tuple[PolicyResult, dict]:
+    """One policy's run, in phases: the fabric up (``fabric_up``) and what it says of itself
+    (``_fabric_notes``); the traffic replayed beside the queue emulator (``_replay``); the
+    fabric's counters read and the fabric torn down; the figures (``_figures``: every one
+    declared - ``PolicyResult`` refuses a figure testbed/results/model.py does not know).
+    Returns the figures and the run-wide notes of its fabric (link emulation, cluster)."""
     t0 = time.monotonic()
-    cpu = CpuSampler()
-    background_report: dict = {}
-    pcaps = rxe_report = None
-    in_flight = 0  # frames still queued in the fabric when the agents stopped
+    records = os.path.join(run_dir, "records", run.name)
     with fabric_up(run, caps, run_dir, ledger, say) as session:
-        results.setdefault("link_emulation", session.fabric.applied())
-        if not caps.nic_in_c:
-            session.warnings.append(
-                "the GPU agents' C extension (traffic/_nicio.c) is not built: they handle "
-                "packets in Python at a few times the CPU per packet (run scripts/install.sh)")
-        split = session.fabric.cluster_report()
-        if split:
-            results["cluster"] = split
-            worst = max(abs(c["offset_us"]) + c["uncertainty_us"]
-                        for c in split["clock_offsets"].values())
-            say(f"split over {len(split['servers'])} servers, "
-                f"{len(split['cross_links'])} cross-server links; clocks within {worst:g} us")
-            # measured apart beyond what the exchange can resolve
-            if any(abs(c["offset_us"]) - c["uncertainty_us"] > CLOCK_WARN_US
-                   for c in split["clock_offsets"].values()):
-                session.warnings.append(
-                    f"the servers' clocks differ by up to {worst:g} us: one-way latency of "
-                    "packets between servers includes that offset (synchronise them with "
-                    "PTP or chrony); same-server latencies are unaffected")
+        notes = _fabric_notes(session, caps, say)
         with rxe_attached(run, session, caps, run_dir, ledger, say) as rxe, \
                 queue_emulation(run, session, run_dir, ledger) as (emu, queues):
             say(emu.describe())
-
-            def alive():
-                session.controller.check_alive()
-                emu.check_alive()
-
-            agents = AgentGroup(session.fabric, run, records, run_dir, ledger, name)
-            capture = (PacketCapture(session.fabric, plan, scenario.measurement,
-                                     os.path.join(run_dir, "pcap", name), ledger)
-                       if scenario.measurement.pcap else None)
-            background = Background(session.fabric, plan, scenario, policy,
-                                    os.path.join(run_dir, "background", name), ledger)
-            expected = expected_duration_s(scenario, run.job)
-
-            def snapshot() -> cost.Snapshot:
-                return cost.Snapshot.take({
-                    "agents": agents.pids(), "open_vswitch": cost.ovs_pids(),
-                    "switch_queue_emulator": emu.local_pids(),
-                    "controller": session.controller.pids(), "runner": [os.getpid()]})
-            try:
-                before = snapshot()
-                agents.start()
-                started = snapshot()
-                if not background.empty:
-                    background.start_receivers()
-                    background.start_senders(30 + 10 * expected)
-                    say(f"background traffic: {background.describe()}")
-                if capture:
-                    capture.start()
-                    say(f"capturing on {len(capture.procs)} GPU NICs into pcap/{name}/")
-                say(f"replaying {_workload_text(scenario, len(plan.gpus), run.job)} "
-                    f"(about {expected:.1f} s at line rate)")
-                if run.job is not None and run.job.warning:
-                    say(f"warning: {run.job.warning}")
-                start_ns = agents.go()
-                if not background.empty:
-                    background.go(start_ns)
-                t_traffic = time.monotonic()
-                total = agents.iterations
-                with cpu:  # while the traffic runs
-                    agents.wait_finished(timeout=finish_timeout_s(run),
-                                         on_iteration=lambda i: say(
-                                             f"iteration {i + 1}/{total} "
-                                             f"({time.monotonic() - t_traffic:.1f} s)"),
-                                         alive=alive)
-                finished = snapshot()
-                if not background.empty:
-                    with shielded():
-                        background_report = background.stop()
-                in_flight = queued_frames(drain(session.fabric, DRAIN_LIMIT_S, say))
-                agents.collect()
-                if rxe:
-                    rxe_report = rxe.run(say)
-            finally:
-                if not background.empty:
-                    with shielded():
-                        background_report = background.stop()
-                if capture:
-                    with shielded():
-                        pcaps = capture.stop()
-                _shielded_call(agents.stop)
-        stats = egress_stats(session.fabric)
-        losses = session.fabric.link_losses()
-        hop_delays = session.fabric.hop_delays()
+            replay = _replay(run, session, emu, rxe, records, run_dir, ledger, say)
+        end = FabricEnd(egress_stats(session.fabric), session.fabric.link_losses(),
+                        session.fabric.hop_delays())
         say("tearing down the fabric")
+    figures = _figures(run, records, run_dir, replay, end, queues, session.warnings,
+                       time.monotonic() - t0)
+    say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "
+        f"received, {figures['drops']:,} dropped, {_count(figures['ecn_marked_packets'])} "
+        f"ECN-marked, " + (f"{_count(figures['credit_waits'])} credit waits"
+                           if figures["credit_waits"] is not None else
+                           f"{_count(figures['pfc_pause_events'])} PFC pauses")
+        + f"; fidelity {figures['fidelity']['verdict']}")
+    return PolicyResult.from_json(figures, f"policies.{run.name}", strict=True,
+                                  name=run.name), notes
+
+
+def _fabric_notes(session: "Session", caps: Capabilities, say: Say) -> dict:
+    """What a fabric says of itself for the whole run (how links are emulated; a split
+    fabric's servers and clocks), and warnings into the session's."""
+    notes = {"link_emulation": session.fabric.applied()}
+    if not caps.nic_in_c:
+        session.warnings.append(
+            "the GPU agents' C extension (traffic/_nicio.c) is not built: they handle "
+            "packets in Python at a few times the CPU per packet (run scripts/install.sh)")
+    split = session.fabric.cluster_report()
+    if split:
+        notes["cluster"] = split
+        worst = max(abs(c["offset_us"]) + c["uncertainty_us"]
+                    for c in split["clock_offsets"].values())
+        say(f"split over {len(split['servers'])} servers, "
+            f"{len(split['cross_links'])} cross-server links; clocks within {worst:g} us")
+        # measured apart beyond what the exchange can resolve
+        if any(abs(c["offset_us"]) - c["uncertainty_us"] > CLOCK_WARN_US
+               for c in split["clock_offsets"].values()):
+            session.warnings.append(
+                f"the servers' clocks differ by up to {worst:g} us: one-way latency of "
+                "packets between servers includes that offset (synchronise them with "
+                "PTP or chrony); same-server latencies are unaffected")
+    return notes
+
+
+def _replay(run: PolicyRun, session: "Session", emu, rxe, records: str, run_dir: str,
+            ledger: Ledger, say: Say) -> Replay:
+    """The agents, background traffic and packet capture, each stopped on one ExitStack
+    whatever happens; the traffic from go to the last GPU's finish, the frames left in the
+    fabric drained, the agents' records collected, then rxe's perftest if asked."""
+    scenario, plan, name = run.scenario, run.plan, run.name
+    agents = AgentGroup(session.fabric, run, records, run_dir, ledger, name)
+    background = Background(session.fabric, plan, scenario, run.policy,
+                            os.path.join(run_dir, "background", name), ledger)
+    capture = (PacketCapture(session.fabric, plan, scenario.measurement,
+                             os.path.join(run_dir, "pcap", name), ledger)
+               if scenario.measurement.pcap else None)
+    expected = expected_duration_s(scenario, run.job)
+
+    def snapshot() -> cost.Snapshot:
+        return cost.Snapshot.take({
+            "agents": agents.pids(), "open_vswitch": cost.ovs_pids(),
+            "switch_queue_emulator": emu.local_pids(),
+            "controller": session.controller.pids(), "runner": [os.getpid()]})
+
+    def alive():
+        session.controller.check_alive()
+        emu.check_alive()
+
+    replay = Replay(before=snapshot())
+    with contextlib.ExitStack() as stack:
+        stack.callback(_shielded_call, agents.stop)
+        agents.start()
+        replay.started = snapshot()
+        stop_capture = _Once(capture.stop if capture else lambda: None)
+        stack.callback(stop_capture)
+        stop_background = _Once(background.stop if not background.empty else dict)
+        stack.callback(stop_background)
+        if not background.empty:
+            background.start_receivers()
+            background.start_senders(30 + 10 * expected)
+            say(f"background traffic: {background.describe()}")
+        if capture:
+            capture.start()
+            say(f"capturing on {len(capture.procs)} GPU NICs into pcap/{name}/")
+        say(f"replaying {_workload_text(scenario, len(plan.gpus), run.job)} "
+            f"(about {expected:.1f} s at line rate)")
+        if run.job is not None and run.job.warning:
+            say(f"warning: {run.job.warning}")
+        start_ns = agents.go()
+        if not background.empty:
+            background.go(start_ns)
+        t_traffic = time.monotonic()
+        total = agents.iterations
+        with CpuSampler() as cpu:  # while the traffic runs
+            agents.wait_finished(timeout=finish_timeout_s(run),
+                                 on_iteration=lambda i: say(
+                                     f"iteration {i + 1}/{total} "
+                                     f"({time.monotonic() - t_traffic:.1f} s)"),
+                                 alive=alive)
+        replay.cpu_samples = cpu.samples
+        replay.finished = snapshot()
+        replay.background = stop_background() or {}
+        replay.in_flight = queued_frames(drain(session.fabric, DRAIN_LIMIT_S, say))
+        agents.collect()
+        if rxe:
+            replay.rxe = rxe.run(say)
+        replay.pcaps = stop_capture()
+    return replay
+
+
+def _figures(run: PolicyRun, records: str, run_dir: str, replay: Replay, end: FabricEnd,
+             queues: dict, warnings: List[str], duration_s: float) -> dict:
+    """Every figure of one policy's run, from the agents' records, what the traffic phase
+    and the fabric reported, and the queue emulator's report (``queues``)."""
+    policy, scenario, plan, name = run.policy, run.scenario, run.plan, run.name
     where, classes, cc = run.placement, run.classes, run.congestion_control
     ctx = RunContext(ranks=len(plan.gpus), workloads=() if run.job else run.workloads,
                      time_scale=run.time_scale,
@@ -580,21 +634,24 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
                                            cnp=cc == "dcqcn"),
                      job=run.job, gpus_per_server=plan.gpus_per_server)
     figures, packets = collect(records, ctx)
+    warnings = list(warnings)
     try:
         trace.write(os.path.join(run_dir, f"timeline-{name}.json"),
                     timeline(records, ctx, sorted(glob.glob(os.path.join(
                         run_dir, f"switchq-{name}*.timeline.csv")))))
     except Exception as e:  # never let the trace, drawn from the records, cost the figures
         LOG.warning("timeline-%s.json was not written: %s", name, e)
-        session.warnings.append(f"timeline-{name}.json was not written: {e}")
+        warnings.append(f"timeline-{name}.json was not written: {e}")
     figures["emulation_cost"] = dict(
-        cost.cost_report(before, finished, figures["packets_received"], os.cpu_count() or 1),
-        agents_start_cpu_s=round(cost.breakdown(before, started)["agents"], 3))
+        cost.cost_report(replay.before, replay.finished, figures["packets_received"],
+                         os.cpu_count() or 1),
+        agents_start_cpu_s=round(cost.breakdown(replay.before, replay.started)["agents"], 3))
     if where:  # cross-server latency depends on the servers' clocks: never mixed silently
         figures["latency_us_by_path"] = latency_by_path(packets, plan, where)
-    incast = (background_report or {}).get("incast")
+    incast = replay.background.get("incast")
     if incast and incast["target"] in figures["per_gpu"]:
         incast["packets_received"] = figures["per_gpu"][incast["target"]]["rx_foreign_qp"]
+    stats, losses = end.stats, end.losses
     switch_drops, nic_drops, per_port = queue_drops(plan, stats)
     nic_pauses = queues.pop("gpu_pauses_ns", {})  # for the monitor, not for results.json
     pfc, credit = ctx.mechanisms.pfc, ctx.mechanisms.credit
@@ -610,10 +667,10 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
         "drops_by_port": per_port,
         "link_losses": sum(sum(v.values()) for v in losses.values()) if losses else None,
         "link_losses_by_port": losses or None,
-        "queued_at_end": in_flight,
+        "queued_at_end": replay.in_flight,
         "unexplained_drops": max(0, figures["drops"] - switch_drops - nic_drops
                                  - sum(v["data"] for v in losses.values())
-                                 - figures["rx_socket_drops"] - in_flight),
+                                 - figures["rx_socket_drops"] - replay.in_flight),
         "spine_load_packets": spine_load(plan, stats),
         "pfc_pause_events": queues.get("pfc_pause_events", 0) if pfc else None,
         "pfc_paused_ms": queues.get("pfc_paused_ms", 0.0) if pfc else None,
@@ -625,11 +682,11 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
         "red_marked_by_port": ({k: v["marked"] for k, v in sorted(stats.items()) if v["marked"]}
                                if run.marking == "red" else None),
         "reaction_time_us": scenario.sample_interval_us,
-        "background": background_report or None,
-        "pcap": pcaps,
-        "rxe": rxe_report,
-        "warnings": session.warnings + rxe_warnings(rxe_report),
-        "duration_s": round(time.monotonic() - t0, 2),
+        "background": replay.background or None,
+        "pcap": replay.pcaps,
+        "rxe": replay.rxe,
+        "warnings": warnings + rxe_warnings(replay.rxe),
+        "duration_s": round(duration_s, 2),
     })
     rate = scenario.topology.host_rate_mbit
     expected = expected_latency_us(packets, plan, run.path_delay, rate)
@@ -637,16 +694,12 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
     figures.update(latency_parts(packets, plan, run.path_delay, expected, minima,
                                  scenario.workload.mtu, rate))
     figures["modelled"] = modelled(figures, ctx.time_scale)
-    figures["per_hop_latency"] = dict(hop_delays, measured_min_us=figures["latency_floor_us"])
+    figures["per_hop_latency"] = dict(end.hop_delays,
+                                      measured_min_us=figures["latency_floor_us"])
     figures["fidelity"] = evaluate(records, plan, figures, minima,
-                                   packets.path_minima_us(expected), cpu.samples, scenario,
-                                   nic_pauses)
-    say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "
-        f"received, {figures['drops']:,} dropped, {_count(figures['ecn_marked_packets'])} "
-        f"ECN-marked, " + (f"{_count(figures['credit_waits'])} credit waits" if credit else
-                           f"{_count(figures['pfc_pause_events'])} PFC pauses")
-        + f"; fidelity {figures['fidelity']['verdict']}")
-    return PolicyResult.from_json(figures, f"policies.{name}", strict=True, name=name)
+                                   packets.path_minima_us(expected), replay.cpu_samples,
+                                   scenario, nic_pauses)
+    return figures
 
 
 def _count(value) -> str:

@@ -164,3 +164,33 @@ class EmulatorProcess:
                 return json.load(f)
         except (OSError, ValueError):
             return None
+
+
+class Emulators:
+    """The queue emulators of a fabric: one, or one per server of a split fabric."""
+
+    def __init__(self, procs: List[EmulatorProcess]):
+        self.procs = procs
+
+    def start(self) -> None:
+        for p in self.procs:
+            p.start()
+
+    def check_alive(self) -> None:
+        for p in self.procs:
+            p.check_alive()
+
+    def describe(self) -> str:
+        p = self.procs[0]
+        if p.acting:
+            return (f"switch-queue emulator sampling every {p.interval_us:,} us "
+                    f"(class {', '.join(p.acting)} acts on samples)")
+        return (f"switch-queue emulator sampling every {p.interval_us:,} us (nothing acts on "
+                "samples: the queue timeline only)")
+
+    def local_pids(self) -> List[int]:
+        """The emulators running on this machine (for the cost meter)."""
+        return [p.proc.pid for p in self.procs if p.proc is not None and p.server == "localhost"]
+
+    def stop(self) -> dict:
+        return merge_reports([p.stop() or {} for p in self.procs])
