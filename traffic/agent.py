@@ -271,8 +271,8 @@ def on_time() -> str:
     EEVDF may let the running task finish its own (oversubscribed, two interleaved runs:
     timer lag p95 316 -> 126-251 us). Not real-time: the agents as SCHED_FIFO woke on time
     but starved the forwarding when the CPUs were saturated (docs/emulation-cost.md,
-    "Scheduling"). Returns what it got, for the results; without it the fidelity monitor
-    shows the lag."""
+    "Scheduling and the host's own noise"). Returns what it got, for the results; without
+    it the fidelity monitor shows the lag."""
     return react_first(AGENT_NICE) or "normal"
 
 

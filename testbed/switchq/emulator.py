@@ -14,8 +14,8 @@ reads the backlog of every traffic-class buffer of every switch port (one netlin
   they wait while it has less room than they can still send, through the same gates. Each
   such class is a lane with state of its own: a held data lane never holds the CNP lane. A
   pause closes the fed queue's gate of that class (a tbf, see ``testbed.fabric.shaping``)
-  with a prebuilt netlink message, in the root namespace for switch ports and in the GPU's namespace for
-  NICs. After a resume the interface is sent one small frame (EtherType 0x88B5, local
+  with a prebuilt netlink message, in the root namespace for switch ports and in the GPU's
+  namespace for NICs. After a resume the interface is sent one small frame (EtherType 0x88B5, local
   experimental; a filter puts it in the highest-priority class and every policy drops it at
   the next switch): changing a tbf does not reschedule the device, and HTB would otherwise
   look at the reopened class only when its own timer fires - up to a second later (measured).
@@ -501,9 +501,9 @@ def ahead_of_traffic() -> str:
     """Real switches react in hardware: the emulator samples on time, ahead of the traffic.
     Real-time (SCHED_FIFO, the lowest priority): as a fair-class task, even at nice -20, a
     sample due while an agent or ovs-vswitchd runs waits out their scheduler slice, up to
-    3-5 ms (docs/emulation-cost.md, "Scheduling"); a sample is short and the loop sleeps at
-    least as long as one usually takes, so it never holds a CPU. Without the privilege:
-    nice -10 and a short slice. Returns what it got."""
+    3-5 ms (docs/emulation-cost.md, "Scheduling and the host's own noise"); a sample is
+    short and the loop sleeps at least as long as one usually takes, so it never holds a CPU.
+    Without the privilege: nice -10 and a short slice. Returns what it got."""
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
         return "SCHED_FIFO 1"
