@@ -188,9 +188,13 @@ def test_two_jobs_share_the_fabric_each_on_its_own_gpus(tmp_path):
 
 def _on_rail_servers(tmp_path, **workload):
     """A collective on 4 rail-optimized servers of 2 under hyperscale: its figures (checked
-    faithful, every byte delivered) and every packet that crossed the fabric."""
+    faithful, every byte delivered) and every packet that crossed the fabric. At 20 Mbit/s:
+    what is checked (bytes, rails) does not depend on the rate, and at the reference 40 the
+    PXN all-to-all keeps the CPUs 68-79% busy here (three 100 ms samples of traffic), over
+    90% on a loaded CI machine."""
     _, results, run_dir = run(tmp_path, ["hyperscale"], workload=dict(workload, iterations=2),
-                              topology={"gpus_per_server": 2, "layout": "rail-optimized"})
+                              topology={"gpus_per_server": 2, "layout": "rail-optimized",
+                                        "host_rate_mbit": 20})
     p = results["policies"]["hyperscale"]
     (c,) = p["collectives"]
     _faithful(p)
