@@ -145,6 +145,8 @@ class Emulator:
         self.pause_msgs: Dict[Tuple[int, Queue], Tuple[socket.socket, bytes, bytes]] = {}
         self.kick_socks: Dict[Queue, socket.socket] = {}
         self.host_socks: Dict[str, tuple] = {}  # GPU -> ((netlink socket, its indexes), kick)
+        self.root_sock: Optional[tuple] = None  # (netlink socket, indexes) of this namespace
+        self.root_kick: Optional[socket.socket] = None
         self.last_load: Dict[int, Dict[int, int]] = {}
         self.last_load_ns = 0
         self.quiet = False  # the last sample found every acting queue far below its thresholds
@@ -208,7 +210,7 @@ class Emulator:
     def _prepare_pauses(self, lane: TrafficClass) -> None:
         """Prebuild the pause and resume message of every queue ``lane``'s flow control may
         hold (its gate of that class); the sockets are shared by the lanes."""
-        if not self.host_socks:  # the first lane: this namespace's sockets
+        if self.root_sock is None:  # the first lane: this namespace's sockets
             root = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
             root.bind((0, 0))
             self.root_sock = (root, {name: idx for idx, name in socket.if_nameindex()})
