@@ -289,8 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a built-in scenario (python -m testbed scenarios) or a YAML file "
                         "(keys: scenarios --reference); default: the default scenario, a "
                         "training job (the ring with --collective or --sizes)")
-    r.add_argument("--policy", help=f"comma-separated policies, or all (default: all: "
-                                    f"{', '.join(ALL_POLICIES)})")
+    r.add_argument("--policy", help=f"comma-separated policies or the scenario's variant "
+                                    f"labels, or all ({', '.join(ALL_POLICIES)}); default: "
+                                    f"the scenario's")
     r.add_argument("--iterations", type=int,
                    help="training iterations to replay (at each size; default: the "
                         "scenario's)")
