@@ -1,13 +1,14 @@
 """What the runner tells the controller process: the policy, the fabric it programs, the
 policy's parameters and the emulation's context. A frozen dataclass, JSON on the wire (the
-policy file; ``testbed.base.contract``: an unknown key is refused); built from the configured policy in the runner
-(``testbed.run.controller_process``), read by the os-ken app (``controllers.app``)."""
+policy file; ``testbed.base.contract``: an unknown key is refused); built from the
+configured policy in the runner (``testbed.run.controller_process``), read by the os-ken app
+(``controllers.app``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Dict
 
-from testbed.base.contract import dump, load
+from testbed.base.contract import Contract
 from testbed.base.topology import FabricPlan
 
 from .params import resolve
@@ -15,7 +16,7 @@ from .policy import FabricContext, Policy, policy_class
 
 
 @dataclass(frozen=True)
-class ControllerConfig:
+class ControllerConfig(Contract):
     policy: str
     plan: FabricPlan
     params: Dict[str, Any]  # as resolved in the runner (defaults, scaling, overrides)
@@ -24,13 +25,6 @@ class ControllerConfig:
     @classmethod
     def of(cls, policy: Policy) -> "ControllerConfig":
         return cls(policy.name, policy.plan, policy.params_dict(), policy.context)
-
-    def to_dict(self) -> dict:
-        return dump(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "ControllerConfig":
-        return load(cls, data)
 
     def build(self) -> Policy:
         """The policy core the runner configured, again in this process."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
-from testbed.base.contract import dump, load
+from testbed.base.contract import Contract
 
 from .jobgraph import JobGraph
 
@@ -97,7 +97,7 @@ class Peer:
 
 
 @dataclass(frozen=True)
-class GpuConfig:
+class GpuConfig(Contract):
     rank: int
     host: str
     intf: str
@@ -120,29 +120,15 @@ class GpuConfig:
     server: Tuple[int, ...] = ()  # the ranks of its server (itself included), if more than one
     scale_up: Optional[ScaleUp] = None  # how they reach each other
 
-    def to_dict(self) -> dict:
-        return dump(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "GpuConfig":
-        return load(cls, data)
-
 
 @dataclass(frozen=True)
-class AgentConfig:
+class AgentConfig(Contract):
     """One agent process: its GPUs (one event loop serves them all), its records' folder and
     the job they replay instead of their collective workloads, if any. A server's GPUs are
     always in one process: their scale-up transfers are the loop's timers."""
     gpus: Tuple[GpuConfig, ...]
     out_dir: str
     job: Optional[Job] = None
-
-    def to_dict(self) -> dict:
-        return dump(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "AgentConfig":
-        return load(cls, data)
 
 
 # --- what the runner (and the mechanism tests) tell a flow process (traffic.flows) ----------
@@ -158,7 +144,7 @@ class Bursts:
 
 
 @dataclass(frozen=True)
-class FlowConfig:
+class FlowConfig(Contract):
     """One ``python -m traffic.flows send|recv`` process. A field left None takes its mode's
     default (RoCE sender: DSCP 26 with ECT(0), 4,096 B payloads back to back; UDP sender: DSCP
     0, 64 B every 1,000 us; receiver: 600 s)."""
@@ -183,10 +169,3 @@ class FlowConfig:
     rate_mbit: float = 0.0  # udp with duration_s: the rate
     start_ns: int = 0  # 0: now
     bursts: Optional[Bursts] = None
-
-    def to_dict(self) -> dict:
-        return dump(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "FlowConfig":
-        return load(cls, data)

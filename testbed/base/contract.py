@@ -5,7 +5,8 @@ the background flows - reads its configuration as JSON and builds it with ``load
 fields only (an unknown key is refused, with its path), nested dataclasses, ``Optional``,
 ``Tuple[X, ...]``, ``Dict[K, V]`` (JSON's string keys turned back into ``K``) and types that
 build themselves from a mapping (a ``from_dict`` classmethod, e.g. ``FabricPlan``). ``dump``
-turns a contract back into plain JSON values. Scenario files have their own, richer checks
+turns a contract back into plain JSON values; ``Contract`` gives a dataclass both as
+``to_dict`` / ``from_dict``. Scenario files have their own, richer checks
 (``testbed.base.schema``: ranges, choices, user-facing errors); this is for what one part of
 the testbed tells another.
 """
@@ -20,6 +21,18 @@ from .errors import TestbedError
 
 class ContractError(TestbedError):
     """A process was handed a configuration its contract does not declare."""
+
+
+class Contract:
+    """A process contract (a frozen dataclass): ``to_dict`` for the JSON file the runner
+    writes, ``from_dict`` for the process that reads it."""
+
+    def to_dict(self) -> dict:
+        return dump(self)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        return load(cls, data)
 
 
 def load(tp: Any, value: Any, path: str = "") -> Any:

@@ -9,12 +9,12 @@ from typing import Dict, Optional, Tuple
 
 from controllers.classes import TrafficClass
 
-from ..base.contract import dump, load
+from ..base.contract import Contract
 from ..base.topology import FabricPlan
 
 
 @dataclass(frozen=True)
-class EmulatorConfig:
+class EmulatorConfig(Contract):
     plan: FabricPlan
     classes: Tuple[TrafficClass, ...]
     interval_us: float  # the sample interval: the emulated reaction time
@@ -39,10 +39,3 @@ class EmulatorConfig:
     owner: Dict[str, str] = field(default_factory=dict)
     pfc_listen: str = ""
     pfc_peers: Dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return dump(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "EmulatorConfig":
-        return load(cls, data)

@@ -15,10 +15,11 @@ reads the backlog of every traffic-class buffer of every switch port (one netlin
   such class is a lane with state of its own: a held data lane never holds the CNP lane. A
   pause closes the fed queue's gate of that class (a tbf, see ``testbed.fabric.shaping``)
   with a prebuilt netlink message, in the root namespace for switch ports and in the GPU's
-  namespace for NICs. After a resume the interface is sent one small frame (EtherType 0x88B5, local
-  experimental; a filter puts it in the highest-priority class and every policy drops it at
-  the next switch): changing a tbf does not reschedule the device, and HTB would otherwise
-  look at the reopened class only when its own timer fires - up to a second later (measured).
+  namespace for NICs. After a resume the interface is sent one small frame (EtherType
+  0x88B5, local experimental; a filter puts it in the highest-priority class and every
+  policy drops it at the next switch): changing a tbf does not reschedule the device, and
+  HTB would otherwise look at the reopened class only when its own timer fires - up to a
+  second later (measured).
 * Load: for adaptive routing, the backlog of the watched ports goes to the controller when it
   changed by a frame or more.
 
@@ -492,9 +493,8 @@ class Emulator:
 def lane_report(lane: TrafficClass, state: PfcState) -> dict:
     """One lossless class's flow control over the run: what held its feeders, at what
     backlog, how often and how long (summed over the queues held)."""
-    rule = state.rule
-    return {"flow_control": rule.kind, "holds_above_bytes": rule.threshold,
-            "buffer_bytes": getattr(rule, "buffer", lane.buffer_bytes),
+    return {"flow_control": state.rule.kind, "holds_above_bytes": state.rule.threshold,
+            "buffer_bytes": lane.buffer_bytes,
             "holds": sum(state.pause_events.values()),
             "held_ms": round(sum(state.paused_ns.values()) / 1e6, 3)}
 
