@@ -123,14 +123,11 @@ def cmd_report(args) -> int:
 
 def cmd_validate(args) -> int:
     """Run the validation cases; non-zero unless every case passed, faithfully."""
-    from .results.report import table
     from .validate import cases, suite
 
     chosen = cases.by_name(args.case)
     outcomes, out_dir = suite.run_suite(chosen, args.quick, args.out, _progress(args.quiet))
-    print(table(["case", "verdict", "measured"],
-                [[o.case.name, o.status, o.verdict.measured if o.verdict else "-"]
-                 for o in outcomes]))
+    print(suite.summary(outcomes))
     print(f"\nvalidation: {os.path.join(out_dir, 'validation.md')}\n"
           f"report:     {os.path.join(out_dir, 'report.html')}")
     failed = [o for o in outcomes if o.status != suite.PASS]

@@ -12,6 +12,7 @@ import base64
 import datetime
 import json
 import os
+import textwrap
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -99,6 +100,19 @@ def rows(outcomes: List[Outcome]) -> List[List[str]]:
             (f" (tolerance: {c.tolerance})" if o.status == PASS else "")
         out.append([c.name, f"{c.published} ({c.citation})", c.predicts, measured, verdict])
     return out
+
+
+def summary(outcomes: List[Outcome], width: int = 100) -> str:
+    """The terminal's table: a line per case (name, verdict) and what was measured below it,
+    wrapped and indented."""
+    name_w = max([len(o.case.name) for o in outcomes] + [4])
+    lines = []
+    for o in outcomes:
+        lines.append(f"{o.case.name.ljust(name_w)}  {o.status}")
+        measured = o.verdict.measured if o.verdict else "-"
+        lines += textwrap.wrap(measured, width, initial_indent="    ",
+                               subsequent_indent="    ", break_on_hyphens=False)
+    return "\n".join(lines)
 
 
 def markdown(outcomes: List[Outcome], quick: bool) -> str:

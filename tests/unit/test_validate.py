@@ -104,6 +104,20 @@ def test_the_table_has_a_row_per_case_with_its_citation_and_verdict():
     assert '<table id="validation">' in page and "data:image/png;base64," in page
 
 
+def test_the_terminal_table_wraps_what_was_measured_under_each_case():
+    long = suite.Outcome(_outcome("dcqcn", suite.PASS).case,
+                         cases.Verdict("pauses 3,546 -> 109; " * 20, True, "", ()),
+                         suite.PASS, {})
+    text = suite.summary([_outcome("straggler", suite.PASS), long], width=80)
+    lines = text.splitlines()
+    assert lines[0].split() == ["straggler", "pass"]
+    assert lines[1] == "    measured text"
+    assert lines[2].split() == ["dcqcn", "pass"]
+    assert len(lines) > 5 and all(len(line) <= 80 for line in lines)
+    assert all(line.startswith("    ") and line[4] != " " for line in lines[3:])
+    assert " ".join(line.strip() for line in lines[3:]) == long.verdict.measured.strip()
+
+
 def test_a_failed_or_unfaithful_case_exits_non_zero_and_says_which_and_why(
         monkeypatch, tmp_path, capsys):
     outcomes = [_outcome("straggler", suite.PASS),
