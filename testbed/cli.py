@@ -153,7 +153,9 @@ def _names(text: str):
 
 def _servers(text: str):
     """The other servers of a --servers list (this machine left out)."""
-    return [s for s in _names(text) if s not in ("localhost", "127.0.0.1")]
+    from .fabric.placement import LOCAL
+
+    return [s for s in _names(text) if s not in (LOCAL, "127.0.0.1")]
 
 
 def cmd_check_servers(args) -> int:

@@ -20,9 +20,7 @@ from mininet.net import Mininet
 
 from ..base.errors import FabricError
 from ..base.ledger import OVS_TAG
-
-LOCAL = "localhost"
-
+from .placement import LOCAL
 
 class ClusterNet(MininetCluster):
     """MininetCluster without the controller-address rewrite: Cluster Edition moves a loopback
@@ -109,7 +107,7 @@ class Workspace:
     def dir(self, server: str) -> str:
         if server not in self.dirs:
             path = f"/var/tmp/ai-fabric-testbed-{self.run_id}-{len(self.dirs) + 1}"
-            self.run(server, f"mkdir -m 700 {path} {path}/records")
+            self.run(server, f"mkdir -m 700 {path}")
             self.dirs[server] = path
         return self.dirs[server]
 
@@ -131,13 +129,15 @@ class Workspace:
         """Copy the files matching ``pattern`` (on the server) into ``local_dir``."""
         self._scp(f"{self.user}@{server}:{pattern}", local_dir)
 
-    def remove(self) -> None:
-        for server, path in self.dirs.items():
-            try:
-                self.run(server, f"rm -rf {path}")
-            except (FabricError, subprocess.TimeoutExpired):
-                pass  # the server is gone: clean --servers removes it later
-        self.dirs = {}
+    def remove_one(self, server: str) -> None:
+        """Remove ``server``'s directory, if this run made one."""
+        path = self.dirs.pop(server, None)
+        if path is None:
+            return
+        try:
+            self.run(server, f"rm -rf {path}")
+        except (FabricError, subprocess.TimeoutExpired):
+            pass  # the server is gone: clean --servers removes it later
 
 
 def clock_offset(user: str, server: str, samples: int = 20) -> Dict[str, float]:
@@ -163,10 +163,6 @@ def clock_offset(user: str, server: str, samples: int = 20) -> Dict[str, float]:
         proc.stdin.close()
         proc.wait(timeout=10)
     return {"offset_us": round(best[1] / 1000, 1), "uncertainty_us": round(best[0] / 2000, 1)}
-
-
-def remote_servers(where: Dict[str, str]) -> List[str]:
-    return sorted({s for s in where.values() if s != LOCAL})
 
 
 class RemoteVXLANLink(RemoteLink):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -36,6 +35,8 @@ from ..base.topology import PREFIX_LEN, FabricPlan
 from ..scenario.config import TopologyConfig
 from .capabilities import Capabilities
 from .linkloss import LinkLoss
+from .placement import LOCAL, remote_servers
+from .servers import Server, servers_for
 from .shaping import Shape, has_delay_line, tc_commands
 
 if TYPE_CHECKING:  # the run's decisions, handed in (testbed.run.runplan)
@@ -118,7 +119,9 @@ class Fabric:
         self.where = run.placement  # split over servers (testbed.fabric.cluster)
         self.ssh_user = run.scenario.cluster.ssh_user
         self.tunnels: list = []
-        self.workspace = None  # testbed.fabric.cluster.Workspace when split
+        # this machine first, then the other servers of a split fabric (testbed.fabric.servers)
+        self.servers = servers_for([LOCAL] + remote_servers(self.where or {}), self.ssh_user,
+                                   ledger.private_dir, ledger.run_id)
         self.events_path = events_path  # the controller's event socket (queue emulators)
         self.cluster_link = run.scenario.cluster.link
         self.link_kind = ""
@@ -170,7 +173,7 @@ class Fabric:
         # chatter (router solicitations, MLD) off them, so every packet they carry was
         # forwarded by a switch.
         for sw in self._one_switch_per_server():
-            mine = [i.name for s in self.net.switches if self._server(s) == self._server(sw)
+            mine = [i.name for s in self.net.switches if server_name(s) == server_name(sw)
                     for i in s.intfList() if i.name != "lo"]
             _run(sw, "sysctl -qw " + " ".join(f"net.ipv6.conf.{name}.disable_ipv6=1"
                                               for name in mine))
@@ -183,21 +186,20 @@ class Fabric:
         to the controller first, then the nodes where ``self.where`` puts them."""
         from . import cluster
 
-        servers = [cluster.LOCAL] + cluster.remote_servers(self.where)
-        self.workspace = cluster.Workspace(self.ssh_user, self.ledger.run_id)
-        self.link_kind = self._link_kind(servers[1:])
+        here, others = self.servers[0], self.servers[1:]
+        self.link_kind = self._link_kind(others)
         # the kernel datapath only where every server has the openvswitch module
         self.cluster_datapath = "kernel" if self.caps.datapath == "kernel" and all(
-            self.workspace.run(s, "test -d /sys/module/openvswitch && echo yes || true")
-            .strip() == "yes" for s in servers[1:]) else "user"
-        for server in servers[1:]:
-            sockets = ({self.remote_events(server): self.events_path} if self.events_path
+            s.shell("test -d /sys/module/openvswitch && echo yes || true").strip() == "yes"
+            for s in others) else "user"
+        main_listen, _ = self.pfc_sockets(here)
+        for server in others:
+            sockets = ({self.events_socket(server): self.events_path} if self.events_path
                        else {})
-            main_listen, _ = self.pfc_sockets("localhost")
             remote_listen, remote_peers = self.pfc_sockets(server)
             sockets[remote_peers["*"]] = main_listen  # there -> the main emulator
             tunnel = cluster.ReverseTunnel(
-                self.ssh_user, server, self.controller_port, sockets,
+                self.ssh_user, server.name, self.controller_port, sockets,
                 local_sockets={self._pfc_forward(server): remote_listen})
             self.tunnels.append(tunnel)
             self.ledger.add_pid(tunnel.start())
@@ -207,7 +209,8 @@ class Fabric:
         os.environ["HOME"] = self.ledger.private_dir  # Cluster Edition's ssh sockets go here
         try:
             return cluster.ClusterNet(
-                topo=LeafSpineTopo(self.plan, self.where), servers=servers,
+                topo=LeafSpineTopo(self.plan, self.where),
+                servers=[s.name for s in self.servers],
                 user=self.ssh_user, precheck=False,
                 switch=partial(switch_cls, datapath=self.cluster_datapath,
                                protocols="OpenFlow13", failMode="secure"),
@@ -218,14 +221,14 @@ class Fabric:
             else:
                 os.environ["HOME"] = home
 
-    def _link_kind(self, remotes: List[str]) -> str:
+    def _link_kind(self, remotes: List[Server]) -> str:
         """``cluster.link``: vxlan where every server's kernel has it (auto), else ssh."""
         from . import cluster
 
         if self.cluster_link == "ssh":
             return "ssh"
         everywhere = cluster.has_vxlan() and all(
-            cluster.has_vxlan(lambda cmd, s=s: self.workspace.run(s, cmd)) for s in remotes)
+            cluster.has_vxlan(s.shell) for s in remotes)
         if everywhere:
             return "vxlan"
         if self.cluster_link == "vxlan":
@@ -233,14 +236,10 @@ class Fabric:
                                   "devices; use link: ssh (or auto)")
         return "ssh"
 
-    @staticmethod
-    def _server(node) -> str:
-        return getattr(node, "server", None) or "localhost"
-
     def _one_switch_per_server(self):
         seen = {}
         for sw in self.net.switches:
-            seen.setdefault(self._server(sw), sw)
+            seen.setdefault(server_name(sw), sw)
         return list(seen.values())
 
     def _configure_hosts(self) -> None:
@@ -384,8 +383,8 @@ class Fabric:
         from . import cluster
         from .placement import by_server, cross_links
 
-        servers = self.servers()
-        clocks = {s: cluster.clock_offset(self.ssh_user, s) for s in servers[1:]}
+        servers = [s.name for s in self.servers]
+        clocks = {s.name: s.clock() for s in self.servers[1:]}
         return {"servers": servers, "placement": by_server(self.where, servers),
                 "link": cluster.LINK_TEXT[self.link_kind],
                 "datapath": self.cluster_datapath,
@@ -395,52 +394,33 @@ class Fabric:
                                 "servers = receiver's clock - sender's clock",
                 "clock_offsets": clocks}
 
-    def pfc_sockets(self, server: str):
+    def pfc_sockets(self, server: Server):
         """(where ``server``'s queue emulator listens for PFC from the others, {server: path
-        it sends to}), paths as seen on ``server``; the ssh tunnels forward them."""
-        tag = f"pfc-{self.controller_port}"
-        main = os.path.join(self.ledger.private_dir, f"{tag}-main.sock")
-        if server == "localhost":
-            return main, {s: self._pfc_forward(s) for s in self.servers()[1:]}
-        return f"{self.workspace.dir(server)}/pfc.sock", {
-            "*": f"{self.workspace.dir(server)}/pfc-main.sock"}
+        it sends to}), paths as seen on ``server``. This machine is the hub: the ssh tunnels
+        forward each other server's sockets to and from its own."""
+        if server.local:
+            return (server.socket(f"pfc-{self.controller_port}-main"),
+                    {s.name: self._pfc_forward(s) for s in self.servers[1:]})
+        return server.socket("pfc"), {"*": server.socket("pfc-main")}
 
-    def _pfc_forward(self, server: str) -> str:
+    def _pfc_forward(self, server: Server) -> str:
         """This machine's end of the forward to ``server``'s emulator."""
-        index = self.servers().index(server)
-        return os.path.join(self.ledger.private_dir, f"pfc-{self.controller_port}-{index}.sock")
+        index = self.servers.index(server)
+        return self.servers[0].socket(f"pfc-{self.controller_port}-{index}")
 
-    def remote_events(self, server: str) -> str:
-        """Where a remote server's queue emulator finds the controller's event socket."""
-        return f"{self.workspace.dir(server)}/events.sock"
+    def events_socket(self, server: Server) -> str:
+        """Where a queue emulator on ``server`` finds the controller's event socket (on
+        another server: the end of the reverse tunnel that forwards it)."""
+        return self.events_path if server.local else server.socket("events")
 
-    def servers(self) -> List[str]:
-        if not self.where:
-            return ["localhost"]
-        from .cluster import LOCAL, remote_servers
-        return [LOCAL] + remote_servers(self.where)
-
-    def server_of(self, name: str) -> str:
-        """The server that holds node ``name`` (``localhost``: this machine)."""
-        return (self.where or {}).get(name, "localhost")
-
-    def popen(self, name: str, argv: List[str], **kwargs):
-        """A process in node ``name``'s namespace, on whichever server holds it (a remote
-        node's command line passes through ssh and a shell: each argument is quoted)."""
-        node = self.net.get(name)
-        if self.where:
-            # Cluster Edition starts every process as a group leader, so ``mnexec -d`` could
-            # not setsid() and forked: the process we hold would exit at once and the real
-            # one lose its parent. Attach without detaching; it has its own group already.
-            kwargs.setdefault("mncmd", ["mnexec", "-a", str(node.pid)])
-        if self._server(node) != "localhost":
-            argv = [shlex.quote(a) for a in argv]
-        return node.popen(argv, **kwargs)
+    def server(self, name: str) -> Server:
+        """The server named ``name`` (``localhost``: this machine)."""
+        return next(s for s in self.servers if s.name == name)
 
     def _shell_pids(self) -> List[int]:
         nodes = self.net.hosts + self.net.switches + self.net.controllers
         # a remote node's pid is numbered on its server: here only its ssh client counts
-        return [n.pid if self._server(n) == "localhost" else n.shell.pid
+        return [n.shell.pid if is_remote(n) else n.pid
                 for n in nodes if getattr(n, "shell", None) is not None]
 
     def stop(self) -> None:
@@ -459,8 +439,8 @@ class Fabric:
         for tunnel in self.tunnels:
             tunnel.stop()
         self.tunnels = []
-        if self.workspace is not None:
-            self.workspace.remove()
+        for server in self.servers:
+            server.remove()
         for ctl in net.controllers:  # RemoteController.stop() does nothing: its shell (and
             try:                     # pty) would live on, 2 fds and 5 s of waiting per run
                 ctl.terminate()
@@ -495,8 +475,18 @@ def remote_lines(cmd: str, limit: int = REMOTE_LINE_MAX) -> List[str]:
     return lines + [line]
 
 
+def server_name(node) -> str:
+    """The server that holds a Mininet node (Cluster Edition names it on the node)."""
+    return getattr(node, "server", None) or LOCAL
+
+
+def is_remote(node) -> bool:
+    """True for a node on another server: its shell is reached over ssh."""
+    return server_name(node) != LOCAL
+
+
 def _run(node, cmd: str, check: bool = True) -> str:
-    if (getattr(node, "server", None) or "localhost") != "localhost":
+    if is_remote(node):
         # a remote node (Mininet Cluster): its pexec would pass the command through ssh
         # unquoted; its own shell keeps the command whole, in lines a terminal takes
         outs = []

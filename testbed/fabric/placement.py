@@ -15,6 +15,7 @@ from ..base.errors import ConfigError
 from ..base.topology import FabricPlan, Link
 
 PLACEMENTS = ("by-leaf", "spread")
+LOCAL = "localhost"  # this machine, in a list of servers
 
 
 def place(plan: FabricPlan, servers: Sequence[str], placement: str = "by-leaf"
@@ -67,3 +68,8 @@ def by_server(where: Dict[str, str], servers: Sequence[str]) -> Dict[str, List[s
     for node, server in where.items():
         out[server].append(node)
     return out
+
+
+def remote_servers(where: Dict[str, str]) -> List[str]:
+    """The servers other than this machine that ``where`` puts nodes on, sorted."""
+    return sorted({s for s in where.values() if s != LOCAL})

@@ -26,6 +26,7 @@ from ..base.ledger import Ledger
 from ..base.procutil import cpu_ticks, log_tail, stop_processes
 from ..base.topology import FabricPlan
 from ..fabric.capabilities import detect
+from ..fabric.placement import LOCAL
 from ..job.plan import JobPlan, iteration_ns, plan_job
 from ..scenario.config import DEFAULT, Scenario
 from .runplan import PolicyRun, decide
@@ -131,7 +132,7 @@ def process_groups(hosts: List[str], servers: Dict[str, str], loops: int,
     GPU server, whose transfers are one loop's timers) (pure)."""
     by_server: Dict[str, List[List[str]]] = {}
     for h in hosts:
-        units = by_server.setdefault(servers.get(h, "localhost"), [])
+        units = by_server.setdefault(servers.get(h, LOCAL), [])
         d = (domain or {}).get(h)
         if units and d is not None and (domain or {}).get(units[-1][-1]) == d:
             units[-1].append(h)
@@ -177,7 +178,7 @@ class AgentGroup:
         self.procs: Dict[str, subprocess.Popen] = {}  # process name -> its process
         self.hosts_of: Dict[str, List[str]] = {}
         self.lines: Dict[str, str] = {}
-        self.remote: Dict[str, tuple] = {}  # host -> (server, records dir there)
+        self.where: Dict[str, tuple] = {}  # process name -> (its server, records dir there)
 
     def start(self) -> None:
         os.makedirs(self.records_dir, exist_ok=True)
@@ -186,32 +187,24 @@ class AgentGroup:
                                 loops_wanted(self.scenario),
                                 {h.name: h.server for h in self.plan.gpus})
         job = job_config(self.run)
-        for k, (server, hosts) in enumerate(groups, 1):
+        for k, (server_name, hosts) in enumerate(groups, 1):
             name = f"agent-{self.tag}-{k}"
-            out_dir = self.records_dir
-            if server != "localhost":  # the agent runs there: its files live there
-                out_dir = self.fabric.workspace.dir(server) + "/records"
-                self.remote.update({h: (server, out_dir) for h in hosts})
+            server = self.fabric.server(server_name)  # elsewhere: its files live there
+            out_dir = server.place(self.records_dir, directory=True)
             config = AgentConfig(tuple(dataclasses.replace(configs[h],
                                                            netns_pid=self.fabric.netns_pid(h))
                                        for h in hosts), out_dir, job)
             path = os.path.join(self.ledger.private_dir, f"{name}.json")
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(config.to_dict(), f)
-            argv = [sys.executable, "-m", "traffic.agent", path]
+            argv = [sys.executable, "-m", "traffic.agent", server.send(path)]
             log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")
-            try:
-                if server == "localhost":  # its own session: Ctrl-C reaches the runner only
-                    proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=log,
-                                            cwd=os.getcwd(), start_new_session=True)
-                else:  # through ssh, attached to the first host it serves
-                    argv[-1] = self.fabric.workspace.put(server, path)
-                    proc = self.fabric.popen(hosts[0], argv, stdin=subprocess.PIPE,
-                                             stdout=subprocess.PIPE, stderr=log,
-                                             cwd=os.getcwd())
+            try:  # its own session: Ctrl-C reaches the runner only
+                proc = server.spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=log, cwd=os.getcwd())
             finally:
                 log.close()
+            self.where[name] = (server, out_dir)
             self.procs[name] = proc
             self.hosts_of[name] = hosts
             self.ledger.add_pid(proc.pid)
@@ -219,8 +212,7 @@ class AgentGroup:
 
     def pids(self) -> List[int]:
         """The agent processes on this machine (for the cost meter)."""
-        return [p.pid for name, p in self.procs.items()
-                if self.hosts_of[name][0] not in self.remote]
+        return [p.pid for name, p in self.procs.items() if self.where[name][0].local]
 
     @property
     def iterations(self) -> int:
@@ -282,8 +274,9 @@ class AgentGroup:
         for name, proc in self.procs.items():
             if proc.wait(timeout=10) != 0:
                 self._died(name)
-        for host, (server, out_dir) in self.remote.items():  # records back to this machine
-            self.fabric.workspace.get(server, f"{out_dir}/{host}.*", self.records_dir)
+        for name, (server, out_dir) in self.where.items():  # records back to this machine
+            for host in self.hosts_of[name]:
+                server.fetch(f"{out_dir}/{host}.*", self.records_dir)
 
     def _expect_all(self, word: str, timeout: float) -> None:
         """Until every agent process said ``word``. ``timeout``: how long one may go without

@@ -449,7 +449,7 @@ def queue_emulation(run: PolicyRun, session: Session, run_dir: str, ledger: Ledg
     """The switch-queue emulator running beside the fabric; yields a dict that receives its
     report when it stops."""
     emu = Emulators([EmulatorProcess(run, session, run_dir, ledger.private_dir, ledger, server)
-                     for server in session.fabric.servers()])
+                     for server in session.fabric.servers])
     report: dict = {}
     try:
         emu.start()

@@ -19,7 +19,7 @@ from ..base.frames import link_frame_bytes, link_mtu
 from ..base.hops import HopModel, PathDelay, hop_model, mechanism
 from ..base.topology import FabricPlan
 from ..fabric.capabilities import Capabilities
-from ..fabric.placement import place
+from ..fabric.placement import LOCAL, place
 from ..fabric.shaping import limiter_qdisc, marking_method, marking_via
 from ..job.plan import JobPlan, plan_job
 from ..scenario.config import AUTO, Scenario
@@ -147,7 +147,7 @@ def workload_specs(scenario: Scenario, plan: FabricPlan) -> Tuple[WorkloadSpec, 
 def cluster_servers(scenario: Scenario) -> List[str]:
     """The scenario's servers, this machine named ``localhost``."""
     servers = list(scenario.cluster.servers)
-    return ["localhost"] + servers[1:] if servers else []
+    return [LOCAL] + servers[1:] if servers else []
 
 
 def cluster_placement(scenario: Scenario, plan: FabricPlan) -> Optional[Dict[str, str]]:

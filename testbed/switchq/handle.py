@@ -52,13 +52,12 @@ class EmulatorProcess:
     a remote server of a split fabric (started over ssh, its files in that server's
     workspace)."""
 
-    def __init__(self, run, session, run_dir: str, private_dir: str, ledger,
-                 server: str = "localhost"):
+    def __init__(self, run, session, run_dir: str, private_dir: str, ledger, server):
         scenario, policy, plan = run.scenario, run.policy, run.plan
         t = scenario.topology
         fabric = session.fabric
-        self.server, self.fabric = server, fabric
-        at = "" if server == "localhost" else f"@{server}"
+        self.server, self.fabric = server, fabric  # server: testbed.fabric.servers.Server
+        at = server.tag
         self.report_path = os.path.join(run_dir, f"switchq-{run.name}{at}.json")
         self.timeline_path = os.path.join(run_dir, f"switchq-{run.name}{at}.timeline.csv")
         self.log_path = os.path.join(run_dir, f"switchq-{run.name}{at}.log")
@@ -66,8 +65,10 @@ class EmulatorProcess:
         self.cfg = EmulatorConfig(
             plan=plan, classes=run.classes,
             host_pids={h.name: fabric.netns_pid(h.name) for h in plan.hosts},
-            interval_us=scenario.sample_interval_us, events=session.controller.events_path,
-            out=self.report_path, timeline=self.timeline_path,
+            # on another server its files live in its workspace, and the controller's events
+            # reach it through a tunnel
+            interval_us=scenario.sample_interval_us, events=fabric.events_socket(server),
+            out=server.place(self.report_path), timeline=server.place(self.timeline_path),
             host_rate_mbit=t.host_rate_mbit, fabric_rate_mbit=t.fabric_rate_mbit,
             nic_queue_bytes=t.nic_queue_bytes,
             switch_rate_headroom=scenario.emulation.switch_rate_headroom,
@@ -80,46 +81,33 @@ class EmulatorProcess:
             marking_via=run.marking_via or "openflow", mtu=run.link_mtu,
             watch={d: tuple(p) for d, p in watch.items()} if watch else None)
         if run.placement:  # a split fabric: this server's switches and hosts only
-            mine = tuple(n for n, s in run.placement.items() if s == server)
+            mine = tuple(n for n, s in run.placement.items() if s == server.name)
             listen, peers = fabric.pfc_sockets(server)
             self.cfg = dataclasses.replace(
                 self.cfg, nodes=mine,
                 host_pids={h: p for h, p in self.cfg.host_pids.items() if h in mine},
-                server=server, owner=dict(run.placement), pfc_listen=listen, pfc_peers=peers)
+                server=server.name, owner=dict(run.placement), pfc_listen=listen, pfc_peers=peers)
         self.cfg_path = os.path.join(private_dir, f"switchq-{run.name}{at}.json")
         self.ledger = ledger
         self.proc = None
-        self.remote_pid = None
         self.interval_us = 0  # what it samples, once started: how often, for which classes
         self.acting: List[str] = []
 
     def start(self, timeout: float = 20.0) -> None:
-        remote = self.server != "localhost"
-        if remote:  # its files live in the server's workspace; events reach the controller
-            ws = self.fabric.workspace  # through the socket the reverse tunnel forwards
-            base = ws.dir(self.server)
-            self.cfg = dataclasses.replace(self.cfg,
-                                           events=self.fabric.remote_events(self.server),
-                                           out=f"{base}/switchq.json",
-                                           timeline=f"{base}/switchq.csv")
+        server = self.server
         with open(self.cfg_path, "w", encoding="utf-8") as f:
             json.dump(self.cfg.to_dict(), f)
-        argv = [sys.executable, "-m", "testbed.switchq.emulator", self.cfg_path]
-        if remote:
-            from ..fabric.cluster import ssh_command
-            path = self.fabric.workspace.put(self.server, self.cfg_path)
-            argv = ssh_command(self.fabric.ssh_user, self.server) + [
-                f"echo $$; exec {sys.executable} -m testbed.switchq.emulator {path}"]
+        argv = [sys.executable, "-m", "testbed.switchq.emulator", server.send(self.cfg_path)]
         log = open(self.log_path, "ab")
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=log, start_new_session=True)
+            self.proc = server.spawn(argv, timeout, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=log)
+        except FabricError as e:
+            raise FabricError(f"the switch-queue emulator did not start: {e}; "
+                              f"{self.tail()}") from None
         finally:
             log.close()
         self.ledger.add_pid(self.proc.pid)
-        if remote:
-            first = read_line(self.proc.stdout, timeout)
-            self.remote_pid = int(first) if first.isdigit() else None
         line = read_line(self.proc.stdout, timeout).split()
         if len(line) != 3 or line[0] != "ready":
             self.stop()
@@ -139,26 +127,15 @@ class EmulatorProcess:
         """Stop it; returns its report (None if it wrote none)."""
         if self.proc is None:
             return None
-        if self.remote_pid and self.proc.poll() is None:  # SIGTERM there: it writes its files
-            from ..fabric.cluster import ssh_command
-            subprocess.run(ssh_command(self.fabric.ssh_user, self.server)
-                           + [f"kill -TERM {self.remote_pid}"], capture_output=True, timeout=30)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
+        self.server.terminate(self.proc)  # on another server: SIGTERM there, files written
         stop_process(self.proc, timeout=10)
         if self.proc.stdout:
             self.proc.stdout.close()
-        if self.remote_pid:
-            try:
-                base = self.fabric.workspace.dir(self.server)
-                self.fabric.workspace.get(self.server, f"{base}/switchq.json",
-                                          self.report_path)
-                self.fabric.workspace.get(self.server, f"{base}/switchq.csv",
-                                          self.timeline_path)
-            except FabricError:
-                return None
+        try:
+            self.server.fetch(self.cfg.out, self.report_path)
+            self.server.fetch(self.cfg.timeline, self.timeline_path)
+        except FabricError:
+            return None
         try:
             with open(self.report_path, encoding="utf-8") as f:
                 return json.load(f)
@@ -190,7 +167,7 @@ class Emulators:
 
     def local_pids(self) -> List[int]:
         """The emulators running on this machine (for the cost meter)."""
-        return [p.proc.pid for p in self.procs if p.proc is not None and p.server == "localhost"]
+        return [p.proc.pid for p in self.procs if p.proc is not None and p.server.local]
 
     def stop(self) -> dict:
         return merge_reports([p.stop() or {} for p in self.procs])
