@@ -9,6 +9,11 @@ turns a contract back into plain JSON values; ``Contract`` gives a dataclass bot
 ``to_dict`` / ``from_dict``. Scenario files have their own, richer checks
 (``testbed.base.schema``: ranges, choices, user-facing errors); this is for what one part of
 the testbed tells another.
+
+results.json is read with the same loader (``testbed.results.model``), leniently: a file of
+another version may hold keys this one does not declare, so ``strict=False`` leaves them out
+of the fields and a dataclass field named ``raw`` receives the mapping as read. A field
+whose metadata says ``json: False`` is the object's own, never read from the mapping.
 """
 from __future__ import annotations
 
@@ -35,8 +40,9 @@ class Contract:
         return load(cls, data)
 
 
-def load(tp: Any, value: Any, path: str = "") -> Any:
-    """``value`` (from JSON) as type ``tp``; ``path`` names it in errors."""
+def load(tp: Any, value: Any, path: str = "", strict: bool = True) -> Any:
+    """``value`` (from JSON) as type ``tp``; ``path`` names it in errors. ``strict``: a key
+    a dataclass does not declare is refused (otherwise left out; module docstring)."""
     where = path or getattr(tp, "__name__", str(tp))
     origin = typing.get_origin(tp)
     if origin is typing.Union:  # Optional[X] (the only union a contract declares)
@@ -45,31 +51,40 @@ def load(tp: Any, value: Any, path: str = "") -> Any:
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
         if len(inner) > 1:  # e.g. Union[int, str]: taken as it is
             return value
-        return load(inner[0], value, path)
+        return load(inner[0], value, path, strict)
     if origin is tuple:
         _expect(value, (list, tuple), "a list", where)
         item = typing.get_args(tp)[0]
-        return tuple(load(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+        return tuple(load(item, v, f"{where}[{i}]", strict) for i, v in enumerate(value))
     if origin is dict:
         _expect(value, dict, "a mapping", where)
         key, item = typing.get_args(tp)
-        return {(key(k) if key in (int, float) else k): load(item, v, f"{where}.{k}")
+        return {(key(k) if key in (int, float) else k): load(item, v, f"{where}.{k}", strict)
                 for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
-        _expect(value, dict, "a mapping", where)
-        hints = typing.get_type_hints(tp)
-        fields = {f.name for f in dataclasses.fields(tp) if f.init}
-        unknown = sorted(set(value) - fields)
-        if unknown:
-            raise ContractError(f"{where}.{unknown[0]}: unknown key (declared: "
-                                f"{', '.join(sorted(fields))})")
-        try:
-            return tp(**{k: load(hints[k], v, f"{where}.{k}") for k, v in value.items()})
-        except TypeError as e:  # a required field missing
-            raise ContractError(f"{where}: {e}") from None
+        return _load_fields(tp, value, where, strict)
     if isinstance(tp, type) and hasattr(tp, "from_dict"):
         return tp.from_dict(value)
     return value
+
+
+def _load_fields(tp: Any, value: Any, where: str, strict: bool) -> Any:
+    _expect(value, dict, "a mapping", where)
+    hints = typing.get_type_hints(tp)
+    declared = {f.name for f in dataclasses.fields(tp)
+                if f.init and f.metadata.get("json", True)}
+    unknown = sorted(set(value) - declared)
+    if unknown and strict:
+        raise ContractError(f"{where}: {', '.join(unknown)}: not declared in "
+                            f"{tp.__module__.replace('.', '/')}.py ({tp.__qualname__})")
+    kwargs = {k: load(hints[k], v, f"{where}.{k}", strict) for k, v in value.items()
+              if k in declared}
+    if "raw" in hints and "raw" not in declared:  # what a file of another version held
+        kwargs["raw"] = dict(value)
+    try:
+        return tp(**kwargs)
+    except TypeError as e:  # a required field missing
+        raise ContractError(f"{where}: {e}") from None
 
 
 def dump(contract: Any) -> Any:

@@ -21,6 +21,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, FrozenSet, Mapping, Optional, Tuple
 
+from ..base.contract import ContractError, load
 from ..base.errors import ResultsError
 from ..scenario.config import Scenario
 
@@ -28,10 +29,9 @@ NOT_JSON = {"json": False}  # a field of the object, not a key of results.json
 
 
 class Record:
-    """A node of results.json: its keys are the dataclass fields (those without ``NOT_JSON``);
-    ``NESTED`` names the fields holding records (a tuple field: one record per item)."""
+    """A node of results.json: its keys are the dataclass fields (those without ``NOT_JSON``),
+    read by the contract loader (``testbed.base.contract``) by their declared types."""
 
-    NESTED: ClassVar[Dict[str, type]] = {}
     OMITTED_WHEN_EMPTY: ClassVar[FrozenSet[str]] = frozenset()  # left out of JSON when None
 
     @classmethod
@@ -44,34 +44,14 @@ class Record:
                   strict: bool = False, **extra):
         """The record of ``data`` (None for None). ``strict``: a key not declared is an error
         naming its path (a producer's bug); otherwise it is kept in ``raw`` only (a file of
-        another version)."""
+        another version). ``extra``: the object's own fields (``NOT_JSON``)."""
         if data is None:
             return None
-        here = where or cls.__name__
-        if not isinstance(data, Mapping):
-            raise ResultsError(f"{here}: expected an object, found {type(data).__name__}")
-        keys = cls.json_keys()
-        if strict:
-            unknown = sorted(set(data) - keys)
-            if unknown:
-                raise ResultsError(f"{here}: {', '.join(unknown)}: not declared in "
-                                   f"testbed/results/model.py ({cls.__name__})")
-        values = dict(extra)
-        for name in keys & set(data):
-            value = data[name]
-            kind = cls.NESTED.get(name)
-            if kind is not None and value is not None:
-                if isinstance(value, (list, tuple)):
-                    value = tuple(kind.from_json(v, f"{here}.{name}[{i}]", strict)
-                                  for i, v in enumerate(value))
-                else:
-                    value = kind.from_json(value, f"{here}.{name}", strict)
-            elif isinstance(value, list):
-                value = tuple(value)
-            values[name] = value
-        if "raw" in {f.name for f in dataclasses.fields(cls)}:
-            values["raw"] = dict(data)
-        return cls(**values)
+        try:
+            record = load(cls, data, where or cls.__name__, strict)
+        except ContractError as e:
+            raise ResultsError(str(e)) from None
+        return dataclasses.replace(record, **extra) if extra else record
 
     def to_json(self) -> Dict[str, Any]:
         """The record as results.json holds it (every declared key; ``OMITTED_WHEN_EMPTY``
@@ -159,9 +139,6 @@ class Modelled(Record):
     network_cost_us: Optional[float] = None
     idle_gpu_us: Optional[float] = None
 
-    NESTED = {"cct_us": Cct, "latency_us": Percentiles, "jitter_us": Jitter,
-              "straggler_idle_us": StragglerIdle, "latency_queueing_us": Percentiles,
-              "iteration_us": Cct}
     OMITTED_WHEN_EMPTY = frozenset({"cct_us", "latency_us", "jitter_us", "straggler_idle_us",
                                     "pfc_paused_ms", "credit_wait_ms", "latency_queueing_us",
                                     "path_delay_us",
@@ -243,8 +220,6 @@ class CollectiveResult(Record):
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False,
                                 metadata=NOT_JSON)
 
-    NESTED = {"cct_us": Cct, "latency_us": Percentiles, "jitter_us": Jitter,
-              "straggler_idle_us": StragglerIdle, "modelled": Modelled}
 
     def in_modelled_time(self) -> "CollectiveResult":
         """The same collective with its time figures in the modelled fabric's time."""
@@ -452,10 +427,6 @@ class PolicyResult(Record):
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False,
                                 metadata=NOT_JSON)
 
-    NESTED = {"latency_us": Percentiles, "latency_queueing_us": Percentiles,
-              "jitter_us": Jitter, "cct_us": Cct, "iteration_us": Cct,
-              "straggler_idle_us": StragglerIdle, "collectives": CollectiveResult,
-              "fidelity": Fidelity, "modelled": Modelled}
     # figures a run writes only where they apply: split fabrics, jobs, one collective
     OMITTED_WHEN_EMPTY = frozenset({"latency_us_by_path", "cct_us", "algbw_gbps_emulated",
                                     "busbw_gbps_emulated", "busbw_gbps_modelled",
