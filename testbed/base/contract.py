@@ -88,11 +88,14 @@ def _load_fields(tp: Any, value: Any, where: str, strict: bool) -> Any:
 
 
 def dump(contract: Any) -> Any:
-    """A contract as JSON values (the inverse of ``load``; types that build themselves from a
-    mapping are written by their ``to_dict``)."""
+    """A contract as JSON values (the inverse of ``load``: ``json: False`` fields left out;
+    a record that writes itself by its ``to_json`` does, and types that build themselves
+    from a mapping are written by their ``to_dict``)."""
+    if hasattr(contract, "to_json") and not isinstance(contract, type):
+        return contract.to_json()
     if dataclasses.is_dataclass(contract) and not isinstance(contract, type):
         return {f.name: dump(getattr(contract, f.name)) for f in dataclasses.fields(contract)
-                if f.init}
+                if f.init and f.metadata.get("json", True)}
     if hasattr(contract, "to_dict"):
         return contract.to_dict()
     if isinstance(contract, (list, tuple)):

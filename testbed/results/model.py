@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, FrozenSet, Mapping, Optional, Tuple
 
-from ..base.contract import ContractError, load
+from ..base.contract import ContractError, dump, load
 from ..base.errors import ResultsError
 from ..scenario.config import Scenario
 
@@ -65,18 +65,8 @@ class Record:
             value = getattr(self, f.name)
             if f.name in self.OMITTED_WHEN_EMPTY and (value is None or value == ()):
                 continue
-            out[f.name] = _json(value)
+            out[f.name] = dump(value)
         return out
-
-
-def _json(value):
-    if isinstance(value, Record):
-        return value.to_json()
-    if isinstance(value, (list, tuple)):
-        return [_json(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _json(v) for k, v in value.items()}
-    return value
 
 
 def _scaled(value, time_scale: float):
