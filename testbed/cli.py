@@ -371,8 +371,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _sigterm(_sig, _frame):
+def _interrupted(_sig, _frame):
     raise KeyboardInterrupt
+
+
+# SIGINT and SIGTERM both stop a command the same way: teardown, then exit 130. Set explicitly
+# for both: a process started in the background by a non-interactive shell (a script's `&`, a
+# test harness) inherits SIGINT ignored, and Python then leaves it ignored.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def main(argv=None) -> int:
@@ -383,7 +389,7 @@ def main(argv=None) -> int:
         return 2
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGTERM, _sigterm)
+    before = {sig: signal.signal(sig, _interrupted) for sig in STOP_SIGNALS}
     try:
         return args.func(args)
     except TestbedError as e:
@@ -401,3 +407,6 @@ def main(argv=None) -> int:
         print(paint(f"error: unexpected {type(e).__name__}: {e} (rerun with --debug for "
                     "details)", "error", sys.stderr), file=sys.stderr)
         return 1
+    finally:  # as it was for a caller that runs main() in its own process (tests)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
