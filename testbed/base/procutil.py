@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import select
 import signal
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import time
 
+LOG = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
 PR_SET_TIMERSLACK = 29
 CLONE_NEWNET = 0x40000000
@@ -168,6 +170,42 @@ def same_process(pid: int, recorded: str) -> bool:
     return bool(recorded) and cmdline(pid) == recorded
 
 
+def reap(proc, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for ``proc`` (a Popen) to exit and reap it; True once it has.
+    Calls waitpid itself: an interrupt inside Popen's own wait or poll can leave that call's
+    lock held, after which Popen never sees its process exit."""
+    deadline = time.monotonic() + max(0.0, timeout)
+    while proc.returncode is None:
+        try:
+            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere: its status is lost (Popen says 0 too)
+            proc.returncode = 0
+            break
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            break
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def process_state(pid: int) -> str:
+    """The state letter /proc gives ``pid`` (R, S, D, Z, ...; '' if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _send(proc, sig: int) -> None:
+    try:
+        os.kill(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def cmdline(pid: int) -> str:
     """The command line of ``pid`` ('' if it is gone)."""
     try:
@@ -179,28 +217,25 @@ def cmdline(pid: int) -> str:
 
 def stop_process(proc, timeout: float = 5.0) -> None:
     """SIGTERM, then SIGKILL after ``timeout`` s; returns once the process is reaped."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
+    stop_processes([proc], timeout, close=False)
 
 
-def stop_processes(procs, timeout: float = 5.0) -> None:
-    """``stop_process`` for several at once (one shared deadline), closing their pipes."""
+def stop_processes(procs, timeout: float = 5.0, close: bool = True) -> None:
+    """SIGTERM to each of ``procs`` still running, SIGKILL to those still there after
+    ``timeout`` s (one shared deadline); reaped; their pipes closed (``close``)."""
+    procs = [p for p in procs if p is not None]
     for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
+        if proc.returncode is None:
+            _send(proc, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        if not reap(proc, deadline - time.monotonic()):
+            _send(proc, signal.SIGKILL)
+            if not reap(proc, 5.0):
+                LOG.warning("process %d did not exit 5 s after SIGKILL (state %s)", proc.pid,
+                            process_state(proc.pid))
+        if not close:
+            continue
         for stream in (proc.stdin, proc.stdout):
             if stream:
                 stream.close()
