@@ -72,7 +72,7 @@ def _plots(run_dir: str, results: RunResult, progress, modelled: bool
     scale = results.time_scale if modelled else 1.0
     time = "modelled" if modelled else "emulated"
     out: List[Figure] = []
-    progress(f"drawing plots for {len(policies)} policies")
+    progress(f"drawing plots for {len(policies)} polic{'y' if len(policies) == 1 else 'ies'}")
     lat = {name: rundata.latencies(run_dir, name, scale) for name in policies}
     out.append(("latency-cdf.png", "One-way latency of every data packet received, per "
                 "policy (kernel timestamps; dotted lines: p99).", plots.latency_cdf(lat, time)))

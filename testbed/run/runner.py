@@ -275,16 +275,18 @@ def _policies(scenario: Scenario, plan: FabricPlan, caps: Capabilities, run_dir:
     """Each policy of one attempt on a fresh fabric; results.json and operations.csv are
     written after each, so an interrupted run keeps what finished."""
     path = os.path.join(run_dir, "results.json")
-    for i, name in enumerate(scenario.policies, 1):
-        say = _prefixed(progress, f"[{name} {i}/{len(scenario.policies)}]")
-        result, notes = run_policy(decide(name, plan, scenario, caps), caps, run_dir, ledger,
-                                   say)
+
+    def keep(result: PolicyResult, notes: dict) -> None:
         results.setdefault("link_emulation", notes["link_emulation"])  # the first fabric's
         if "cluster" in notes:
             results["cluster"] = notes["cluster"]
-        results["policies"][name] = result.to_json()
+        results["policies"][result.name] = result.to_json()
         write_json_atomic(path, results)
         breakdown.write(run_dir, {n: p["operations"] for n, p in results["policies"].items()})
+
+    for i, name in enumerate(scenario.policies, 1):
+        say = _prefixed(progress, f"[{name} {i}/{len(scenario.policies)}]")
+        run_policy(decide(name, plan, scenario, caps), caps, run_dir, ledger, say, keep)
 
 
 def run_again(asked_scenario: Scenario, scenario: Scenario,
@@ -498,34 +500,39 @@ class _Once:
         return self.result
 
 
-def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
-               say: Say) -> Tuple[PolicyResult, dict]:
+def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger, say: Say,
+               keep: Callable[[PolicyResult, dict], None]) -> None:
     """One policy's run, in phases: the fabric up (``fabric_up``) and what it says of itself
     (``_fabric_notes``); the traffic replayed beside the queue emulator (``_replay``); the
     fabric's counters read and the fabric torn down; the figures (``_figures``: every one
-    declared - ``PolicyResult`` refuses a figure testbed/results/model.py does not know).
-    Returns the figures and the run-wide notes of its fabric (link emulation, cluster)."""
+    declared - ``PolicyResult`` refuses a figure testbed/results/model.py does not know),
+    handed to ``keep`` with the run-wide notes of its fabric (link emulation, cluster).
+
+    Once the traffic was replayed, Ctrl-C waits until ``keep`` has the figures (about a
+    second for the default job): an interrupted run keeps every policy it measured."""
     t0 = time.monotonic()
     records = os.path.join(run_dir, "records", run.name)
-    with fabric_up(run, caps, run_dir, ledger, say) as session:
-        notes = _fabric_notes(session, caps, say)
-        with rxe_attached(run, session, caps, run_dir, ledger, say) as rxe, \
-                queue_emulation(run, session, run_dir, ledger) as (emu, queues):
-            say(emu.describe())
-            replay = _replay(run, session, emu, rxe, records, run_dir, ledger, say)
-        end = FabricEnd(egress_stats(session.fabric), session.fabric.link_losses(),
-                        session.fabric.hop_delays())
-        say("tearing down the fabric")
-    figures = _figures(run, records, run_dir, replay, end, queues, session.warnings,
-                       time.monotonic() - t0)
-    say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "
-        f"received, {figures['drops']:,} dropped, {_count(figures['ecn_marked_packets'])} "
-        f"ECN-marked, " + (f"{_count(figures['credit_waits'])} credit waits"
-                           if figures["credit_waits"] is not None else
-                           f"{_count(figures['pfc_pause_events'])} PFC pauses")
-        + f"; fidelity {figures['fidelity']['verdict']}")
-    return PolicyResult.from_json(figures, f"policies.{run.name}", strict=True,
-                                  name=run.name), notes
+    with contextlib.ExitStack() as measured:
+        with fabric_up(run, caps, run_dir, ledger, say) as session:
+            notes = _fabric_notes(session, caps, say)
+            with rxe_attached(run, session, caps, run_dir, ledger, say) as rxe, \
+                    queue_emulation(run, session, run_dir, ledger) as (emu, queues):
+                say(emu.describe())
+                replay = _replay(run, session, emu, rxe, records, run_dir, ledger, say)
+                measured.enter_context(shielded())
+            end = FabricEnd(egress_stats(session.fabric), session.fabric.link_losses(),
+                            session.fabric.hop_delays())
+            say("tearing down the fabric")
+        figures = _figures(run, records, run_dir, replay, end, queues, session.warnings,
+                           time.monotonic() - t0)
+        say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "
+            f"received, {figures['drops']:,} dropped, {_count(figures['ecn_marked_packets'])} "
+            f"ECN-marked, " + (f"{_count(figures['credit_waits'])} credit waits"
+                               if figures["credit_waits"] is not None else
+                               f"{_count(figures['pfc_pause_events'])} PFC pauses")
+            + f"; fidelity {figures['fidelity']['verdict']}")
+        keep(PolicyResult.from_json(figures, f"policies.{run.name}", strict=True,
+                                    name=run.name), notes)
 
 
 def _fabric_notes(session: "Session", caps: Capabilities, say: Say) -> dict:
@@ -765,20 +772,30 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+_held: List[int] = []  # SIGINT/SIGTERM that came while shielded, delivered when it ends
+_depth = [0]  # shielded() regions open, nested
+
+
 @contextlib.contextmanager
 def shielded():
-    """Hold off SIGINT/SIGTERM while tearing down, then deliver a pending one."""
-    pending = []
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in old:
-        signal.signal(s, lambda sig, _f: pending.append(sig))
+    """Hold off SIGINT/SIGTERM while tearing down, then deliver a pending one as
+    KeyboardInterrupt when the outermost shielded region ends (nested ones hold it on)."""
+    old = {}
+    if not _depth[0]:
+        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in old:
+            signal.signal(s, lambda sig, _f: _held.append(sig))
+    _depth[0] += 1
     try:
         yield
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-        if pending:
-            raise KeyboardInterrupt
+        _depth[0] -= 1
+        if not _depth[0]:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+            if _held:
+                _held.clear()
+                raise KeyboardInterrupt
 
 
 def _shielded_call(fn) -> None:
