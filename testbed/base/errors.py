@@ -35,7 +35,7 @@ class AgentError(TestbedError):
 
 
 class RunBusyError(TestbedError):
-    """Another testbed run holds the machine's fabric names."""
+    """Another testbed run, or what a dead one left behind, holds the machine's fabric names."""
 
 
 class ResultsError(TestbedError):

@@ -3,8 +3,15 @@
 A run holds an exclusive lock (one fabric per machine: the plan's names are fixed) and keeps a
 record in ``/run/ai-fabric-testbed/run.json``: the OVS bridges, the interfaces and the processes
 it created, the kernel settings it changed, and for changes of other kinds (routing rules of
-``--traffic rxe``) the shell command that undoes each. Bridges are also tagged in OVSDB
-(``external_ids:ai-fabric-testbed=<run id>``) in the same transaction that creates them.
+``--traffic rxe``) the shell command that undoes each. A record left by a run that died is
+never overwritten: the next run refuses until ``clean`` used it.
+
+What a run made also carries its tag, so that ``clean`` finds it when the record is gone:
+bridges in OVSDB (``external_ids:ai-fabric-testbed=<run id>``, in the transaction that creates
+them), the switches' interfaces in their alias (``ai-fabric-testbed=<run id>``, set once the
+fabric is built; the record covers them until then). ``present`` is the one definition of
+"ours" for a run that finds names of its fabric in use and for ``clean``.
+
 Teardown - at the end of a run, after an error or Ctrl-C, or by ``python -m testbed clean``
 after the runner was killed - removes what the record and the tags name, and nothing else:
 never ``mn -c``, never a kill by process name.
@@ -20,7 +27,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .atomic import atomic_file
 from .errors import RunBusyError
@@ -67,6 +74,13 @@ class Ledger:
             raise RunBusyError(
                 f"another testbed run is active (pid {other.get('pid', '?')}, run "
                 f"{other.get('run_id', '?')}); wait for it, or stop it with Ctrl-C")
+        dead = read_record(self.state_dir)
+        if dead is not None:  # we hold the lock: the run that wrote it is gone
+            os.close(fd)
+            raise RunBusyError(
+                f"an earlier run (run {dead.get('run_id', '?')}, pid {dead.get('pid', '?')}) "
+                "ended without tearing down what it made: run 'python -m testbed clean' "
+                "(it removes only that)")
         self._lock_fd = fd
         self.data["results_dir"] = results_dir
         # Sockets, policy and config files of the run: private to root, removed at teardown.
@@ -191,6 +205,44 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
+def interface_tag(run_id: str) -> str:
+    """The alias that marks an interface as made by run ``run_id``."""
+    return f"{OVS_TAG}={run_id}"
+
+
+def tag_command(names: List[str], run_id: str) -> str:
+    """A shell command that tags those of ``names`` present in its network namespace as run
+    ``run_id``'s (one ``ip`` process; absent names are skipped)."""
+    lines = "".join(f"link set dev {n} alias {interface_tag(run_id)}\\n" for n in names)
+    return f"printf '{lines}' | ip -force -batch - >/dev/null 2>&1; true"
+
+
+def tagged_interfaces() -> Dict[str, str]:
+    """Interfaces of this network namespace that a testbed run made: name -> its run id."""
+    from pyroute2 import IPRoute
+
+    prefix = interface_tag("")
+    with IPRoute() as ipr:
+        links = [(link.get_attr("IFLA_IFNAME"), link.get_attr("IFLA_IFALIAS") or "")
+                 for link in ipr.get_links()]
+    return {name: alias[len(prefix):] for name, alias in links if alias.startswith(prefix)}
+
+
+def present(names: List[str]) -> Tuple[List[str], List[str]]:
+    """Which of ``names`` exist in this network namespace, as (ours, foreign): ours were made
+    by a testbed run (a tagged interface or bridge; ``clean`` removes them), foreign were not
+    (``clean`` never touches them)."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        here = {link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+    found = [n for n in names if n in here]
+    if not found:
+        return [], []
+    tagged = set(tagged_interfaces()) | set(tagged_bridges())
+    return [n for n in found if n in tagged], [n for n in found if n not in tagged]
+
+
 def tagged_bridges(run_id: Optional[str] = None) -> List[str]:
     """OVS bridges this project created (for ``run_id``, or for any run)."""
     cond = f"external_ids:{OVS_TAG}={run_id}" if run_id else f"external_ids:{OVS_TAG}!=_none_"
@@ -262,11 +314,12 @@ def clean(state_dir: str = STATE_DIR) -> List[str]:
         if record:
             removed += remove_resources(record)
             os.unlink(os.path.join(state_dir, "run.json"))
-        # Bridges tagged by any earlier run whose record is gone.
+        # What any earlier run tagged, whether or not its record is left.
         for name in tagged_bridges():
             tag = _bridge_tag(name)
             removed += _delete_bridges(tag)
             removed += _delete_interfaces([name])
+        removed += _delete_interfaces(sorted(tagged_interfaces()))
         return removed
     finally:
         os.close(fd)

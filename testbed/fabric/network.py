@@ -30,7 +30,7 @@ from controllers.classes import TrafficClass
 
 from ..base.errors import CapabilityError, FabricError
 from ..base.hops import MECHANISM_TEXT, PORT_KINDS
-from ..base.ledger import OVS_TAG, Ledger
+from ..base.ledger import OVS_TAG, Ledger, present, tag_command
 from ..base.topology import PREFIX_LEN, FabricPlan
 from ..scenario.config import TopologyConfig
 from .capabilities import Capabilities
@@ -141,14 +141,19 @@ class Fabric:
     def start(self) -> None:
         setLogLevel("error")
         plan = self.plan
-        clash = existing_interfaces(plan.interface_names() + [s.name for s in plan.switches])
-        if clash:
-            raise FabricError(f"interfaces of an earlier fabric still exist ({', '.join(clash[:4])}"
-                              f"{', ...' if len(clash) > 4 else ''}): run "
+        switches = [s.name for s in plan.switches]
+        ours, foreign = present(plan.interface_names() + switches)
+        if ours:
+            raise FabricError(f"interfaces of an earlier fabric still exist ({_some(ours)}): run "
                               "'python -m testbed clean'")
-        # Record every name before creating anything, so teardown finds all of it.
-        self.ledger.add(bridges=[s.name for s in plan.switches],
-                        interfaces=[name for name, _ in plan.switch_interfaces()])
+        if foreign:
+            raise FabricError(f"interfaces with this fabric's names exist that the testbed did "
+                              f"not make ({_some(foreign)}); 'clean' leaves them alone: delete "
+                              "or rename them")
+        # Record every name before creating anything, so teardown finds all of it; tag them
+        # once made, so that clean finds them without the record.
+        ports = [name for name, _ in plan.switch_interfaces()]
+        self.ledger.add(bridges=switches, interfaces=ports)
         common = dict(build=False, autoSetMacs=False, autoStaticArp=False,
                       waitConnected=False, controller=None)
         if self.where:
@@ -168,6 +173,7 @@ class Fabric:
         finally:
             for pid in self._shell_pids():
                 self.ledger.add_pid(pid)
+            self._tag(ports + switches)
         self.net.start()
         # The switch ports live in the servers' root namespaces: keep the kernel's IPv6
         # chatter (router solicitations, MLD) off them, so every packet they carry was
@@ -180,6 +186,14 @@ class Fabric:
         self._configure_hosts()
         self._shape()
         self._lose()
+
+    def _tag(self, names: List[str]) -> None:
+        """Mark the switches' interfaces on every server as this run's (``ledger.present``)."""
+        for server in self.servers:
+            try:
+                server.shell(tag_command(names, self.ledger.run_id))
+            except FabricError as e:  # the record still names them
+                LOG.warning("could not tag the interfaces on %s: %s", server.name, e)
 
     def _cluster_net(self, common: dict):
         """The same fabric over several servers (Mininet Cluster Edition): reverse tunnels
@@ -531,10 +545,5 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def existing_interfaces(names: List[str]) -> List[str]:
-    """Which of ``names`` exist in this (root) network namespace."""
-    from pyroute2 import IPRoute
-
-    with IPRoute() as ipr:
-        present = {link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
-    return [n for n in names if n in present]
+def _some(names: List[str]) -> str:
+    return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")

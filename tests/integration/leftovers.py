@@ -2,7 +2,7 @@
 import os
 import subprocess
 
-from testbed.base.ledger import read_record, tagged_bridges
+from testbed.base.ledger import read_record, tagged_bridges, tagged_interfaces
 from testbed.base.procutil import cmdline
 from testbed.base.topology import FabricPlan
 
@@ -55,6 +55,7 @@ def leftovers(plan: FabricPlan = None):
     names = set(plan.interface_names()) | {s.name for s in plan.switches}
     left = [f"bridge {b}" for b in tagged_bridges()]
     left += [f"interface {i}" for i in sorted(root_interfaces() & names)]
+    left += [f"interface {i} (tagged)" for i in sorted(set(tagged_interfaces()) - names)]
     left += [f"process {p}" for p in testbed_processes()]
     left += root_routing()
     if read_record():

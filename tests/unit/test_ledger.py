@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -80,3 +81,32 @@ def test_a_setting_restored_early_is_forgotten(tmp_path):
         assert s.read_text() == "2"
     finally:
         ledger.close()
+
+
+def test_a_dead_runs_record_is_never_overwritten_and_clean_uses_it(tmp_path):
+    """A run killed with -9 leaves its record; the next run (or a test's fixture) takes the
+    lock but refuses, naming clean, and leaves the record for clean to use."""
+    dead = Ledger("run-dead", state_dir=str(tmp_path))
+    dead.acquire("/r")
+    dead.add(interfaces=["tbnot-there"])
+    os.close(dead._lock_fd)  # the process died: the kernel released its lock
+    dead._lock_fd = None
+    with pytest.raises(RunBusyError, match=r"run run-dead, pid \d+\) ended without tearing "
+                                           r"down .*'python -m testbed clean'"):
+        Ledger("run-next", state_dir=str(tmp_path)).acquire("/r2")
+    assert read_record(str(tmp_path))["run_id"] == "run-dead"
+    clean(str(tmp_path))
+    assert read_record(str(tmp_path)) is None
+    nxt = Ledger("run-next", state_dir=str(tmp_path))
+    nxt.acquire("/r2")
+    nxt.close()
+
+
+def test_an_interface_is_tagged_by_one_ip_batch_that_skips_absent_names():
+    from testbed.base.ledger import interface_tag, tag_command
+
+    cmd = tag_command(["lf1-eth3", "sp1-eth1"], "20261206-1200-ab12")
+    assert interface_tag("20261206-1200-ab12") == "ai-fabric-testbed=20261206-1200-ab12"
+    assert cmd == ("printf 'link set dev lf1-eth3 alias ai-fabric-testbed=20261206-1200-ab12\\n"
+                   "link set dev sp1-eth1 alias ai-fabric-testbed=20261206-1200-ab12\\n' | "
+                   "ip -force -batch - >/dev/null 2>&1; true")
