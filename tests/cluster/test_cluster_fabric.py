@@ -199,3 +199,29 @@ def test_clean_servers_after_kill_9_removes_the_split_run_on_both(tmp_path, serv
     assert wait_clean() == []
     assert server.ssh("ovs-vsctl list-br; ls /var/tmp | grep ai-fabric; "
                       "ip -o link | grep -c 'lf[34]-eth' || true").stdout.strip() == "0"
+
+
+def test_ctrl_c_stops_a_split_job_and_leaves_both_servers_clean(tmp_path, server):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ..integration.runs import results_of, wait_for_line
+
+    proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "--scenario", "default",
+                             "--policy", "hyperscale", "--iterations", "20", "--servers",
+                             f"localhost,{server.address}", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    wait_for_line(proc, "iteration 1/20", timeout=180)
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
+    _out, err = proc.communicate(timeout=60)
+    stopped_in = time.monotonic() - t0
+    assert proc.returncode == 130 and "interrupted" in err, err[-2000:]
+    assert stopped_in < 10, f"took {stopped_in:.1f} s to stop"
+    assert results_of(tmp_path)["status"] == "incomplete"
+    assert wait_clean() == []
+    assert server.ssh("ovs-vsctl list-br; ls /var/tmp | grep ai-fabric; "
+                      "ip -o link | grep -c 'lf[34]-eth' || true").stdout.strip() == "0"
