@@ -62,7 +62,7 @@ def make_agent(mtu: int, entropy: str = "per-qp"):
     # kernel rate limiters (test_transport's pacing check turns DCQCN on and sets the rate),
     # and no DCQCN byte-counter increase within a test's few hundred KB
     transport = replace(reference_transport(), entropy=entropy, rto_ns=10**12,
-                        max_rto_ns=10**12, dcqcn_byte_counter=1 << 20, dcqcn_timer_ns=10**7,
+                        ack_timeout_ns=10**12, dcqcn_byte_counter=1 << 20, dcqcn_timer_ns=10**7,
                         congestion_control="none", qp_limiter=None)
     cfg = GpuConfig(rank=0, host="bench", intf="bench0", ip=ME["ip"], mac=ME["mac"], ranks=2,
                     workloads=(WorkloadSpec("ring", 2 * mtu, 1),), mtu=mtu, compute=Compute(),

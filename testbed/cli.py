@@ -5,7 +5,8 @@ This is the one place where errors meet the user: a ``TestbedError`` becomes one
 and its exit code (2 for bad input, 1 for a failed run); Ctrl-C exits with 130 after teardown.
 ``--debug`` shows tracebacks.
 
-Exit codes: 0 success, 1 run failure or missing capability, 2 bad input, 130 interrupted.
+Exit codes: 0 success, 1 run failure or missing capability, 2 bad input, 130 interrupted. A
+job that failed under a policy is a result (``job_failed``): the run still exits 0.
 """
 from __future__ import annotations
 
@@ -106,9 +107,9 @@ def cmd_run(args) -> int:
 
 
 def _print_verdicts(results) -> None:
-    from .results.report import fidelity_warnings
+    from .results.verdicts import fidelity_warnings, job_failures
 
-    for line in fidelity_warnings(results):
+    for line in job_failures(results) + fidelity_warnings(results):
         print(paint(line, "warn", sys.stderr), file=sys.stderr)
 
 

@@ -10,8 +10,10 @@ is the loop that serves them and the process around it.
 Protocol with the runner on stdout/stdin: ``ready`` once every socket is bound;
 ``go <start_ns>``; ``iter <host> <i>`` after each iteration; ``finished <host>`` when a GPU's
 collectives are done - it keeps answering its peers (a lost ACK is re-sent on their
-retransmission) until ``stop``; then the records are written and it prints ``done``. Any
-failure exits non-zero with one line on stderr.
+retransmission) until ``stop``; then the records are written and it prints ``done``.
+``failed <host> <JSON>`` says a GPU's job failed (a QP out of its retry budget, or no progress
+for as long as the run waits: ``Gpu.fail``); ``abort`` ends the loop at once, records written
+as after ``stop``. Any other failure exits non-zero with one line on stderr.
 """
 from __future__ import annotations
 
@@ -32,7 +34,6 @@ from .contract import AgentConfig, GpuConfig, Job
 from .delayline import DelayLine
 from .gpu import Gpu, QueuePair
 from .progress import Phase
-from .rc import RetryExceeded
 from .timers import Sleeper, TimerHeap
 
 AGENT_NICE = -20
@@ -79,6 +80,7 @@ class Loop:
         self.finished = 0  # GPUs whose collectives are done
         self.wakes = 0
         self.stopping = False
+        self.aborting = False  # the runner ends the job: a GPU's failed
         self.command_buf = b""
 
     def open(self) -> None:
@@ -154,7 +156,7 @@ class Loop:
         heap, quiet, moderation, sleep = self.heap, self.quiet, self.moderation_ns, \
             self.sleeper.wait
         polling, woke = False, 0
-        while not (self.stopping and self.finished == len(self.gpus)):
+        while not self.aborting and not (self.stopping and self.finished == len(self.gpus)):
             when = heap.next_ns()
             if polling:
                 for fd, _ev in sleep(quiet, min(when, woke + moderation)):
@@ -248,6 +250,8 @@ class Loop:
         for line in lines:
             if line.strip() == b"stop":
                 self.stopping = True
+            elif line.strip() == b"abort":
+                self.aborting = True
 
     def write_records(self, out_dir: str) -> None:
         for gpu in self.gpus:
@@ -306,9 +310,6 @@ def main(argv=None) -> int:
         loop.write_records(config.out_dir)
         print("done", flush=True)
         return 0
-    except RetryExceeded as e:
-        print(f"agent of {hosts}: a queue pair went to error: {e}", file=sys.stderr)
-        return 1
     except (RuntimeError, OSError) as e:
         print(f"agent of {hosts}: {e}", file=sys.stderr)
         return 1

@@ -32,9 +32,10 @@ class Transport:
     qps_per_peer: int
     entropy: str  # "per-qp" or "per-packet"
     ack_every: int
-    rto_ns: int
-    max_rto_ns: int
-    retry_limit: int
+    rto_ns: int  # the first retransmission timeout; it doubles per retry
+    ack_timeout_ns: int  # up to the local ACK timeout (4.096 us x 2^ib_timeout, scaled)
+    retry_limit: int  # the QP errors after this many local ACK timeouts without progress
+    stall_ns: int  # or after this long without progress, if shorter: how long the run waits
     reorder_ns: int  # per-packet entropy: how long a gap may wait before it is NAKed
     go_back_0: bool  # restart a message from its first packet on loss (the strawman)
     dcqcn_timer_ns: int

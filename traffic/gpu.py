@@ -36,6 +36,7 @@ attribute lookups on the hot path. What is pure lives beside it (rc, dcqcn, prog
 from __future__ import annotations
 
 import fcntl
+import json
 import random
 import socket
 import sys
@@ -53,7 +54,7 @@ from .dcqcn import NotificationPoint, Parameters, ReactionPoint
 from .delayline import DelayLine
 from .metrics import LagHistogram
 from .progress import Phase, Progress, phases
-from .rc import SYNDROME_ACK, Requester, Responder
+from .rc import SYNDROME_ACK, Requester, Responder, RetryExceeded, Stalled
 from .rxsocket import open_rx, open_tx
 
 if TYPE_CHECKING:
@@ -62,7 +63,6 @@ if TYPE_CHECKING:
 ECN_CE = 0b11
 RETX_FLAG = 0x80000000  # in the probe header's step field: a retransmitted packet
 QP_BASE = 0x100  # QPs 0 and 1 are special in InfiniBand
-STUCK_S = 120.0  # a collective that makes no progress for this long fails the run
 # Each DCQCN QP's rate and bytes are sampled for the records every this many full frames'
 # times at the NIC's line rate (10 ms at 40 Mbit/s), the queue timeline's resolution: the
 # same modelled time at every time scale
@@ -79,7 +79,8 @@ NIC_QUEUE_FRAMES = 3
 # than a gap changes nothing on the wire
 LIMITER_FILL_GAPS = 4
 LIMITER_LEAD_GAPS = 1
-IDLE, RUNNING, FINISHED = "idle", "running", "finished"
+IDLE, RUNNING, FINISHED, FAILED = "idle", "running", "finished", "failed"
+RETRY_EXC_ERR = "IBV_WC_RETRY_EXC_ERR (12)"  # the work completion a QP out of retries gives
 MESSAGE_ENDS = frozenset((roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY))
 WRITES = frozenset((roce.RC_RDMA_WRITE_FIRST, roce.RC_RDMA_WRITE_MIDDLE,
                     roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY))
@@ -118,8 +119,8 @@ class QueuePair:
         self.conn = roce.Connection(me, them, sport, self.dqpn, tos=t.roce_tos)
         self.ack = roce.AckTemplate(roce.ack_frame(me, them, sport, self.dqpn, t.ack_tos))
         self.cnp = roce.cnp_frame(me, them, sport, self.dqpn, t.cnp_tos)
-        self.req = Requester(gpu.cfg.mtu, t.rto_ns, t.max_rto_ns, t.retry_limit,
-                             go_back_0=t.go_back_0)
+        self.req = Requester(gpu.cfg.mtu, t.rto_ns, t.ack_timeout_ns, t.retry_limit,
+                             go_back_0=t.go_back_0, stall_ns=t.stall_ns)
         self.resp = Responder(t.ack_every, t.reorder_ns, t.go_back_0)
         dcqcn = t.congestion_control == "dcqcn"
         self.rp = ReactionPoint(gpu.dcqcn, now_ns=now_ns) if dcqcn else None
@@ -232,6 +233,7 @@ class Gpu:
         self.rate_sample_ns = int(RATE_SAMPLE_FRAMES * self.full_frame * self.ns_per_byte)
         self.mark = None  # progress seen by the stuck check, and since when
         self.mark_ns = 0
+        self.start_ns = 0  # the go: the job's time 0
 
     # --- sockets ----------------------------------------------------------------------------
     def open(self) -> None:
@@ -624,7 +626,13 @@ class Gpu:
         only by what its limiter ran dry for. One wake is one sample, under the kind of the
         last timer that acted."""
         late = kind = None
-        if qp.req.check_timeout(now):
+        try:
+            fired = qp.req.check_timeout(now)
+        except RetryExceeded as e:  # the QP is in error: its job fails, as NCCL's would
+            self.fail("stalled" if isinstance(e, Stalled) else "retry-exceeded", now,
+                      qp=qp, no_progress_ns=e.no_progress_ns)
+            fired = False
+        if fired:
             self.events.append((now, "rto", qp.peer))
             self._queue(qp)
             late, kind = now - when, "rto"
@@ -655,7 +663,29 @@ class Gpu:
 
     # --- the training iterations ---------------------------------------------------------------
     def go(self, start_ns: int) -> None:
+        self.start_ns = start_ns
         self._begin(start_ns)
+
+    def fail(self, reason: str, now: int, qp: Optional[QueuePair] = None, detail: str = "",
+             no_progress_ns: int = 0) -> None:
+        """This GPU's job failed (``retry-exceeded``: a QP spent its retry budget;
+        ``stalled``: no progress for as long as the run waits): tell the runner once, with
+        what NCCL's warning would name and what the QP saw last (emulated ns)."""
+        if self.state == FAILED:
+            return
+        self.state = FAILED
+        failure = {"reason": reason, "host": self.host, "rank": self.rank,
+                   "iteration": self.it, "at_ns": now - self.start_ns, "detail": detail,
+                   "no_progress_ns": no_progress_ns}
+        if qp is not None:
+            req = qp.req
+            failure.update(
+                status=RETRY_EXC_ERR if reason == "retry-exceeded" else None,
+                peer_rank=qp.peer, peer_host=self.peers[qp.peer].host, qpn=qp.qpn,
+                psn=req.una, retries=req.retries,
+                last_progress_ns=req.moved_ns - self.start_ns,
+                seen={k: req.counters[k] for k in ("acks", "naks", "timeouts", "retransmitted")})
+        self.loop.say(f"failed {self.host} {json.dumps(failure)}")
 
     def _begin(self, start: int) -> None:
         """The next iteration starts at ``start``: its first ops (the compute phase first)."""
@@ -768,15 +798,15 @@ class Gpu:
         return int(compute), delay
 
     def check_stuck(self, now: int) -> None:
-        """Fail an iteration that made no progress for ``STUCK_S`` while it waits for the
-        network (not while it computes)."""
+        """An iteration that made no progress for as long as the run waits (``stall_ns``)
+        while it waits for the network (not while it computes) fails the job as stalled."""
         if self.state != RUNNING or self.computing:
             return
         mark = (len(self.packets), self.tx_key,
                 sum(q.req.counters["acks"] for q in self.qps.values()))
         if mark != self.mark:
             self.mark, self.mark_ns = mark, now
-        elif now - self.mark_ns > STUCK_S * 1e9:
+        elif now - self.mark_ns > self.transport.stall_ns:
             w = self.progress.workload_of[self.it]
-            raise RuntimeError(f"{self.host}: no progress for {STUCK_S:.0f} s in iteration "
-                               f"{self.it} ({w.name}, {w.size:,} B)")
+            self.fail("stalled", now, no_progress_ns=now - self.mark_ns,
+                      detail=f"no packet moved in {w.name}, {w.size:,} B")

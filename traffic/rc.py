@@ -7,8 +7,11 @@ rules follow the InfiniBand RC transport (IBTA vol. 1, ch. 9.7) as RoCE NICs imp
 * Requester: RDMA WRITE messages are cut into MTU packets with consecutive 24-bit PSNs
   (FIRST/MIDDLE/LAST or ONLY; AckReq on the last). ACKs are cumulative. A NAK "PSN sequence
   error" rewinds the send pointer to the NAKed PSN (go-back-N). When the oldest packet stays
-  unacknowledged for the retransmission timeout, it rewinds to it and doubles the timeout
-  (exponential back-off) up to a retry limit. A message completes when its last PSN is
+  unacknowledged for the retransmission timeout, it rewinds to it and doubles the timeout,
+  up to the QP's local ACK timeout (adaptive retransmission: short first timeouts). The QP
+  goes to error (``RetryExceeded``, IBV_WC_RETRY_EXC_ERR) only when it made no progress for
+  its whole retry budget - ``retry_limit`` local ACK timeouts - or for ``stall_ns``, if
+  shorter (how long the run can wait: ``Stalled``). A message completes when its last PSN is
   acknowledged.
 * Responder: delivers packets in PSN order; acknowledges every ``ack_every`` packets and on
   AckReq (coalesced ACKs carry the MSN, the count of completed messages). On a gap it sends one
@@ -74,21 +77,35 @@ class Outgoing(NamedTuple):
 
 
 class RetryExceeded(Exception):
-    """The retry limit was reached: the QP goes to error, as an RNIC's would."""
+    """The QP made no progress for its retry budget: it goes to error, as an RNIC's would."""
+
+    def __init__(self, message: str, psn: int, retries: int, no_progress_ns: int):
+        super().__init__(message)
+        self.psn, self.retries, self.no_progress_ns = psn, retries, no_progress_ns
+
+
+class Stalled(RetryExceeded):
+    """The QP made no progress for as long as the run can wait, its budget not yet spent."""
 
 
 class Requester:
-    def __init__(self, mtu: int, rto_ns: int, max_rto_ns: int, retry_limit: int = 7,
-                 first_psn: int = 0, go_back_0: bool = False):
-        self.mtu, self.rto0, self.max_rto, self.retry_limit = mtu, rto_ns, max_rto_ns, retry_limit
+    def __init__(self, mtu: int, rto_ns: int, ack_timeout_ns: int, retry_limit: int = 7,
+                 first_psn: int = 0, go_back_0: bool = False, stall_ns: Optional[int] = None):
+        # adaptive: the first timeout short (never longer than the ACK timeout), doubling to it
+        self.mtu, self.max_rto, self.retry_limit = mtu, ack_timeout_ns, retry_limit
+        self.rto0 = min(rto_ns, ack_timeout_ns)
+        self.budget_ns = retry_limit * ack_timeout_ns  # no progress for this long: error
+        self.give_up_ns = min(self.budget_ns, stall_ns or self.budget_ns)
         self.go_back_0 = go_back_0  # a NAK restarts the timer (the responder answered)
         self.next_psn = first_psn  # PSN of the next new packet to create
         self.send_psn = first_psn  # PSN of the next packet to put on the wire
         self.una = first_psn  # oldest unacknowledged PSN
         self.messages: Deque[Message] = deque()  # posted, not yet completed
-        self.rto = rto_ns
+        self.rto = self.rto0
         self.retries = 0
-        self.progress_ns = 0  # last time una moved (or the first send)
+        self.progress_ns = 0  # when the retransmission timer started
+        self.moved_ns = 0  # last time una moved (or the first send): the budget runs from it
+        self.failed = False  # in the error state: sends nothing, no timer (work flushed)
         self.highest_sent = (first_psn - 1) % PSN_MOD
         self._cursor = None  # (PSN, message, index) of the packet after the last one sent
         self._shapes: Dict[int, Tuple[tuple, tuple]] = {}  # size -> (opcodes, payloads)
@@ -104,20 +121,20 @@ class Requester:
         msg = Message(tag, size, self.next_psn, shape[0], shape[1], va, now)
         self.next_psn = (self.next_psn + len(shape[1])) % PSN_MOD
         if not self.messages and self.una == self.send_psn:
-            self.progress_ns = now
+            self.progress_ns = self.moved_ns = now
         self.messages.append(msg)
         return msg
 
     def pending(self) -> bool:
         """Packets wait to be sent (new, or rewound for retransmission)."""
-        return self.send_psn != self.next_psn
+        return self.send_psn != self.next_psn and not self.failed
 
     def outstanding(self) -> bool:
         return self.una != self.next_psn
 
     def peek(self) -> Optional[Outgoing]:
         """The next packet to send, without sending it (None: nothing to send)."""
-        if self.send_psn == self.next_psn:
+        if self.send_psn == self.next_psn or self.failed:
             return None
         psn = self.send_psn
         cursor = self._cursor
@@ -139,8 +156,8 @@ class Requester:
         else:
             self.highest_sent = o.psn
             self.counters["tx_packets"] += 1
-            if self.una == o.psn:
-                self.progress_ns = now  # the timer runs from the first transmission
+            if self.una == o.psn:  # the timer and the budget run from its first transmission
+                self.progress_ns = self.moved_ns = now
 
     def next(self, now: int) -> Optional[Outgoing]:
         """``peek`` and ``commit`` in one (the packet is assumed sent)."""
@@ -167,7 +184,8 @@ class Requester:
                 if 0 <= psn_diff(psn, self.una) and 0 <= psn_diff(self.send_psn, psn):
                     self.send_psn = psn
                     if self.go_back_0:  # the responder answered: timer and retries anew
-                        self.progress_ns, self.rto, self.retries = now, self.rto0, 0
+                        self.progress_ns = self.moved_ns = now
+                        self.rto, self.retries = self.rto0, 0
                 return done
             return []
         self.counters["acks"] += 1
@@ -183,7 +201,7 @@ class Requester:
         self.una = psn
         if psn_diff(self.send_psn, psn) < 0:
             self.send_psn = psn
-        self.progress_ns = now
+        self.progress_ns = self.moved_ns = now
         self.rto, self.retries = self.rto0, 0
         done = []
         while self.messages and psn_diff(psn, self.messages[0].last_psn) > 0:
@@ -193,21 +211,26 @@ class Requester:
     # --- timers -------------------------------------------------------------------------------
     def deadline(self) -> Optional[int]:
         """When the retransmission timer fires (None: nothing unacknowledged in flight)."""
-        if self.una == self.send_psn and self.una == self.next_psn:
+        if self.failed or (self.una == self.send_psn and self.una == self.next_psn):
             return None
         if self.una == self.send_psn:
             return None  # nothing sent yet beyond what is acked: sending, not waiting
-        return self.progress_ns + self.rto
+        return min(self.progress_ns + self.rto, self.moved_ns + self.give_up_ns)
 
     def check_timeout(self, now: int) -> bool:
-        """Fire the retransmission timer if due: rewind to the oldest unacked PSN."""
+        """Fire the retransmission timer if due: rewind to the oldest unacked PSN. Raises
+        ``RetryExceeded`` once the QP went its whole budget without progress (``Stalled``:
+        as long as the run can wait, its budget not spent)."""
         deadline = self.deadline()
         if deadline is None or now < deadline:
             return False
+        idle = now - self.moved_ns
+        if idle >= self.give_up_ns:
+            self.failed = True
+            kind = RetryExceeded if self.give_up_ns == self.budget_ns else Stalled
+            raise kind(f"PSN {self.una} unacknowledged for {idle / 1e6:,.1f} ms (emulated) "
+                       f"after {self.retries} retries", self.una, self.retries, idle)
         self.retries += 1
-        if self.retries > self.retry_limit:
-            raise RetryExceeded(f"PSN {self.una} unacknowledged after {self.retry_limit} "
-                                "retries")
         self.counters["timeouts"] += 1
         self.send_psn = self.una
         self.progress_ns = now

@@ -8,7 +8,6 @@ import os
 import select
 import signal
 import socket
-import subprocess
 import time
 
 LOG = logging.getLogger(__name__)

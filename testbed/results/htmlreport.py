@@ -18,7 +18,7 @@ from typing import Callable, List, Tuple
 import yaml
 
 from ..base.atomic import write_atomic
-from . import breakdown, report, rundata
+from . import breakdown, report, rundata, verdicts
 from .model import RunResult
 
 LOG = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def _verdicts(results: RunResult) -> str:
             text += ": " + escape("; ".join(f.problems))
         if f.advice and not f.ok:
             text += f"<br><i>{escape(f.advice)}</i>"
-        text += f"<br>emulation cost: {escape(report.cost_text(p.emulation_cost))}"
+        text += f"<br>emulation cost: {escape(verdicts.cost_text(p.emulation_cost))}"
         items.append(text + "</li>")
     for name, p in results.policies.items():
         for w in p.warnings:
@@ -211,6 +211,10 @@ def render(results: RunResult, figures: List[Figure], plot_note: str = "",
     if note:
         parts.append(f"<p class=\"meta\">{escape(note)}</p>")
     modelled = report.modelled_time(results, emulated)
+    failures = verdicts.job_failures(results)
+    if failures:  # a failed job is a result: said before the figures of what ran
+        parts.append("<ul id=\"job-failed\" class=\"banner\">" + "".join(
+            f"<li>{escape(line)}</li>" for line in failures) + "</ul>")
     parts.append("<h2>Fidelity</h2>" + _verdicts(results))
     parts.append("<h2>Comparison</h2>" + table(*report.comparison(results, emulated),
                                                 "comparison"))

@@ -35,7 +35,7 @@ def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
     emulated us (``modelled`` figures beside them)."""
     mine = set(range(graph.ranks)) if ranks is None else ranks
     spans = [s for s in spans if int(s["rank"]) in mine]
-    iterations = [r for r in iterations if int(r["rank"]) in mine]
+    iterations = whole_iterations([r for r in iterations if int(r["rank"]) in mine], len(mine))
     by_rank_it = ops_by_rank_iteration(spans)
     starts: Dict[int, List[int]] = defaultdict(list)
     ends: Dict[int, List[int]] = defaultdict(list)
@@ -54,6 +54,7 @@ def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
             idle_total += wait.end - wait.start
     samples = len(iterations) or 1
     its = sorted(starts)
+    done = bool(its)  # none: the job failed in its first iteration
     iteration_us = metrics.cct_summary([(max(ends[i]) - min(starts[i])) / 1000 for i in its])
     timeline = replay(graph, lambda r, op: op.ns, lambda comm: 0)
     ideal_end = max(e for r in mine for _s, e in timeline.spans[r])
@@ -63,14 +64,14 @@ def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
     idle_us = idle_total / samples / 1000
     figures = {
         "iteration_us": iteration_us,
-        "job_compute_us": round(compute_total / samples / 1000, 3),
-        "exposed_comm_us": {k: round(v / samples / 1000, 3) for k, v in sorted(exposed.items())
-                            if v} | {"total": round(idle_us, 3)},
+        "job_compute_us": round(compute_total / samples / 1000, 3) if done else None,
+        "exposed_comm_us": ({k: round(v / samples / 1000, 3) for k, v in sorted(exposed.items())
+                             if v} | {"total": round(idle_us, 3)}) if done else None,
         "ideal_iteration_us": round(ideal_end * to_emulated, 3),
         "pipeline_bubble_us": round(bubble_ns * to_emulated, 3),
         "network_cost_us": (round(iteration_us["p50"] - ideal_end * to_emulated, 3)
                             if iteration_us else None),
-        "idle_gpu_us": round(idle_total / max(1, len(its)) / 1000, 3),
+        "idle_gpu_us": round(idle_total / len(its) / 1000, 3) if done else None,
     }
     p50 = iteration_us["p50"] if iteration_us else None
     on_n = idle_us / time_scale / 1e6 * extrapolate_gpus  # modelled GPU-s, as run
@@ -89,6 +90,15 @@ def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
         "operations": operations(spans, time_scale),
     }
     return {**figures, "job": job}
+
+
+def whole_iterations(rows: Sequence[dict], ranks: int) -> List[dict]:
+    """The rows of the iterations every one of ``ranks`` finished (a failed job leaves some
+    ranks one iteration ahead of the rest)."""
+    count: Dict[int, int] = defaultdict(int)
+    for row in rows:
+        count[int(row["iteration"])] += 1
+    return [row for row in rows if count[int(row["iteration"])] == ranks]
 
 
 def ops_by_rank_iteration(spans: Sequence[dict]) -> Dict[tuple, Dict[int, dict]]:

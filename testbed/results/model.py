@@ -411,6 +411,21 @@ class PolicyResult(Record):
     traffic_classes: Tuple[str, ...] = figure("the policy's traffic classes", default=())
     congestion_control: Optional[str] = figure("dcqcn or none, as run")
     rto_us: Optional[float] = figure("the NICs' retransmission timeout as run (modelled us)")
+    retry_budget: Optional[Dict[str, Any]] = figure(
+        "how long a QP may go without progress before it errors: ack_timeout_us (4.096 us x "
+        "2^transport.ib_timeout), retry_limit, budget_us (their product), budget_emulated_s "
+        "(the same on this run's clock), stall_limit_us (the budget, or how long the run can "
+        "wait if shorter) and reachable (false: no QP can spend its budget in this run)",
+        unit="us, modelled")
+    job_failed: Optional[Dict[str, Any]] = figure(
+        "the job failed under this policy (null: it did not): reason (retry-exceeded: a QP "
+        "spent its retry budget and completed with status IBV_WC_RETRY_EXC_ERR, as NCCL "
+        "reports it; stalled: no progress for as long as the run waits, the budget not spent, "
+        "its outcome unknown), host, rank, and for a QP peer_host, peer_rank, qpn, psn (the "
+        "oldest unacknowledged), retries, last_progress_us, seen {acks, naks, timeouts, "
+        "retransmitted}; iteration (from 0), at_us, no_progress_us, detail and text (one "
+        "line). The figures above count the iterations finished before it",
+        unit="us, modelled")
     warnings: Tuple[str, ...] = figure(
         "anything that makes the figures less trustworthy", default=())
     as_run: Optional[Any] = field(default=None, repr=False, compare=False, metadata=NOT_JSON)

@@ -1,4 +1,5 @@
-"""What a run prints: the comparison table, the size sweep, fidelity warnings (pure text).
+"""What a run prints: the comparison table, the size sweep, per-GPU and per-operation tables
+(pure text; the one-line verdicts are ``testbed.results.verdicts``).
 
 Reads the typed results (``testbed.results.model``). Times lead in the modelled fabric's time
 (the emulated time divided by the time scale); ``emulated=True`` shows them as run.
@@ -10,6 +11,7 @@ from statistics import fmean
 from typing import Dict, List, Sequence, Tuple
 
 from .model import CollectiveResult, PolicyResult, RunResult
+from .verdicts import outcome
 
 
 def fmt(value, digits=1) -> str:
@@ -69,6 +71,7 @@ ROWS = [
     ("latency max (us)", lambda p: _at(p.latency_us, "max")),
     ("jitter |IPDV| p99 (us)", lambda p: _at(p.jitter_us, "ipdv_abs_p99")),
     ("latency p99 / p50", lambda p: p.tail_ratio_p99_p50),
+    ("job", lambda p: outcome(p.job_failed)),
     ("iteration p50 (ms)", lambda p: _ms(_at(p.iteration_us, "p50"))),
     ("iteration p99 (ms)", lambda p: _ms(_at(p.iteration_us, "p99"))),
     ("  at full size (ms, modelled; byte scale)", lambda p: _full_size(p.job)),
@@ -107,8 +110,9 @@ ROWS = [
         f"{v:,}" for v in (p.spine_load_packets or {}).values()) or None),
 ]
 """The comparison: (label, figure of a policy's results) per row."""
-JOB_ROWS = {label for label, _ in ROWS[ROWS.index(next(r for r in ROWS if r[0].startswith(
-    "iteration p50"))):ROWS.index(next(r for r in ROWS if r[0] == "CCT p50 (ms)"))]}
+JOB_ROWS = {label for label, _ in ROWS[ROWS.index(next(r for r in ROWS if r[0] == "job")):
+                                       ROWS.index(next(r for r in ROWS
+                                                       if r[0] == "CCT p50 (ms)"))]}
 """Rows of a training job's figures (shown when a policy ran one)."""
 COLLECTIVE_ROWS = {"CCT p50 (ms)", "CCT p99 (ms)", "CCT max (ms)", "busbw (Gbit/s, modelled)",
                    "straggler idle / iteration (ms)", "same tail on N GPUs (GPU-s/step)"}
@@ -378,17 +382,6 @@ def sweep_table(policy: str, entries: Sequence[CollectiveResult],
     return table(*sweep(policy, entries, emulated))
 
 
-def fidelity_warnings(results: RunResult) -> List[str]:
-    """One line per policy whose run was outside the fidelity monitor's tolerances."""
-    out = []
-    for name, p in results.policies.items():
-        f = p.fidelity
-        if f is not None and f.verdict == "outside tolerance":
-            out.append(f"warning: {name}: fidelity outside tolerance: "
-                       f"{'; '.join(f.problems)}. {f.advice or ''}".rstrip())
-    return out
-
-
 def _mbit(gbps):
     return None if gbps is None else gbps * 1000.0
 
@@ -400,15 +393,3 @@ def _size(n) -> str:
         if n >= div and n % div == 0:
             return f"{n // div}{unit}"
     return f"{n}B"
-
-
-def cost_text(cost: dict) -> str:
-    """One line: where the machine went (the report's line beside the fidelity verdict)."""
-    if not cost:
-        return "not measured"
-    us = cost["us_per_frame"]
-    if cost["total_us_per_frame"] is None:
-        return "no frames delivered"
-    parts = [f"{name.replace('_', ' ')} {v:,.0f}" for name, v in us.items() if v]
-    return (f"{cost['total_us_per_frame']:,.0f} us CPU per frame ("
-            + ", ".join(parts) + f"); CPUs {cost['busy_share']:.0%} busy")

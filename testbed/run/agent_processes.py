@@ -33,7 +33,44 @@ from .runplan import PolicyRun, decide
 
 START_MARGIN_S = 0.2  # agents start together this long after the go
 STUCK_CAP = 10  # an agent still working towards "ready" or "done" gets at most 10x the wait
-MAX_RTO_FACTOR = 8  # the retransmission timeout backs off up to this multiple
+
+
+def ack_timeout_us(ib_timeout: int) -> float:
+    """An RC QP's local ACK timeout (IBTA: 4.096 us x 2^timeout), modelled us."""
+    return 4.096 * 2 ** ib_timeout
+
+
+def retry_budget(run: PolicyRun) -> dict:
+    """How long a QP may go without progress before it errors (``retry_limit`` local ACK
+    timeouts, modelled), and whether a run can wait that long: beyond ``patience_s`` it
+    reports the job stalled instead (the results' ``retry_budget``)."""
+    tr, scale = run.scenario.transport, run.time_scale
+    budget = tr.retry_limit * ack_timeout_us(tr.ib_timeout)
+    patience = patience_s(run) * 1e6 / scale
+    return {"ack_timeout_us": round(ack_timeout_us(tr.ib_timeout), 3),
+            "retry_limit": tr.retry_limit, "budget_us": round(budget, 3),
+            "budget_emulated_s": round(budget * scale / 1e6, 3),
+            "stall_limit_us": round(min(budget, patience), 3),
+            "reachable": budget <= patience}
+
+
+def budget_text(budget: dict) -> str:
+    """A line for the user: the retry budget, and what happens when a run cannot reach it."""
+    text = (f"retry budget: a QP errors after {_seconds(budget['budget_us'] / 1e6)} without "
+            f"progress ({budget['retry_limit']} x the {_seconds(budget['ack_timeout_us'] / 1e6)} "
+            "local ACK timeout, modelled)")
+    if budget["reachable"]:
+        return text
+    return (text + f" - {_seconds(budget['budget_emulated_s'])} here, more than this run can "
+            f"wait: a QP without progress for {_seconds(budget['stall_limit_us'] / 1e6)} "
+            "(modelled) is reported as stalled, its outcome unknown")
+
+
+def _seconds(s: float) -> str:
+    for unit, size in (("h", 3600.0), ("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= size:
+            return f"{s / size:,.3g} {unit}"
+    return f"{s * 1e9:,.3g} ns"
 
 
 def transport_config(run: PolicyRun) -> Transport:
@@ -45,7 +82,8 @@ def transport_config(run: PolicyRun) -> Transport:
     return Transport(
         congestion_control=run.congestion_control,
         qps_per_peer=tr.qps_per_peer, entropy=tr.entropy, ack_every=tr.ack_every,
-        rto_ns=rto_ns, max_rto_ns=MAX_RTO_FACTOR * rto_ns, retry_limit=tr.retry_limit,
+        rto_ns=rto_ns, ack_timeout_ns=scenario.emulated_ns(ack_timeout_us(tr.ib_timeout)),
+        retry_limit=tr.retry_limit, stall_ns=int(patience_s(run) * 1e9),
         reorder_ns=rto_ns // 2 if tr.entropy == "per-packet" else 0,
         go_back_0=tr.retransmission == "go-back-0",
         dcqcn_timer_ns=scenario.emulated_ns(tr.dcqcn_timer_us),
@@ -116,13 +154,17 @@ def expected_duration_s(scenario: Scenario, job: Optional[JobPlan] = None) -> fl
     return wire + compute * w.iterations * len(w.run_sizes)
 
 
+def patience_s(run: PolicyRun) -> float:
+    """How long a QP, or a GPU waiting for the network, may go without progress before the
+    agents report the job stalled (emulated s): as long as a slow emulation of the whole
+    replay may take (10x the line-rate estimate, plus 30 s)."""
+    return 30 + 10 * expected_duration_s(run.scenario, run.job)
+
+
 def finish_timeout_s(run: PolicyRun) -> float:
-    """How long a run waits for its agents: generous for slow emulation (10x the line-rate
-    estimate) plus one QP's worst recovery (every retry at the longest timeout)."""
-    scenario = run.scenario
-    worst_recovery = (scenario.transport.retry_limit * MAX_RTO_FACTOR
-                      * scenario.emulated_ns(run.rto_us) / 1e9)
-    return 30 + 10 * expected_duration_s(scenario, run.job) + worst_recovery
+    """How long a run waits for its agents: the replay slowly emulated, and then one stall
+    reported (``patience_s`` each)."""
+    return 2 * patience_s(run) + 30
 
 
 def process_groups(hosts: List[str], servers: Dict[str, str], loops: int,
@@ -231,16 +273,19 @@ class AgentGroup:
         return start_ns
 
     def wait(self, timeout: float, on_iteration: Callable[[int], None] = lambda i: None,
-             alive: Callable[[], None] = lambda: None) -> None:
-        """Follow the agents until all have ``finished``, then ``collect`` their records."""
-        self.wait_finished(timeout, on_iteration, alive)
-        self.collect()
+             alive: Callable[[], None] = lambda: None) -> Optional[dict]:
+        """Follow the agents until all have ``finished`` or one GPU's job failed, then
+        ``collect`` their records; the failure, if one came."""
+        failure = self.wait_finished(timeout, on_iteration, alive)
+        self.collect(abort=failure is not None)
+        return failure
 
     def wait_finished(self, timeout: float, on_iteration: Callable[[int], None] = lambda i: None,
-                      alive: Callable[[], None] = lambda: None) -> None:
+                      alive: Callable[[], None] = lambda: None) -> Optional[dict]:
         """Follow the agents until every GPU has ``finished`` its collectives (they keep
-        answering their peers until told to stop). ``alive`` checks the controller and the
-        queue emulator."""
+        answering their peers until told to stop), or until one says its job ``failed``:
+        then that failure (``traffic.gpu.Gpu.fail``: emulated ns). ``alive`` checks the
+        controller and the queue emulator."""
         deadline = time.monotonic() + timeout
         pending = {h for hosts in self.hosts_of.values() for h in hosts}
         reported = -1
@@ -252,6 +297,8 @@ class AgentGroup:
                 raise AgentError(f"agents did not finish within {timeout:.0f} s: {slow}")
             for _name, line in self._read_lines(self.procs, 0.2):
                 word, _, rest = line.partition(" ")
+                if word == "failed":
+                    return json.loads(rest.partition(" ")[2])
                 if word == "finished":
                     pending.discard(rest)
                 elif word == "iter":
@@ -262,11 +309,12 @@ class AgentGroup:
                         reported = slowest
                         on_iteration(slowest)
 
-    def collect(self) -> None:
-        """Tell the agents to ``stop``; wait until they wrote their records (``done``)."""
+    def collect(self, abort: bool = False) -> None:
+        """Tell the agents to ``stop`` (a failed job: to ``abort`` at once); wait until they
+        wrote their records (``done``)."""
         for name, proc in self.procs.items():
             try:
-                proc.stdin.write(b"stop\n")
+                proc.stdin.write(b"abort\n" if abort else b"stop\n")
                 proc.stdin.flush()
             except BrokenPipeError:
                 self._died(name)

@@ -47,7 +47,8 @@ from ..scenario import capacity, timescale
 from ..scenario.config import Scenario
 from ..switchq.handle import EmulatorProcess, Emulators
 from . import calibrate, cost
-from .agent_processes import AgentGroup, expected_duration_s, finish_timeout_s
+from .agent_processes import (AgentGroup, budget_text, expected_duration_s, finish_timeout_s,
+                               retry_budget)
 from .background import Background, background_plan
 from .controller_process import ControllerProcess
 from .fidelity import CpuSampler, evaluate
@@ -474,6 +475,7 @@ class Replay:
     background: dict = field(default_factory=dict)
     pcaps: Optional[dict] = None
     rxe: Optional[dict] = None
+    job_failed: Optional[dict] = None  # a GPU's job failed (``job_failure``)
 
 
 @dataclass
@@ -600,6 +602,9 @@ def _replay(run: PolicyRun, session: "Session", emu, rxe, records: str, run_dir:
         if capture:
             capture.start()
             say(f"capturing on {len(capture.procs)} GPU NICs into pcap/{name}/")
+        budget = retry_budget(run)
+        if not budget["reachable"]:
+            say(budget_text(budget))
         say(f"replaying {_workload_text(scenario, len(plan.gpus), run.job)} "
             f"(about {expected:.1f} s at line rate)")
         if run.job is not None and run.job.warning:
@@ -610,17 +615,20 @@ def _replay(run: PolicyRun, session: "Session", emu, rxe, records: str, run_dir:
         t_traffic = time.monotonic()
         total = agents.iterations
         with CpuSampler() as cpu:  # while the traffic runs
-            agents.wait_finished(timeout=finish_timeout_s(run),
-                                 on_iteration=lambda i: say(
-                                     f"iteration {i + 1}/{total} "
-                                     f"({time.monotonic() - t_traffic:.1f} s)"),
-                                 alive=alive)
+            failure = agents.wait_finished(timeout=finish_timeout_s(run),
+                                           on_iteration=lambda i: say(
+                                               f"iteration {i + 1}/{total} "
+                                               f"({time.monotonic() - t_traffic:.1f} s)"),
+                                           alive=alive)
         replay.cpu_samples = cpu.samples
         replay.finished = snapshot()
+        if failure is not None:
+            replay.job_failed = job_failure(failure, run.time_scale)
+            say(f"the job failed: {replay.job_failed['text']}")
         replay.background = stop_background() or {}
         replay.in_flight = queued_frames(drain(session.fabric, DRAIN_LIMIT_S, say))
-        agents.collect()
-        if rxe:
+        agents.collect(abort=failure is not None)
+        if rxe and failure is None:
             replay.rxe = rxe.run(say)
         replay.pcaps = stop_capture()
     return replay
@@ -692,6 +700,8 @@ def _figures(run: PolicyRun, records: str, run_dir: str, replay: Replay, end: Fa
         "background": replay.background or None,
         "pcap": replay.pcaps,
         "rxe": replay.rxe,
+        "job_failed": replay.job_failed,
+        "retry_budget": retry_budget(run),
         "warnings": warnings + rxe_warnings(replay.rxe),
         "duration_s": round(duration_s, 2),
     })
@@ -707,6 +717,30 @@ def _figures(run: PolicyRun, records: str, run_dir: str, replay: Replay, end: Fa
                                    packets.path_minima_us(expected), replay.cpu_samples,
                                    scenario, nic_pauses)
     return figures
+
+
+def job_failure(failure: dict, time_scale: float) -> dict:
+    """A GPU's report that its job failed (``traffic.gpu.Gpu.fail``, emulated ns) as the
+    results give it: times in modelled us, and one line as NCCL's warning would read."""
+    out = {k: v for k, v in failure.items() if not k.endswith("_ns")}
+    for key in ("at_ns", "no_progress_ns", "last_progress_ns"):
+        if failure.get(key) is not None:
+            out[key[:-3] + "_us"] = round(failure[key] / 1000 / time_scale, 3)
+    where = f"{failure['host']} (rank {failure['rank']})"
+    if failure.get("qpn") is not None:
+        where = (f"QP {failure['qpn']:#x} of {where} to {failure['peer_host']} (rank "
+                 f"{failure['peer_rank']})")
+    what = (f"completed with {failure['status']}" if failure.get("status")
+            else "made no progress for as long as this run waits (its retry budget not "
+                 "spent: the outcome unknown)")
+    seen = failure.get("seen")
+    why = (f"PSN {failure['psn']} unacknowledged for {out['no_progress_us']:,.0f} us after "
+           f"{failure['retries']} retries; it had {seen['acks']:,} ACKs, {seen['naks']:,} NAKs, "
+           f"{seen['timeouts']:,} timeouts" if seen is not None else
+           f"no packet moved for {out['no_progress_us']:,.0f} us ({failure.get('detail')})")
+    out["text"] = (f"{where} {what} in iteration {failure['iteration'] + 1}, "
+                   f"{out['at_us'] / 1000:,.3f} ms into the run (modelled): {why}")
+    return out
 
 
 def _count(value) -> str:

@@ -288,12 +288,19 @@ class TransportConfig:
         "min": 1, "max": 4096, "unit": "packets", "doc": "responder ACK coalescing"})
     rto_us: Union[float, str] = field(default=AUTO, metadata={
         "auto": True, "min": 0.001, "max": 600_000_000.0, "unit": "us (modelled)",
-        "doc": "retransmission timeout (doubles per retry, up to 8x); auto: the policy's - "
-               "lossless 1,000 us, longer than PFC's pauses and a slowed QP's coalesced ACKs "
-               "take; 100 us elsewhere - and at least twice the time the RoCE class's buffer "
-               "takes to drain at the slowest link"})
+        "doc": "the first retransmission timeout, doubling per retry up to the local ACK "
+               "timeout (adaptive retransmission); auto: the policy's - lossless 1,000 us, "
+               "longer than PFC's pauses and a slowed QP's coalesced ACKs take; 100 us "
+               "elsewhere - and at least twice the time the RoCE class's buffer takes to "
+               "drain at the slowest link"})
+    ib_timeout: int = field(default=20, metadata={
+        "min": 1, "max": 31,
+        "doc": "the QPs' local ACK timeout exponent: 4.096 us x 2^ib_timeout, modelled "
+               "(NCCL_IB_TIMEOUT: 20 since NCCL 2.23, 4.29 s; 18 in 2.14-2.22; 14 before)"})
     retry_limit: int = field(default=7, metadata={
-        "min": 1, "max": 64, "doc": "retransmissions of one PSN before the QP fails"})
+        "min": 1, "max": 7,
+        "doc": "local ACK timeouts without progress before a QP goes to error and the job "
+               "fails (NCCL_IB_RETRY_CNT; the QP's 3-bit retry_cnt)"})
     dcqcn_timer_us: float = field(default=8.0, metadata={
         "min": 0.001, "max": 60_000_000.0, "unit": "us (modelled)",
         "doc": "DCQCN alpha-update and rate-increase timers (paper: 55 us, about ten base "

@@ -11,7 +11,8 @@ from traffic.jobgraph import collective_of
 from traffic.progress import Progress, phases
 
 TRANSPORT = Transport(congestion_control="none", qps_per_peer=1, entropy="per-qp", ack_every=16,
-                      rto_ns=10**8, max_rto_ns=8 * 10**8, retry_limit=7, reorder_ns=0,
+                      rto_ns=10**8, ack_timeout_ns=8 * 10**8, retry_limit=7,
+                      stall_ns=10**11, reorder_ns=0,
                       go_back_0=False,
                       dcqcn_timer_ns=10**7, dcqcn_byte_counter=256000, dcqcn_clamp_target=False,
                       cnp_interval_ns=10**7, roce_tos=106, ack_tos=104, cnp_tos=192)

@@ -1,6 +1,8 @@
 import dataclasses
 import json
 
+import pytest
+
 from testbed.run.agent_processes import agent_configs as typed_agent_configs
 from testbed.run.agent_processes import expected_duration_s, finish_timeout_s
 from testbed.run.agent_processes import transport_config as typed_transport_config
@@ -68,7 +70,9 @@ def test_transport_settings_in_emulated_units():
     s = Scenario.from_dict({"transport": {"rto_us": 40, "entropy": "per-packet",
                                           "qps_per_peer": 4}}).for_checks()
     t = transport_config(decided("lossless", PLAN, s))
-    assert t["rto_ns"] == 100_000_000 and t["max_rto_ns"] == 800_000_000
+    assert t["rto_ns"] == 100_000_000
+    # the local ACK timeout: 4.096 us x 2^20 modelled (NCCL's default), x 2,500
+    assert t["ack_timeout_ns"] == round(4.096 * 2**20 * 2500 * 1000) and t["retry_limit"] == 7
     assert t["reorder_ns"] == 50_000_000 and t["qps_per_peer"] == 4
     assert t["roce_tos"] == (26 << 2) | 2 and t["ack_tos"] == 26 << 2 and t["cnp_tos"] == 48 << 2
     assert t["dcqcn_timer_ns"] == 20_000_000 and t["cnp_interval_ns"] == 20_000_000
@@ -109,14 +113,36 @@ def test_neighbour_hosts_get_no_agent():
     assert all(len(c["peers"]) == 3 for c in cfgs)
 
 
-def test_the_wait_for_agents_covers_the_longest_recovery():
-    short = decided("hyperscale", PLAN,
-                    Scenario.from_dict({"transport": {"rto_us": 100}}).for_checks())
-    long = decided("hyperscale", PLAN,
-                   Scenario.from_dict({"transport": {"rto_us": 400}}).for_checks())
-    # 7 retries at the backed-off 8 x RTO: 14 s and 56 s
-    assert finish_timeout_s(long) - finish_timeout_s(short) == 56 - 14
-    assert finish_timeout_s(short) == 30 + 10 * expected_duration_s(short.scenario) + 14
+def test_the_agents_report_a_stall_before_the_runner_stops_waiting():
+    from testbed.run.agent_processes import patience_s
+
+    run = decided("hyperscale", PLAN, Scenario.from_dict({}).for_checks())
+    patience = patience_s(run)
+    assert patience == 30 + 10 * expected_duration_s(run.scenario)
+    assert transport_config(run)["stall_ns"] == int(patience * 1e9)
+    # a stall may start as the replay ends: the runner waits for both, and a margin
+    assert finish_timeout_s(run) >= 2 * patience + 30
+
+
+def test_the_retry_budget_is_a_real_rnics_and_a_run_says_when_it_cannot_reach_it():
+    from testbed.run.agent_processes import budget_text, retry_budget
+
+    run = decided("hyperscale", PLAN, Scenario.from_dict({}).for_checks())
+    budget = retry_budget(run)
+    # NCCL 2.23+: 4.096 us x 2^20 = 4.29 s per local ACK timeout, 7 of them (about 30 s)
+    assert budget["ack_timeout_us"] == pytest.approx(4_294_967.296)
+    assert budget["budget_us"] == pytest.approx(7 * 4_294_967.296)
+    assert budget["budget_emulated_s"] == pytest.approx(7 * 4.294967296 * 2500)  # 40 Mbit/s
+    assert not budget["reachable"] and budget["stall_limit_us"] < budget["budget_us"]
+    text = budget_text(budget)
+    assert text.startswith("retry budget: a QP errors after 30.1 s without progress (7 x the "
+                           "4.29 s local ACK timeout, modelled) - 20.9 h here"), text
+    assert "reported as stalled, its outcome unknown" in text
+    short = decided("hyperscale", PLAN, Scenario.from_dict(
+        {"transport": {"ib_timeout": 8, "retry_limit": 3}}).for_checks())
+    budget = retry_budget(short)
+    assert budget["reachable"] and budget["stall_limit_us"] == budget["budget_us"]
+    assert budget_text(budget).endswith("modelled)")
 
 
 def test_the_rto_is_the_policy_s_unless_the_scenario_gives_one():

@@ -1,5 +1,5 @@
 """The emulation cost: CPU per component between two snapshots (pure)."""
-from testbed.results.report import cost_text
+from testbed.results.verdicts import cost_text
 from testbed.run.cost import COMPONENTS, Snapshot, breakdown, cost_report
 
 MACHINE0 = dict(user=100.0, nice=0.0, system=50.0, idle=500.0, iowait=0.0, irq=1.0,

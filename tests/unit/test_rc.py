@@ -3,7 +3,7 @@ import pytest
 
 from traffic import roce
 from traffic.rc import (SYNDROME_ACK, SYNDROME_NAK_SEQ, Requester, Responder, RetryExceeded,
-                        psn_diff)
+                        Stalled, psn_diff)
 
 MTU = 1024
 MS = 1_000_000
@@ -32,7 +32,7 @@ def deliver(resp, packets, now=0, drop=()):
 
 
 def test_a_message_is_cut_into_first_middle_last_with_ackreq_on_the_last():
-    req = Requester(MTU, rto_ns=10 * MS, max_rto_ns=80 * MS, first_psn=100)
+    req = Requester(MTU, rto_ns=10 * MS, ack_timeout_ns=80 * MS, first_psn=100)
     req.post("m1", 3 * MTU + 10, now=0)
     pkts = drain(req)
     assert [p.psn for p in pkts] == [100, 101, 102, 103]
@@ -43,7 +43,7 @@ def test_a_message_is_cut_into_first_middle_last_with_ackreq_on_the_last():
 
 
 def test_one_lost_packet_one_nak_go_back_n_then_in_order_delivery():
-    req = Requester(MTU, rto_ns=10 * MS, max_rto_ns=80 * MS)
+    req = Requester(MTU, rto_ns=10 * MS, ack_timeout_ns=80 * MS)
     resp = Responder(ack_every=100)
     msg = req.post("m", 8 * MTU, now=0)
     first = drain(req)
@@ -64,7 +64,7 @@ def test_one_lost_packet_one_nak_go_back_n_then_in_order_delivery():
 
 
 def test_acks_are_coalesced_every_n_packets_and_on_ackreq():
-    req = Requester(MTU, rto_ns=10 * MS, max_rto_ns=80 * MS)
+    req = Requester(MTU, rto_ns=10 * MS, ack_timeout_ns=80 * MS)
     resp = Responder(ack_every=4)
     req.post("a", 10 * MTU, now=0)
     delivered, responses = deliver(resp, drain(req))
@@ -75,7 +75,7 @@ def test_acks_are_coalesced_every_n_packets_and_on_ackreq():
 
 def test_duplicates_are_dropped_and_reacknowledged():
     resp = Responder(ack_every=100)
-    req = Requester(MTU, rto_ns=MS, max_rto_ns=8 * MS)
+    req = Requester(MTU, rto_ns=MS, ack_timeout_ns=8 * MS)
     req.post("a", 2 * MTU, now=0)
     pkts = drain(req)
     deliver(resp, pkts)
@@ -84,8 +84,10 @@ def test_duplicates_are_dropped_and_reacknowledged():
     assert resp.counters["duplicates"] == 1
 
 
-def test_retransmission_timeout_with_exponential_backoff_and_a_retry_limit():
-    req = Requester(MTU, rto_ns=10 * MS, max_rto_ns=25 * MS, retry_limit=3)
+def test_the_timeout_doubles_up_to_the_ack_timeout_and_the_qp_errors_after_its_budget():
+    # adaptive: 10 ms first, doubling up to the 25 ms local ACK timeout; the QP errors once
+    # it went 3 x 25 ms without progress, as an RNIC with retry_cnt 3
+    req = Requester(MTU, rto_ns=10 * MS, ack_timeout_ns=25 * MS, retry_limit=3)
     req.post("a", 2 * MTU, now=0)
     drain(req, now=0)
     assert req.deadline() == 10 * MS
@@ -95,16 +97,44 @@ def test_retransmission_timeout_with_exponential_backoff_and_a_retry_limit():
     assert req.deadline() == 10 * MS + 20 * MS  # doubled
     assert req.check_timeout(30 * MS)
     drain(req, now=30 * MS)
-    assert req.deadline() == 30 * MS + 25 * MS  # capped
+    assert req.deadline() == 30 * MS + 25 * MS  # capped at the ACK timeout
     assert req.check_timeout(55 * MS)
     drain(req, now=55 * MS)
-    with pytest.raises(RetryExceeded):
-        req.check_timeout(80 * MS)
+    assert req.deadline() == 75 * MS  # the budget ends before the next timeout would
+    with pytest.raises(RetryExceeded) as error:
+        req.check_timeout(75 * MS)
+    assert not isinstance(error.value, Stalled)
+    assert (error.value.psn, error.value.retries, error.value.no_progress_ns) == (0, 3, 75 * MS)
     assert req.counters["timeouts"] == 3
+    # in the error state: nothing more to send, no timer (its work requests are flushed)
+    assert req.deadline() is None and req.peek() is None and not req.pending()
+
+
+def test_progress_restarts_the_budget_and_a_run_that_cannot_wait_reports_a_stall():
+    req = Requester(MTU, rto_ns=10 * MS, ack_timeout_ns=25 * MS, retry_limit=3)
+    req.post("a", 3 * MTU, now=0)
+    drain(req, now=0)
+    for t in (10, 30, 55):
+        assert req.check_timeout(t * MS)
+        drain(req, now=t * MS)
+    assert req.on_ack(0, SYNDROME_ACK, now=70 * MS) == []  # progress: a budget anew
+    assert req.deadline() == 80 * MS and req.retries == 0
+    assert req.check_timeout(80 * MS)
+    # the same QP in a run that can wait only 40 ms: past that it is stalled, not in error
+    short = Requester(MTU, rto_ns=10 * MS, ack_timeout_ns=25 * MS, retry_limit=3,
+                      stall_ns=40 * MS)
+    short.post("a", MTU, now=0)
+    drain(short, now=0)
+    for t in (10, 30):
+        assert short.check_timeout(t * MS)
+        drain(short, now=t * MS)
+    assert short.deadline() == 40 * MS
+    with pytest.raises(Stalled):
+        short.check_timeout(40 * MS)
 
 
 def test_an_ack_resets_the_timer_and_completes_messages_in_order():
-    req = Requester(MTU, rto_ns=10 * MS, max_rto_ns=80 * MS)
+    req = Requester(MTU, rto_ns=10 * MS, ack_timeout_ns=80 * MS)
     a = req.post("a", MTU, now=0)
     b = req.post("b", MTU, now=0)
     drain(req, now=0)
@@ -116,7 +146,7 @@ def test_an_ack_resets_the_timer_and_completes_messages_in_order():
 
 
 def test_peek_does_not_advance_until_commit():
-    req = Requester(MTU, rto_ns=MS, max_rto_ns=MS)
+    req = Requester(MTU, rto_ns=MS, ack_timeout_ns=MS)
     req.post("a", 2 * MTU, now=0)
     o = req.peek()
     assert req.peek() == o  # the NIC was busy: the same packet again
@@ -125,7 +155,7 @@ def test_peek_does_not_advance_until_commit():
 
 
 def test_psns_wrap_around_24_bits():
-    req = Requester(MTU, rto_ns=MS, max_rto_ns=MS, first_psn=(1 << 24) - 2)
+    req = Requester(MTU, rto_ns=MS, ack_timeout_ns=MS, first_psn=(1 << 24) - 2)
     msg = req.post("a", 4 * MTU, now=0)
     psns = [p.psn for p in drain(req)]
     assert psns == [(1 << 24) - 2, (1 << 24) - 1, 0, 1]
@@ -135,7 +165,7 @@ def test_psns_wrap_around_24_bits():
 
 def test_reordering_responder_places_by_psn_without_spurious_naks():
     resp = Responder(ack_every=100, reorder_ns=5 * MS)
-    req = Requester(MTU, rto_ns=50 * MS, max_rto_ns=50 * MS)
+    req = Requester(MTU, rto_ns=50 * MS, ack_timeout_ns=50 * MS)
     req.post("a", 6 * MTU, now=0)
     pkts = drain(req)
     order = [pkts[i] for i in (0, 2, 1, 4, 5, 3)]  # sprayed over paths of different delay
@@ -147,7 +177,7 @@ def test_reordering_responder_places_by_psn_without_spurious_naks():
 
 def test_reordering_responder_naks_a_gap_that_lasts():
     resp = Responder(ack_every=100, reorder_ns=5 * MS)
-    req = Requester(MTU, rto_ns=50 * MS, max_rto_ns=50 * MS)
+    req = Requester(MTU, rto_ns=50 * MS, ack_timeout_ns=50 * MS)
     req.post("a", 4 * MTU, now=0)
     pkts = drain(req)
     _d, responses = deliver(resp, [pkts[0], pkts[2]], now=0)
@@ -161,7 +191,7 @@ def test_reordering_responder_naks_a_gap_that_lasts():
 def test_a_nak_for_a_psn_already_acknowledged_does_not_rewind():
     """A late NAK (its gap long filled, everything acknowledged since) is a ghost: the
     requester must not go back to PSNs whose messages are complete and gone."""
-    req = Requester(MTU, rto_ns=10 * MS, max_rto_ns=80 * MS)
+    req = Requester(MTU, rto_ns=10 * MS, ack_timeout_ns=80 * MS)
     req.post("m1", MTU, now=0)
     req.post("m2", 3 * MTU, now=0)
     assert [p.psn for p in drain(req)] == [0, 1, 2, 3]
@@ -173,7 +203,7 @@ def test_a_nak_for_a_psn_already_acknowledged_does_not_rewind():
 
 
 def test_go_back_0_discards_the_partial_message_and_restarts_it_from_its_first_packet():
-    req = Requester(MTU, rto_ns=10 * MS, max_rto_ns=80 * MS)
+    req = Requester(MTU, rto_ns=10 * MS, ack_timeout_ns=80 * MS)
     resp = Responder(ack_every=2, go_back_0=True)
     done = req.post("done", 2 * MTU, now=0)
     msg = req.post("m", 6 * MTU, now=0)  # PSNs 2..7
@@ -195,7 +225,7 @@ def test_go_back_0_discards_the_partial_message_and_restarts_it_from_its_first_p
 
 
 def test_go_back_0_never_completes_a_message_that_loses_a_packet_every_pass():
-    req = Requester(MTU, rto_ns=10 * MS, max_rto_ns=80 * MS, retry_limit=64)
+    req = Requester(MTU, rto_ns=10 * MS, ack_timeout_ns=80 * MS)
     resp = Responder(ack_every=16, go_back_0=True)
     req.post("m", 8 * MTU, now=0)
     for attempt in range(1, 5):  # a drop rate of 1 in 8: one packet lost in every pass
@@ -215,7 +245,7 @@ def test_go_back_0_never_completes_a_message_that_loses_a_packet_every_pass():
 
 
 def test_go_back_0_retries_for_as_long_as_naks_come():
-    req = Requester(MTU, rto_ns=10 * MS, max_rto_ns=80 * MS, retry_limit=1, go_back_0=True)
+    req = Requester(MTU, rto_ns=10 * MS, ack_timeout_ns=80 * MS, retry_limit=1, go_back_0=True)
     resp = Responder(ack_every=16, go_back_0=True)
     req.post("m", 8 * MTU, now=0)
     for attempt in range(1, 6):  # five passes, 10 ms apart, each NAKed
@@ -237,7 +267,7 @@ def test_go_back_0_retries_for_as_long_as_naks_come():
 def test_go_back_0_never_acknowledges_part_of_a_message_when_a_timeout_rewinds_into_it():
     # the requester's timer fired while the message was still arriving (it shares a link):
     # it rewinds to the message's start; the responder, half way through, sees duplicates
-    req = Requester(MTU, rto_ns=10 * MS, max_rto_ns=80 * MS, go_back_0=True)
+    req = Requester(MTU, rto_ns=10 * MS, ack_timeout_ns=80 * MS, go_back_0=True)
     resp = Responder(ack_every=2, go_back_0=True)
     req.post("m", 8 * MTU, now=0)
     first = drain(req)

@@ -6,7 +6,8 @@ import os
 import pytest
 
 from testbed.base.atomic import write_json_atomic
-from testbed.results.report import fidelity_warnings, summary_table, sweep_table
+from testbed.results.report import summary_table, sweep_table
+from testbed.results.verdicts import fidelity_warnings, job_failures
 from testbed.results.collect import Mechanisms, RunContext, collect
 from testbed.results.model import CollectiveResult, RunResult
 from traffic.records import ITERATION_FIELDS, PACKET_FIELDS
@@ -196,6 +197,50 @@ def test_fidelity_warnings_name_the_policy_and_the_advice():
     lines = fidelity_warnings(typed(results))
     assert len(lines) == 1 and lines[0].startswith("warning: lossless: fidelity outside")
     assert "saturated" in lines[0] and "lower link rates" in lines[0]
+
+
+def test_a_failed_job_reads_as_nccl_says_it_in_the_table_and_a_line_of_its_own():
+    from testbed.run.runner import job_failure
+
+    failure = job_failure({"reason": "retry-exceeded", "host": "gpu1", "rank": 0,
+                           "iteration": 1, "at_ns": 6_250_000_000, "detail": "",
+                           "no_progress_ns": 93_750_000_000,
+                           "status": "IBV_WC_RETRY_EXC_ERR (12)", "peer_rank": 2,
+                           "peer_host": "gpu3", "qpn": 0x110, "psn": 93, "retries": 12,
+                           "last_progress_ns": 6_000_000_000,
+                           "seen": {"acks": 40, "naks": 3, "timeouts": 12,
+                                    "retransmitted": 900}}, time_scale=3125.0)
+    assert failure["at_us"] == 2000.0 and failure["no_progress_us"] == 30_000.0
+    assert "at_ns" not in failure and failure["last_progress_us"] == 1920.0
+    assert failure["text"] == (
+        "QP 0x110 of gpu1 (rank 0) to gpu3 (rank 2) completed with IBV_WC_RETRY_EXC_ERR (12) "
+        "in iteration 2, 2.000 ms into the run (modelled): PSN 93 unacknowledged for 30,000 us "
+        "after 12 retries; it had 40 ACKs, 3 NAKs, 12 timeouts")
+    stalled = job_failure({"reason": "stalled", "host": "gpu4", "rank": 3, "iteration": 0,
+                           "at_ns": 3125_000, "no_progress_ns": 3125_000_000,
+                           "detail": "no packet moved in dp, 1,024 B"}, time_scale=3125.0)
+    assert "made no progress for as long as this run waits" in stalled["text"]
+    job = {"name": "dense-7b", "byte_scale": 100.0, "operations": []}
+    results = {"time_scale": 3125.0, "scenario": {"topology": {"modelled_rate_gbit": 100.0}},
+               "policies": {"enterprise": {"gpus": 8, "job": job, "per_gpu": {},
+                                           "job_failed": failure},
+                            "lossless": {"gpus": 8, "job": job, "per_gpu": {},
+                                         "iteration_us": {"p50": 3_000_000.0}}}}
+    typed_results = typed(results)
+    row = next(line for line in summary_table(typed_results).splitlines()
+               if line.startswith("job "))
+    assert row.split()[1:] == ["failed:", "QP", "error", "completed"]
+    assert job_failures(typed_results) == [
+        f"enterprise: the job failed: QP error: {failure['text']}"]
+
+
+def test_figures_count_only_the_iterations_every_rank_finished():
+    from testbed.results.jobfigures import whole_iterations
+
+    rows = [{"rank": r, "iteration": it} for it in (0, 1) for r in range(4)]
+    rows += [{"rank": 0, "iteration": 2}, {"rank": 2, "iteration": 2}]  # the job failed
+    assert {row["iteration"] for row in whole_iterations(rows, 4)} == {0, 1}
+    assert whole_iterations(rows[:3], 4) == []
 
 
 def test_atomic_write_leaves_no_temporary_file(tmp_path):
