@@ -71,6 +71,8 @@ def cmd_run(args) -> int:
                           "ring, or name a collective scenario)")
     if args.iterations is not None:
         scenario = scenario.override({"workload": {"iterations": args.iterations}})
+    if args.repeat is not None:
+        scenario = scenario.override({"repeat": args.repeat})
     if args.sizes:
         scenario = scenario.override({"workload": {"sizes": list(parse_sizes(args.sizes))}})
     if args.collective:
@@ -295,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--iterations", type=int,
                    help="training iterations to replay (at each size; default: the "
                         "scenario's)")
+    r.add_argument("--repeat", type=int, metavar="N",
+                   help="run each policy N times on fresh fabrics: the table shows the "
+                        "headline figures' median [min-max] (default: the scenario's repeat)")
     r.add_argument("--collective", help=f"{', '.join(ALGORITHM_NAMES)}: replay this "
                                         f"collective (default: the scenario's)")
     r.add_argument("--sizes", metavar="FROM:TO|LIST",

@@ -76,6 +76,12 @@ def _plots(run_dir: str, results: RunResult, progress, modelled: bool
     lat = {name: rundata.latencies(run_dir, name, scale) for name in policies}
     out.append(("latency-cdf.png", "One-way latency of every data packet received, per "
                 "policy (kernel timestamps; dotted lines: p99).", plots.latency_cdf(lat, time)))
+    runs = rundata.headline_runs(results)
+    if runs:
+        key, what = runs
+        out.append(("spread.png", f"Every run of each policy (repeat): {what}, the bar at the "
+                    "median, the error bar from the smallest to the largest run.",
+                    plots.run_spread(key, what)))
     iterations = rundata.iterations(results, not modelled)
     if iterations:
         out.append(("iterations.png", "The training job's iteration time, every iteration, "

@@ -499,7 +499,15 @@ class RunResult:
     capabilities: Optional[Dict[str, Any]] = None
     link_emulation: Optional[Dict[str, Any]] = None
     cpu_wakeup: Optional[Dict[str, Any]] = None
+    # with scenario.repeat > 1: each policy's later runs (policies holds the first), and the
+    # headline figures over all of them {figure: {median, min, max, values}}, modelled
+    repeats: Dict[str, Tuple[PolicyResult, ...]] = field(default_factory=dict)
+    spread: Dict[str, Dict[str, Dict[str, Any]]] = field(default_factory=dict)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def runs(self, name: str) -> Tuple[PolicyResult, ...]:
+        """Every run of a policy (``repeat``), the first first."""
+        return (self.policy(name),) + self.repeats.get(name, ())
 
     def policy(self, name: str) -> PolicyResult:
         if name not in self.policies:
@@ -510,13 +518,19 @@ class RunResult:
     def from_json(cls, run_dir: str, d: Mapping[str, Any]) -> "RunResult":
         policies = {n: PolicyResult.from_json(p, f"policies.{n}", name=n)
                     for n, p in (d.get("policies") or {}).items()}
+        repeats = {n: tuple(PolicyResult.from_json(p, f"repeats.{n}[{k}]", name=n)
+                            for k, p in enumerate(runs))
+                   for n, runs in (d.get("repeats") or {}).items()}
         scale = d.get("time_scale") or 1.0
         modelled = bool(policies) and all(p.modelled for p in policies.values())
         if modelled:
             policies = {n: p.in_modelled_time(scale) for n, p in policies.items()}
+            repeats = {n: tuple(p.in_modelled_time(scale) for p in runs)
+                       for n, runs in repeats.items()}
         top = {f.name: d.get(f.name) for f in dataclasses.fields(cls)
                if f.name in ("run_id", "started", "finished", "version", "schema", "error",
                              "time_scale_choice", "capabilities", "link_emulation",
                              "cpu_wakeup")}
         return cls(run_dir, d.get("status", "unknown"), Scenario.from_dict(d["scenario"]),
-                   policies, scale, modelled, raw=dict(d), **top)
+                   policies, scale, modelled, repeats=repeats, spread=d.get("spread") or {},
+                   raw=dict(d), **top)

@@ -248,6 +248,31 @@ def spine_load(loads: Mapping[str, Mapping[str, int]]) -> bytes:
     return _png(fig)
 
 
+def run_spread(values: Mapping[str, Sequence[float]], what: str) -> bytes:
+    """A policy's runs (``repeat``): a bar at their median, an error bar from the smallest to
+    the largest, and a dot per run."""
+    fig = Figure(figsize=SIZE)
+    ax = fig.add_subplot()
+    shown = {name: np.asarray(v, dtype=float) for name, v in values.items() if len(v)}
+    if not shown:
+        _empty(ax, "no runs")
+    else:
+        for i, (name, v) in enumerate(shown.items()):
+            mid = float(np.median(v))
+            ax.bar(i, mid, 0.6, color=colour(name, i), alpha=0.6, label=name)
+            ax.errorbar(i, mid, yerr=[[mid - v.min()], [v.max() - mid]], color="black",
+                        capsize=8)
+            ax.scatter(np.full(v.size, i), v, color="black", s=12, zorder=3)
+        ax.set_xticks(range(len(shown)))
+        ax.set_xticklabels(list(shown))
+        ax.set_ylabel(what)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, axis="y", alpha=0.3)
+    ax.set_title(f"Run to run: {what}, median and min-max of "
+                 f"{max(len(v) for v in shown.values()) if shown else 0} runs")
+    return _png(fig)
+
+
 PASS_COLOUR, FAIL_COLOUR = "#2f9e44", "#e03131"
 
 

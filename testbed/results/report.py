@@ -2,7 +2,11 @@
 (pure text; the one-line verdicts are ``testbed.results.verdicts``).
 
 Reads the typed results (``testbed.results.model``). Times lead in the modelled fabric's time
-(the emulated time divided by the time scale); ``emulated=True`` shows them as run.
+(the emulated time divided by the time scale); ``emulated=True`` shows them as run. A policy
+run ``repeat`` times shows its headline figures as ``median [min-max]`` (``SPREAD_ROWS``).
+
+Why one module over 400 lines: every table a run prints is made here from one set of row
+definitions and one way of formatting a figure; apart, they would trade both across modules.
 """
 from __future__ import annotations
 
@@ -211,12 +215,16 @@ def comparison(results: RunResult, emulated: bool = False) -> Tuple[List[str], L
         what = "per policy"
     modelled = modelled_time(results, emulated)
     what += ", modelled time" if modelled else ", emulated time"
+    spreads = results.spread if modelled else {}
+    if spreads:
+        what += f"; {1 + max(len(r) for r in results.repeats.values())} runs: median [min-max]"
     views = {n: view(policies[n], not modelled) for n in names}
     rxe = any(policies[n].rxe for n in names)
     job = any(policies[n].job for n in names)
     coll = not job or any(policies[n].collectives for n in names)
     credit = any(policies[n].credit_waits is not None for n in names)
-    rows = [[label] + [(sig if modelled and label in TIME_ROWS else fmt)(get(views[n]))
+    rows = [[label] + [_spread_cell(spreads.get(n), label) or
+                       (sig if modelled and label in TIME_ROWS else fmt)(get(views[n]))
                        for n in names] for label, get in ROWS
             if (rxe or not label.startswith("rxe ")) and (job or label not in JOB_ROWS)
             and (coll or label not in COLLECTIVE_ROWS) and (credit or label not in CREDIT_ROWS)]
@@ -224,6 +232,37 @@ def comparison(results: RunResult, emulated: bool = False) -> Tuple[List[str], L
               len(rows) - 1) + 1
     rows[at:at] = _per_job_rows({n: views[n] for n in names}, names, modelled)
     return [what] + names, rows
+
+
+# rows that show a policy's runs (``repeat``): the spread figure and its factor to the row's unit
+SPREAD_ROWS = {
+    "iteration p50 (ms)": ("iteration_p50_us", 1e-3),
+    "iteration p99 (ms)": ("iteration_p99_us", 1e-3),
+    "  at full size (ms, modelled; byte scale)": ("full_size_iteration_ms", 1),
+    "  network cost p50 (ms)": ("network_cost_us", 1e-3),
+    "exposed communication (ms)": ("exposed_comm_us", 1e-3),
+    "idle GPU time / iteration (GPU-ms)": ("idle_gpu_us", 1e-3),
+    "CCT p50 (ms)": ("cct_p50_us", 1e-3),
+    "CCT p99 (ms)": ("cct_p99_us", 1e-3),
+    "busbw (Gbit/s, modelled)": ("busbw_gbps", 1),
+    "latency p99 (us)": ("latency_p99_us", 1),
+    "drops (sent - received)": ("drops", 1),
+    "retransmitted packets": ("retransmitted_packets", 1),
+    "ECN-marked packets received": ("ecn_marked_packets", 1),
+    "PFC pause events": ("pfc_pause_events", 1),
+}
+
+
+def _spread_cell(spread, label: str):
+    """``median [min-max]`` of a row over a policy's runs (None: one run, or not a row that
+    varies)."""
+    key, factor = SPREAD_ROWS.get(label, (None, 1))
+    s = (spread or {}).get(key)
+    if s is None or len(s["values"]) < 2:
+        return None
+    show = sig if isinstance(s["median"], float) else fmt
+    low, mid, high = (show(s[k] * factor) for k in ("min", "median", "max"))
+    return mid if low == high else f"{mid} [{low}-{high}]"
 
 
 def _per_job_rows(views: Dict[str, PolicyResult], names: List[str],

@@ -87,6 +87,20 @@ def iteration_parts(results: RunResult) -> Dict[str, Dict[str, float]]:
     return out
 
 
+def headline_runs(results: RunResult):
+    """With ``repeat``: (policy -> its runs' headline figure, what the figure is) - a job's
+    iteration p50, else a collective's CCT p50, modelled ms; None with one run each."""
+    if not results.spread:
+        return None
+    for key, what in (("iteration_p50_us", "iteration p50 (ms, modelled)"),
+                      ("cct_p50_us", "CCT p50 (ms, modelled)")):
+        values = {n: [v / 1000 for v in s[key]["values"]]
+                  for n, s in results.spread.items() if key in s}
+        if values:
+            return values, what
+    return None
+
+
 def spine_loads(results: RunResult) -> Dict[str, Dict[str, int]]:
     return {name: dict(p.spine_load_packets) for name, p in results.policies.items()
             if p.spine_load_packets}

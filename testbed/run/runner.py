@@ -11,6 +11,7 @@ and the figures gathered from them; split, that lifetime would be read across fi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import glob
 import logging
@@ -43,6 +44,7 @@ from ..results.collect import (RESULTS_SCHEMA, Mechanisms, RunContext, collect, 
                                timeline)
 from ..results.latency import expected_latency_us, latency_parts
 from ..results.model import PolicyResult
+from ..results.spread import spread
 from ..scenario import capacity, timescale
 from ..scenario.config import Scenario
 from ..switchq.handle import EmulatorProcess, Emulators
@@ -264,6 +266,8 @@ def _attempts(asked: Scenario, scenario: Scenario, choice: Optional[timescale.Ch
         if again is None:
             return
         scenario, choice = again
+        results.pop("repeats", None)
+        results.pop("spread", None)
         results.update({"scenario": scenario.to_dict(), "policies": {},
                         "time_scale": round(scenario.time_scale, 1),
                         "time_scale_choice": choice.to_dict(),
@@ -273,21 +277,38 @@ def _attempts(asked: Scenario, scenario: Scenario, choice: Optional[timescale.Ch
 
 def _policies(scenario: Scenario, plan: FabricPlan, caps: Capabilities, run_dir: str,
               ledger: Ledger, results: dict, progress: Say) -> None:
-    """Each policy of one attempt on a fresh fabric; results.json and operations.csv are
-    written after each, so an interrupted run keeps what finished."""
+    """Each policy of one attempt on a fresh fabric, ``repeat`` times in rounds over the
+    policies (the machine's drift is shared alike); results.json and operations.csv are
+    written after each, so an interrupted run keeps what finished. The first run of a policy
+    is ``policies.<name>``, the others ``repeats.<name>``, and ``spread.<name>`` the headline
+    figures over all of them."""
     path = os.path.join(run_dir, "results.json")
+    rounds, count = scenario.repeat, len(scenario.policies)
 
-    def keep(result: PolicyResult, notes: dict) -> None:
+    def keep(run: PolicyRun, result: PolicyResult, notes: dict) -> None:
         results.setdefault("link_emulation", notes["link_emulation"])  # the first fabric's
         if "cluster" in notes:
             results["cluster"] = notes["cluster"]
-        results["policies"][result.name] = result.to_json()
+        if run.repetition == 1:
+            results["policies"][run.title] = result.to_json()
+        else:
+            results.setdefault("repeats", {}).setdefault(run.title, []).append(result.to_json())
+        if rounds > 1:
+            later = results.get("repeats", {}).get(run.title, [])
+            runs = [results["policies"][run.title]] + later
+            results.setdefault("spread", {})[run.title] = spread(
+                [PolicyResult.from_json(r, name=run.title).in_modelled_time(run.time_scale)
+                 for r in runs])
         write_json_atomic(path, results)
         breakdown.write(run_dir, {n: p["operations"] for n, p in results["policies"].items()})
 
-    for i, name in enumerate(scenario.policies, 1):
-        say = _prefixed(progress, f"[{name} {i}/{len(scenario.policies)}]")
-        run_policy(decide(name, plan, scenario, caps), caps, run_dir, ledger, say, keep)
+    runs = {name: decide(name, plan, scenario, caps) for name in scenario.policies}
+    for k in range(1, rounds + 1):
+        for i, name in enumerate(scenario.policies, 1):
+            say = _prefixed(progress, f"[{name} {i}/{count}" +
+                            (f", run {k}/{rounds}]" if rounds > 1 else "]"))
+            run_policy(dataclasses.replace(runs[name], repetition=k), caps, run_dir, ledger,
+                       say, keep)
 
 
 def run_again(asked_scenario: Scenario, scenario: Scenario,
@@ -300,7 +321,8 @@ def run_again(asked_scenario: Scenario, scenario: Scenario,
     if choice is None or choice.chosen_by != "auto":
         return None
     rate = scenario.topology.host_rate_mbit
-    fidelity = {name: p.get("fidelity") or {} for name, p in results["policies"].items()}
+    fidelity = {name: rejected_first([p] + results.get("repeats", {}).get(name, []))
+                for name, p in results["policies"].items()}
     wants = {name: timescale.retry_rate(rate, {name: section})
              for name, section in fidelity.items()}
     calibrate.remember(asked_scenario, choice.calibration, wants, first=not choice.attempts,
@@ -319,6 +341,13 @@ def run_again(asked_scenario: Scenario, scenario: Scenario,
     choice = timescale.retried(choice, slower, attempt, scenario.base_policies,
                                scenario.topology.gpus)
     return asked_scenario.with_host_rate(slower), choice
+
+
+def rejected_first(runs: List[dict]) -> dict:
+    """The fidelity section of a policy's runs (``repeat``) that decides whether it runs
+    again: the first the monitor rejected, else the first run's."""
+    sections = [r.get("fidelity") or {} for r in runs]
+    return next((f for f in sections if f.get("verdict") not in (None, "ok")), sections[0])
 
 
 def keep_attempt(run_dir: str, rel: str, results: dict) -> None:
@@ -503,7 +532,7 @@ class _Once:
 
 
 def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger, say: Say,
-               keep: Callable[[PolicyResult, dict], None]) -> None:
+               keep: Callable[[PolicyRun, PolicyResult, dict], None]) -> None:
     """One policy's run, in phases: the fabric up (``fabric_up``) and what it says of itself
     (``_fabric_notes``); the traffic replayed beside the queue emulator (``_replay``); the
     fabric's counters read and the fabric torn down; the figures (``_figures``: every one
@@ -533,8 +562,8 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
                                if figures["credit_waits"] is not None else
                                f"{_count(figures['pfc_pause_events'])} PFC pauses")
             + f"; fidelity {figures['fidelity']['verdict']}")
-        keep(PolicyResult.from_json(figures, f"policies.{run.name}", strict=True,
-                                    name=run.name), notes)
+        keep(run, PolicyResult.from_json(figures, f"policies.{run.title}", strict=True,
+                                         name=run.title), notes)
 
 
 def _fabric_notes(session: "Session", caps: Capabilities, say: Say) -> dict:

@@ -44,10 +44,18 @@ class PolicyRun:
     workloads: Tuple[WorkloadSpec, ...]  # the collectives every GPU replays, one per size
     job: Optional[JobPlan] = None  # the training job they replay instead, if the scenario has one
     label: str = ""  # what names its results: the policy's name or a variant's label
+    repetition: int = 1  # which of the scenario's ``repeat`` runs of the policy this is
+
+    @property
+    def title(self) -> str:
+        """What names its results: the policy's name or a variant's label."""
+        return self.label or self.policy.name
 
     @property
     def name(self) -> str:
-        return self.label or self.policy.name
+        """What names its files and progress: the title, and from the second repetition on
+        its number (``hyperscale.2``)."""
+        return self.title if self.repetition == 1 else f"{self.title}.{self.repetition}"
 
     @property
     def plan(self) -> FabricPlan:

@@ -495,6 +495,11 @@ class Scenario:
     name: str = field(default="default", metadata={"doc": "a label for the run"})
     policies: Tuple[str, ...] = field(default=ALL_POLICIES, metadata={
         "doc": "policies to compare, each on a fresh fabric: enterprise, hyperscale, lossless"})
+    repeat: int = field(default=1, metadata={
+        "min": 1, "max": 100,
+        "doc": "runs of each policy, each on a fresh fabric, in rounds over the policies: the "
+               "table shows the headline figures' median [min-max], results.json keeps every "
+               "run (spread, repeats)"})
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -197,3 +198,40 @@ def test_the_report_renders_in_headless_chromium(small_run, tmp_path):
         rgb = [int(KIND_COLOURS[kind][i:i + 2], 16) for i in (1, 3, 5)]
         drawn = (abs(pixels - rgb).max(axis=2) <= 8).sum()
         assert drawn > 200, f"no {kind} bars in the rendered Gantts ({drawn} pixels)"
+
+
+def test_repeat_runs_each_policy_on_fresh_fabrics_and_shows_the_spread(tmp_path):
+    from testbed.api import load_result
+
+    scenario = tmp_path / "repeat.yaml"
+    scenario.write_text("name: repeat\npolicies: [hyperscale, lossless]\n"
+                        "topology: {spines: 2, leaves: 2, gpus_per_leaf: 2, host_rate_mbit: 20}\n"
+                        "workload: {size_bytes: 262144, iterations: 2}\n")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "testbed", "run", "--scenario", str(scenario),
+                           "--repeat", "3", "--out", str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # rounds over the policies, each run on its own fabric, with its own files
+    starts = [line.split("]")[0] + "]" for line in proc.stderr.splitlines()
+              if line.endswith("starting the controller")]
+    assert starts == [f"[{p} {i}/2, run {k}/3]" for k in (1, 2, 3)
+                      for i, p in enumerate(("hyperscale", "lossless"), 1)]
+    table = proc.stdout.splitlines()
+    assert "3 runs: median [min-max]" in table[0]
+    cct = next(line for line in table if line.startswith("CCT p50 (ms)"))
+    assert cct.count("[") == 2, cct
+    (run_id,) = os.listdir(out)
+    run_dir = out / run_id
+    result = load_result(str(run_dir))
+    for name in ("hyperscale", "lossless"):
+        runs = result.runs(name)
+        assert len(runs) == 3 and all(r.cct_us.p50 > 0 for r in runs)
+        s = result.spread[name]["cct_p50_us"]
+        assert s["values"] == [r.cct_us.p50 for r in runs]
+        assert s["min"] <= s["median"] <= s["max"]
+        for k in (2, 3):
+            assert (run_dir / "records" / f"{name}.{k}").is_dir()
+            assert (run_dir / f"timeline-{name}.{k}.json").exists()
+    assert "Every run of each policy (repeat): CCT p50" in (run_dir / "report.html").read_text()
+    assert (run_dir / "plots" / "spread.png").exists()

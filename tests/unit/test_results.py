@@ -9,7 +9,7 @@ from testbed.base.atomic import write_json_atomic
 from testbed.results.report import summary_table, sweep_table
 from testbed.results.verdicts import fidelity_warnings, job_failures
 from testbed.results.collect import Mechanisms, RunContext, collect
-from testbed.results.model import CollectiveResult, RunResult
+from testbed.results.model import CollectiveResult, PolicyResult, RunResult
 from traffic.records import ITERATION_FIELDS, PACKET_FIELDS
 from traffic.contract import WorkloadSpec
 
@@ -19,6 +19,11 @@ RING = WorkloadSpec("ring", size=300, iterations=1, chunks=1, group=1)
 def typed(results):
     """A results.json's content as the readers get it."""
     return RunResult.from_json("", dict({"scenario": {}}, **results))
+
+
+def typed_policy(figures, time_scale=2500.0):
+    """One policy's figures as a reader gets them, in modelled time."""
+    return PolicyResult.from_json(figures, name="p").in_modelled_time(time_scale)
 
 
 def _csv(path, header, rows):
@@ -280,3 +285,29 @@ def test_pooled_timer_lag_is_split_by_kind_of_timer():
     assert set(d["by_timer"]) == {"compute", "dcqcn", "rto"}
     assert d["by_timer"]["dcqcn"]["count"] == 2 and d["by_timer"]["dcqcn"]["p95_us"] >= 400
     assert d["by_timer"]["compute"]["p95_us"] < 10
+
+
+def test_a_policy_run_several_times_shows_its_headline_figures_median_and_range():
+    from testbed.results.spread import spread
+
+    def run(cct_us, drops):
+        return {"gpus": 8, "drops": drops, "per_gpu": {},
+                "cct_us": {"p50": cct_us * 2500, "p99": cct_us * 2500},
+                "modelled": {"cct_us": {"p50": cct_us, "p99": cct_us}}}
+
+    first, later = run(400.0, 0), [run(380.0, 0), run(450.0, 0)]
+    s = spread([typed_policy(r) for r in [first] + later])
+    assert s["cct_p50_us"] == {"median": 400.0, "min": 380.0, "max": 450.0,
+                               "values": [400.0, 380.0, 450.0]}
+    assert s["drops"]["values"] == [0, 0, 0] and "iteration_p50_us" not in s
+    results = {"time_scale": 2500.0, "scenario": {"topology": {"modelled_rate_gbit": 100.0}},
+               "policies": {"hyperscale": first}, "repeats": {"hyperscale": later},
+               "spread": {"hyperscale": s}}
+    typed_results = typed(results)
+    assert [p.cct_us.p50 for p in typed_results.runs("hyperscale")] == [400.0, 380.0, 450.0]
+    lines = summary_table(typed_results).splitlines()
+    assert "3 runs: median [min-max]" in lines[0]
+    cct = next(line for line in lines if line.startswith("CCT p50 (ms)"))
+    assert cct.split()[-2:] == ["0.4000", "[0.3800-0.4500]"]
+    drops = next(line for line in lines if line.startswith("drops"))
+    assert drops.split()[-1] == "0"  # the same in every run: no range
