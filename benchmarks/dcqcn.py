@@ -128,7 +128,9 @@ def figures(results: dict, run_dir: str) -> dict:
             "min_rate_share": (p["dcqcn_min_rate_mbit"] * 1e6 / line_bps
                                if p.get("dcqcn_min_rate_mbit") else None),
             "slow_starts": slow_starts(run_dir, line_bps),
-            "fidelity": p["fidelity"]["verdict"]}
+            "fidelity": p["fidelity"]["verdict"],
+            "idle_path": p["fidelity"]["checks"]["idle_path_latency"],
+            "problems": p["fidelity"].get("problems", [])}
 
 
 COLUMNS = [("CCT p50 (us)", "cct_us"), ("pauses", "pauses"), ("paused (ms)", "paused_ms"),

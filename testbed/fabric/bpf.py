@@ -59,12 +59,15 @@ def and_k(dst, imm): return _i(0x57, dst, imm=imm)  # noqa: E704
 def or_k(dst, imm): return _i(0x47, dst, imm=imm)  # noqa: E704
 def rsh_k(dst, imm): return _i(0x77, dst, imm=imm)  # noqa: E704
 def rsh_x(dst, src): return _i(0x7F, dst, src)  # noqa: E704
+def sub_x(dst, src): return _i(0x1F, dst, src)  # noqa: E704  dst -= src
+def div_k(dst, imm): return _i(0x37, dst, imm=imm)  # noqa: E704  dst /= imm (unsigned)
 def ldx_w(dst, src, off): return _i(0x61, dst, src, off)  # noqa: E704  dst = *(u32 *)(src + off)
 def ldx_h(dst, src, off): return _i(0x69, dst, src, off)  # noqa: E704
 def ldx_b(dst, src, off): return _i(0x71, dst, src, off)  # noqa: E704
 def ldx_dw(dst, src, off): return _i(0x79, dst, src, off)  # noqa: E704
 def stx_w(dst, src, off): return _i(0x63, dst, src, off)  # noqa: E704  *(u32 *)(dst + off) = src
 def stx_h(dst, src, off): return _i(0x6B, dst, src, off)  # noqa: E704
+def stx_dw(dst, src, off): return _i(0x7B, dst, src, off)  # noqa: E704  *(u64 *)(dst + off) = src
 def st_w(dst, off, imm): return _i(0x62, dst, off=off, imm=imm)  # noqa: E704  *(u32 *) = imm
 def xadd_dw(dst, src, off): return _i(0xDB, dst, src, off)  # noqa: E704  *(u64 *)(dst+off) += src
 def call(helper): return _i(0x85, imm=helper)  # noqa: E704
@@ -72,6 +75,7 @@ def exit_(): return _i(0x95)  # noqa: E704
 def jeq(dst, imm, label=OUT): return ("jump", 0x15, dst, imm, label)  # noqa: E704
 def jne(dst, imm, label=OUT): return ("jump", 0x55, dst, imm, label)  # noqa: E704
 def jge(dst, imm, label=OUT): return ("jump", 0x35, dst, imm, label)  # noqa: E704  unsigned
+def ja(label): return ("jump", 0x05, 0, 0, label)  # noqa: E704  always
 def label(name): return ("label", name)  # noqa: E704
 
 

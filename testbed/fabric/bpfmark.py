@@ -31,7 +31,7 @@ from . import bpf
 from .bpf import (ETH_P_ALL, HELPER_L3_CSUM_REPLACE, HELPER_MAP_LOOKUP,  # noqa: F401
                   HELPER_SKB_LOAD_BYTES, HELPER_SKB_STORE_BYTES, INSN, IP_CSUM_OFFSET,
                   IP_OFFSET, OUT, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, R10, RTM_NEWTFILTER,
-                  SKB_IFINDEX, SKB_PROTOCOL, TC_ACT_OK, Clsact, add_k, and_k, call, dscp_set,
+                  SKB_IFINDEX, SKB_PROTOCOL, TC_ACT_UNSPEC, Clsact, add_k, and_k, call, dscp_set,
                   exit_, jeq, jne, ld_map_fd, ldx_dw, ldx_h, ldx_w, mov_k, mov_x, or_k, rsh_k,
                   rsh_x, stx_h, stx_w)
 from .bpf import ETH_P_IP_BE
@@ -43,8 +43,9 @@ FILTER_PRIO = 3  # after the loss (testbed.fabric.linkloss) and the queue counte
 
 
 def program(map_fd: int) -> bytes:
-    """The marking program. Returns TC_ACT_OK for every packet; sets CE (and fixes the IPv4
-    checksum) on an ECT(0)/ECT(1) IPv4 packet whose DSCP bit is set in ``map[ifindex]``."""
+    """The marking program. Passes every packet to the next filter (TC_ACT_UNSPEC: the
+    forwarding clock's comes after it); sets CE (and fixes the IPv4 checksum) on an
+    ECT(0)/ECT(1) IPv4 packet whose DSCP bit is set in ``map[ifindex]``."""
     body = [
         mov_x(R6, R1),  # r6 = skb
         ldx_w(R1, R6, SKB_PROTOCOL),
@@ -76,7 +77,7 @@ def program(map_fd: int) -> bytes:
         mov_x(R1, R6), mov_k(R2, IP_CSUM_OFFSET), mov_x(R3, R8), mov_x(R4, R9), mov_k(R5, 2),
         call(HELPER_L3_CSUM_REPLACE),
         bpf.label(OUT),
-        mov_k(R0, TC_ACT_OK),
+        mov_k(R0, TC_ACT_UNSPEC),
         exit_(),
     ]
     return bpf.link(body)

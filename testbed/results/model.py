@@ -378,7 +378,10 @@ class PolicyResult(Record):
         "the switch-queue emulator's report: the RoCE lane's per-queue pauses (pfc) or credit "
         "waits (credit); per lossless lane (lanes: RoCE's, and under credits the CNPs' own) "
         "its flow control, threshold, buffer, holds and held_ms; marking time per port, "
-        "largest backlog per port and class, sampling cost")
+        "largest backlog per port and class, sampling cost; forwarding_us: the switches' "
+        "forwarding time per hop, timed in the kernel on every RoCE packet {hops, bucket_us, "
+        "p10_us, p50_us, p90_us, p99_us} (emulated; null where the kernel could not, "
+        "forwarding_note says why)")
     reaction_time_us: Optional[float] = figure("the emulator's sample interval",
                                                unit="us, emulated")
     ecn_marking: Optional[str] = figure(

@@ -33,6 +33,7 @@ from ..base.errors import ConfigError
 from ..base.ledger import Ledger
 from ..base.topology import FabricPlan
 from ..fabric.capabilities import Capabilities, detect
+from ..fabric.bpfforward import summary_of as forwarding_summary
 from ..fabric.capture import PacketCapture
 from ..fabric.network import Fabric
 from ..fabric.ovs_buffers import needed_bytes, ovs_socket_buffers, raised_socket_defaults
@@ -698,6 +699,8 @@ def _figures(run: PolicyRun, records: str, run_dir: str, replay: Replay, end: Fa
     stats, losses = end.stats, end.losses
     switch_drops, nic_drops, per_port = queue_drops(plan, stats)
     nic_pauses = queues.pop("gpu_pauses_ns", {})  # for the monitor, not for results.json
+    forwarding = forwarding_summary(queues.pop("forwarding_histogram", None))
+    queues["forwarding_us"] = forwarding
     pfc, credit = ctx.mechanisms.pfc, ctx.mechanisms.credit
     figures.update({
         "gpus": len(plan.gpus),
@@ -744,7 +747,7 @@ def _figures(run: PolicyRun, records: str, run_dir: str, replay: Replay, end: Fa
                                       measured_min_us=figures["latency_floor_us"])
     figures["fidelity"] = evaluate(records, plan, figures, minima,
                                    packets.path_minima_us(expected), replay.cpu_samples,
-                                   scenario, nic_pauses)
+                                   scenario, nic_pauses, forwarding)
     return figures
 
 

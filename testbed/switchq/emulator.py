@@ -56,6 +56,7 @@ from ..base.netlink import (QdiscSampler, QueueStats, send_and_check, socket_in_
                       tc_handle)
 from ..base.procutil import die_with_parent, react_first
 from ..fabric.bpf import Clsact
+from ..fabric.bpfforward import ForwardingClock
 from ..fabric.bpfmark import Marker
 from ..fabric.bpfqueue import QueueCounters
 from ..fabric.shaping import KICK_ETHERTYPE, gate_handle, gate_params, gate_parent
@@ -129,6 +130,8 @@ class Emulator:
         self.marker: Optional[Marker] = None
         self.clsact: Optional[Clsact] = None
         self.counters_bpf: Optional[QueueCounters] = None  # the acting class, in the kernel
+        self.clock: Optional[ForwardingClock] = None  # the switches' forwarding time
+        self.clock_note = ""  # why it is not measured, if it is not
         self.counting = "netlink"  # how fast samples read the acting class's backlog
         self.bias: List[int] = [0] * len(self.ports)  # counted - true, after a queue dropped
         self.last_drops: Dict[str, int] = {}
@@ -171,6 +174,13 @@ class Emulator:
         self.clsact = Clsact(self.nl)  # the switch ports', for both programs
         if self.cfg.queue_counting == "bpf" and len(self.acting) == 1:
             self._open_counters()
+        clock = ForwardingClock(self.port_order, self.clsact)
+        try:
+            clock.open()
+            self.clock = clock
+        except (OSError, KeyError) as e:  # the monitor then judges by the latency floor
+            clock.close()
+            self.clock_note = f"the forwarding time could not be measured: {e}"
         if self.marks and self.via == "bpf":
             self.marker = Marker(self.port_order, class_dscps(self.marks, self.classes),
                                  clsact=self.clsact)
@@ -472,6 +482,10 @@ class Emulator:
             "credit_waits": sum(v["waits"] for v in waits.values()),
             "credit_wait_ms": round(sum(v["waited_ms"] for v in waits.values()), 3),
             "lanes": {c.name: lane_report(c, self.held[c.minor]) for c in self.lanes},
+            # each switch hop's forwarding time: {bucket: packets}, BUCKET_NS wide (emulated)
+            "forwarding_histogram": ({str(i): c for i, c in enumerate(self.clock.histogram())
+                                      if c} if self.clock else None),
+            "forwarding_note": self.clock_note or None,
             # for the fidelity monitor, which leaves a paused NIC's silence out of its pacing
             "gpu_pauses_ns": (self.pfc.spans_of({g.name for g in self.plan.gpus})
                               if self.pfc else {}),
@@ -482,6 +496,8 @@ class Emulator:
             self.marker.close()
         if self.counters_bpf:
             self.counters_bpf.close()
+        if self.clock:
+            self.clock.close()
         if self.clsact:
             self.clsact.close()
         for s in self.sockets + [self.sampler.sock] + ([self.events.sock] if self.events else []):

@@ -44,6 +44,12 @@ def merge_reports(reports: List[dict]) -> dict:
                                                                       held_ms=0.0))
             into["holds"] += lane["holds"]
             into["held_ms"] = round(into["held_ms"] + lane["held_ms"], 3)
+        if r.get("forwarding_histogram") is not None:
+            into = out.setdefault("forwarding_histogram", {})
+            for bucket, count in r["forwarding_histogram"].items():
+                into[bucket] = into.get(bucket, 0) + count
+        if r.get("forwarding_note"):
+            out["forwarding_note"] = r["forwarding_note"]
     return out
 
 

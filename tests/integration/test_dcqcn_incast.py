@@ -9,7 +9,15 @@ near the uplinks' bound (690-860 us); under DCQCN the QPs cut deepest crawl back
 set the CCT: 1.10-1.39x PFC alone's over three batches (docs/time-scale.md, "DCQCN"). Nor the
 single largest backlog: each iteration's first burst reaches XOFF before any CNP can act,
 with or without DCQCN (peaks within 0.3 KB of each other in one batch).
+
+The same incast is where the fidelity monitor must tell the fabric's queues from the
+emulator's own cost: queues that never drain are accepted, and the same run beside a CPU hog
+is rejected.
 """
+import os
+import subprocess
+import sys
+
 import pytest
 
 from benchmarks.dcqcn import figures, scenario
@@ -37,6 +45,32 @@ def total(runs, cc, key):
 
 def test_every_run_is_within_the_fidelity_tolerances(got):
     assert all(f["fidelity"] == "ok" for fs in got.values() for f in fs), got
+
+
+def test_queues_that_never_drain_are_not_counted_as_the_emulator_s_cost(got):
+    """PFC alone keeps the busiest port near XOFF for the whole run: the switches' forwarding
+    time, timed in the kernel at every hop, is what the idle-path check judges."""
+    for f in got["none"]:
+        assert f["queue_mean_kb"] > 100, f  # the busiest queue rarely below 100 KB
+        check = f["idle_path"]
+        assert check["ok"] and check["overhead_from"] == "forwarding", check
+        assert check["forwarding_us"]["hops"] > 50_000, check  # every RoCE packet, every hop
+
+
+def test_the_same_run_beside_a_cpu_hog_is_rejected(tmp_path):
+    """A busy loop on every CPU, at the priority of an ordinary job: the run's verdict says
+    the CPUs were saturated."""
+    hogs = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", "while True: pass"])
+            for cpu in sorted(os.sched_getaffinity(0))]
+    try:
+        results, run_dir = runner.run(scenario("none", 10.0, []), out_root=str(tmp_path))
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    f = figures(results, run_dir)
+    assert f["fidelity"] != "ok", f
+    assert any("CPUs were saturated" in p for p in f["problems"]), f
 
 
 def test_no_retransmission_timer_fires_in_a_lossless_fabric(got):

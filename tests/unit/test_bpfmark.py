@@ -14,8 +14,8 @@ def insns(code: bytes):
 
 def test_every_jump_lands_on_the_exit_block():
     code = insns(bpfmark.program(7))
-    exit_at = len(code) - 2  # r0 = TC_ACT_OK; exit
-    assert code[exit_at][0] == 0xB7 and code[exit_at][3] == bpfmark.TC_ACT_OK
+    exit_at = len(code) - 2  # r0 = TC_ACT_UNSPEC (the next filter); exit
+    assert code[exit_at][0] == 0xB7 and code[exit_at][3] == bpfmark.TC_ACT_UNSPEC
     assert code[-1][0] == 0x95
     jumps = [(i, off) for i, (op, _r, off, _imm) in enumerate(code) if op in (0x15, 0x55)]
     assert len(jumps) >= 8

@@ -99,6 +99,41 @@ def test_an_incasts_pairs_count_as_their_one_destination():
     assert not F.idle_path_check(slow, slow, allowed_us=417.0)["ok"]
 
 
+def test_where_no_path_is_idle_the_switches_forwarding_time_is_what_the_emulator_adds():
+    """The default job under enterprise: every frame across leaves shares one spine, so the
+    lowest latency into each GPU carries queueing (263-322 us over the model at 32 Mbit/s,
+    261 allowed). Measured per hop in the kernel, the switches add 3 x their floor (a tenth
+    of hops took less)."""
+    minima = {(0, 2): 610.0, (2, 4): 640.0, (4, 6): 590.0, (6, 0): 620.0}
+    excess = {k: v - 300.0 for k, v in minima.items()}  # 290-340 us: all queueing
+    calm = {"hops": 90_000, "bucket_us": 2.0, "p10_us": 20.0, "p50_us": 30.0, "p90_us": 60.0,
+            "p99_us": 200.0}
+    c = F.idle_path_check(minima, excess, allowed_us=261.0, forwarding=calm, hops=3)
+    assert c["ok"] and c["overhead_from"] == "forwarding" and c["overhead_us"] == 60.0
+    assert c["floor_overhead_us"] == 315.0  # what the floor alone would have said
+    loaded = dict(calm, p10_us=100.0, p50_us=150.0)  # Open vSwitch woken late: every hop pays
+    c = F.idle_path_check(minima, excess, allowed_us=261.0, forwarding=loaded, hops=3)
+    assert not c["ok"] and c["overhead_us"] == 300.0
+    problem = F.verdict({"idle_path_latency": c}, 32.0)["problems"][0]
+    assert "forwarding adds 300 us to a path of 3 hops (a tenth of hops took under 100 us)" \
+        in problem
+    # without the kernel's measurement, the floor stands for it
+    assert F.idle_path_check(minima, excess, allowed_us=261.0)["overhead_from"] == \
+        "latency floor"
+
+
+def test_a_histogram_of_forwarding_times_gives_percentiles_at_the_buckets_upper_edge():
+    from testbed.fabric.bpfforward import BUCKET_NS, summary, summary_of
+
+    counts = [0] * 4096
+    counts[10], counts[20], counts[4095] = 50, 49, 1  # 20-22 us, 40-42 us, 8 ms or more
+    s = summary(counts)
+    assert s["hops"] == 100 and s["bucket_us"] == BUCKET_NS / 1000
+    assert (s["p10_us"], s["p50_us"], s["p90_us"], s["p99_us"]) == (22.0, 22.0, 42.0, 42.0)
+    assert summary_of({"10": 50, "20": 49, "4095": 1}) == s
+    assert summary_of(None) is None and summary([0] * 4096) is None
+
+
 def test_a_floor_below_the_model_is_a_delay_not_applied():
     minima = {(0, 1): 10.0, (1, 0): 12.0, (0, 2): 9.0}
     c = F.idle_path_check(minima, {(0, 1): 5.0, (1, 0): 6.0, (0, 2): -200.0}, allowed_us=80.0)
