@@ -110,6 +110,11 @@ def default_class(classes) -> TrafficClass:
     return defaults[0]
 
 
+def class_of(dscp: int, classes) -> TrafficClass:
+    """The class packets of ``dscp`` travel in (the default class if none names it)."""
+    return next((c for c in classes if dscp in c.dscp), default_class(classes))
+
+
 def class_dscps(cls: TrafficClass, classes) -> Tuple[int, ...]:
     """The DSCPs whose packets ``cls`` takes: its own, or for the default class every DSCP
     that no other class claims."""

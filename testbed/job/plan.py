@@ -16,6 +16,7 @@ from traffic.jobgraph import (COMM, COMPUTE, Comm, JobGraph, Op, comm_transfers,
                               same_server, with_pxn)
 
 from ..base.errors import ConfigError
+from ..base.topology import FabricPlan
 from . import aicb, chakra, graphfile
 from .build import Parallelism, build, validate
 from .model import PRESETS, GpuModel, Model
@@ -27,6 +28,10 @@ MESSAGE_LATENCY_US = 2.5
 # A byte scale is honest while per-message latency takes at most this share of the fabric's
 # transfer times (byte-weighted): scaled messages stay bandwidth-dominated, as at full size
 HONEST_LATENCY_SHARE = 0.1
+# ... and while the median message a QP sends is at least this many times the smallest buffer
+# the run's policies give RoCE at a switch port, where at full size it is: messages that fit
+# the buffers queue and drop in another regime (docs/time-scale.md, "Byte scale")
+BUFFER_REGIME = 4.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class JobPlan:
     latency_share: float  # per-message latency's share of fabric transfer time at byte_scale
     warning: str = ""  # why the byte scale may change the answer, if it may
     parts: Tuple["JobPart", ...] = ()  # the jobs, each on its GPUs
+    regime: Optional[dict] = None  # messages against the fabric's buffers (``buffer_regime``)
 
     @property
     def model(self) -> Optional[Model]:
@@ -194,23 +200,79 @@ def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
     full_ns = iteration_ns(whole, scenario)
     sizes = fabric_messages(whole, scenario)
     rate = scenario.topology.modelled_rate_gbit
+    per_qp = [s / scenario.transport.qps_per_peer for s in sizes]
+    buffer = roce_buffer_bytes(scenario)
     first = jobs[0]
     if byte_scale is None and first.byte_scale != "auto":
         byte_scale = float(first.byte_scale)
     if byte_scale is None:
         byte_scale = auto_byte_scale(full_ns * scenario.time_scale / 1e9, first.iteration_s)
-        while byte_scale > 1 and latency_share(sizes, byte_scale, rate) > HONEST_LATENCY_SHARE:
+        while byte_scale > 1 and (latency_share(sizes, byte_scale, rate) > HONEST_LATENCY_SHARE
+                                  or not buffer_regime(per_qp, byte_scale, buffer)["kept"]):
             byte_scale = step_down(byte_scale)
     share = latency_share(sizes, byte_scale, rate)
-    warning = ""
+    regime = buffer_regime(per_qp, byte_scale, buffer)
+    warnings = []
     if byte_scale > 1 and share > HONEST_LATENCY_SHARE:  # at full size it is the job's own
-        warning = (f"byte scale {byte_scale:,g}: per-message latency ({MESSAGE_LATENCY_US:g} us) "
-                   f"takes {share:.0%} of the fabric's transfer time, against "
-                   f"{latency_share(sizes, 1, rate):.0%} at full size: the scaled job's "
-                   "communication is latency-bound where the real one is not (lower "
-                   "workload.job.byte_scale, or leave it auto)")
+        warnings.append(
+            f"byte scale {byte_scale:,g}: per-message latency ({MESSAGE_LATENCY_US:g} us) "
+            f"takes {share:.0%} of the fabric's transfer time, against "
+            f"{latency_share(sizes, 1, rate):.0%} at full size: the scaled job's "
+            "communication is latency-bound where the real one is not")
+    if not regime["kept"]:
+        warnings.append(
+            f"byte scale {byte_scale:,g}: a QP's median message is {regime['ratio']:.2g}x the "
+            f"smallest RoCE buffer of the run's switches ({buffer:,} B), against "
+            f"{regime['full_size_ratio']:.3g}x at full size: scaled messages fit buffers the "
+            "real ones overflow")
+    warning = "; ".join(warnings) + (" (lower workload.job.byte_scale, or leave it auto)"
+                                     if warnings else "")
     graph = whole if byte_scale == 1 else on_fabric([b(byte_scale) for b in builders])
-    return JobPlan(graph, byte_scale, full_ns, share, warning, tuple(parts))
+    return JobPlan(graph, byte_scale, full_ns, share, warning, tuple(parts), regime)
+
+
+def buffer_regime(per_qp: List[float], byte_scale: float, buffer: Optional[int]) -> dict:
+    """How a job's messages stand against the fabric's buffers at ``byte_scale``: the
+    byte-weighted median of the messages a QP sends (``per_qp``, full size) over the
+    smallest RoCE buffer of a switch port (``roce_buffer_bytes``), scaled and at full size;
+    ``kept`` while the scaled ratio reaches ``BUFFER_REGIME`` or the full-size one, if that
+    is lower (pure)."""
+    if not per_qp or not buffer:
+        return {"kept": True, "message_bytes": None, "buffer_bytes": buffer, "ratio": None,
+                "full_size_ratio": None}
+    full = weighted_median(per_qp)
+    ratio, full_ratio = full / byte_scale / buffer, full / buffer
+    return {"kept": ratio >= min(BUFFER_REGIME, full_ratio) * (1 - 1e-9),
+            "message_bytes": round(full / byte_scale), "buffer_bytes": buffer,
+            "ratio": round(ratio, 3), "full_size_ratio": round(full_ratio, 3)}
+
+
+def weighted_median(sizes: List[float]) -> float:
+    """The size below which half the bytes are (pure)."""
+    ordered = sorted(sizes)
+    half, seen = sum(ordered) / 2, 0.0
+    for s in ordered:
+        seen += s
+        if seen >= half:
+            return s
+    return ordered[-1]
+
+
+def roce_buffer_bytes(scenario) -> Optional[int]:
+    """The smallest buffer the scenario's policies give RoCE's class at a switch port."""
+    from controllers.classes import class_of
+    from controllers.policy import make_policy
+
+    plan = FabricPlan.for_topology(scenario.topology)
+    sizes = []
+    for label in scenario.policies:
+        name, runs_with = scenario.policy_run(label)
+        try:
+            policy = make_policy(name, plan, runs_with)
+        except (ConfigError, KeyError, ValueError):  # said where the policies are checked
+            continue
+        sizes.append(class_of(policy.dscp()[0], policy.traffic_classes()).buffer_bytes)
+    return min(sizes) if sizes else None
 
 
 def job_size(job, gpus: int) -> int:

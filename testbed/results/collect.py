@@ -133,6 +133,7 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
                             part.name)
             f["job"].update(latency_share=round(ctx.job.latency_share, 4),
                             byte_scale_warning=ctx.job.warning or None,
+                            buffer_regime=ctx.job.regime,
                             gpus=sorted(ranks),
                             bytes_sent_per_rank=_job_bytes(ctx, packets, iterations, ranks))
             f["fan_in"] = _fan_in(ctx, [s for s in spans if int(s["rank"]) in ranks], packets)

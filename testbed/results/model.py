@@ -326,7 +326,10 @@ class PolicyResult(Record):
                                           unit="us, emulated")
     job: Optional[Dict[str, Any]] = figure(
         "a job's name, ranks, byte_scale, latency_share (per-message latency's share of fabric "
-        "transfer time) and byte_scale_warning, exposed_share, bytes_per_iteration {fabric, "
+        "transfer time), buffer_regime (a QP's median message at this byte scale against the "
+        "smallest RoCE buffer of a switch port: message_bytes, buffer_bytes, ratio, "
+        "full_size_ratio, kept) and byte_scale_warning, exposed_share, bytes_per_iteration "
+        "{fabric, "
         "scale_up} per kind, bytes_sent_per_rank {expected, measured}, "
         "full_size_iteration_ms_modelled, idle_gpu_seconds_on_n_gpus {gpus, modelled (as run), "
         "full_size (times the byte scale)} per iteration, and operations: per "

@@ -783,8 +783,12 @@ def _workload_text(scenario: Scenario, gpus: int, job=None) -> str:
     w = scenario.workload
     if job is not None:
         jobs = "; ".join(_job_text(part) for part in job.parts)
+        regime = job.regime or {}
+        against = (f": a QP's median message {regime['message_bytes'] / 1e3:,.0f} KB, "
+                   f"{regime['ratio']:.3g}x the smallest RoCE buffer"
+                   if regime.get("ratio") is not None else "")
         return (f"{w.iterations} iterations of {jobs}, on {gpus} GPUs (every message and "
-                f"compute span / {job.byte_scale:,g})")
+                f"compute span / {job.byte_scale:,g}{against})")
     sizes = (", ".join(f"{s:,}" for s in w.sizes) + " B") if w.sizes else f"{w.size_bytes:,} B"
     extra = []
     if w.compute_us:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from controllers.classes import TrafficClass, default_class
+from controllers.classes import TrafficClass, class_of
 from controllers.policy import Policy, make_policy
 from traffic.contract import QpLimiter, WorkloadSpec
 
@@ -131,7 +131,7 @@ def rto_us(scenario: Scenario, policy: Policy, roce: TrafficClass) -> float:
 def roce_class(policy: Policy, classes) -> TrafficClass:
     """The class RoCE data travels in (the default class if none names its DSCP)."""
     roce = policy.dscp()[0]
-    return next((c for c in classes if roce in c.dscp), default_class(classes))
+    return class_of(roce, classes)
 
 
 def qp_limiter(scenario: Scenario, policy: Policy, classes) -> QpLimiter:

@@ -104,11 +104,28 @@ MOMENTS = [
 ]
 
 
+def job_scenario(where):
+    """The default job at byte scale 100, its one iteration replayed in a few seconds: what
+    is interrupted here is the run, whatever the job's messages weigh."""
+    import yaml
+
+    from testbed.scenario.catalog import SCENARIO_DIR
+
+    path = where / "default-job.yaml"
+    if not path.exists():
+        with open(os.path.join(SCENARIO_DIR, "default.yaml")) as f:
+            data = yaml.safe_load(f)
+        data["workload"]["job"]["byte_scale"] = 100
+        path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
 def start_job(out_dir, *args):
     """The default job, one iteration (every phase in about 40 s), as its own process group,
     SIGINT ignored as a script's `&` leaves it: the run must stop on it all the same."""
     return subprocess.Popen([sys.executable, "-m", "testbed", "run", "--out", str(out_dir),
-                             "--scenario", "default", "--iterations", "1", *args],
+                             "--scenario", job_scenario(out_dir.parent), "--iterations", "1",
+                             *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
@@ -159,7 +176,8 @@ def test_the_default_job_stops_at_any_moment_and_keeps_what_it_measured(tmp_path
 def refused(out_dir):
     """A run started over a dead run's leftovers: (exit code, stderr)."""
     r = subprocess.run([sys.executable, "-m", "testbed", "run", "--out", str(out_dir),
-                        "--scenario", "default", "--iterations", "1"], capture_output=True,
+                        "--scenario", job_scenario(out_dir.parent), "--iterations", "1"],
+                       capture_output=True,
                        text=True, timeout=120)
     return r.returncode, r.stderr
 
