@@ -1,6 +1,6 @@
 """Training jobs on live fabrics: gradient buckets overlapping the backward pass, servers
-whose GPUs talk over the scale-up domain and never over the fabric, and figures that hold at
-two byte scales."""
+whose GPUs talk over the scale-up domain and never over the fabric, and figures that hold
+over a factor of 4 in byte scale."""
 import csv
 import glob
 import json
@@ -107,21 +107,37 @@ def test_a_server_s_gpus_talk_over_scale_up_and_never_over_the_fabric(tmp_path):
     assert m["pipeline_bubble_us"] > 0 and m["exposed_comm_us"]["pp"] > 0
 
 
-def test_the_exposed_communication_share_holds_at_two_byte_scales(tmp_path):
-    """Scaling bytes and compute spans alike keeps the job's shape while messages stay
-    bandwidth-dominated: the exposed share at the honest auto scale and at half of it (twice
-    the bytes) agree within 10%."""
-    scenario = DEFAULT.override({"workload": {"job": DP_JOB}})
+# one 2,048-wide layer, tensor parallel 2, data parallel 4 over the fabric in one bucket on 4
+# QPs per peer, as the default job: a QP's message is 3.1 MB at full size, 33 x a shallow
+# port buffer
+ONE_LAYER = {"model": "custom", "layers": 1, "hidden": 2048, "heads": 16, "seq_len": 2048,
+             "vocab": 0, "tp": 2, "micro_batches": 1, "bucket_mb": 100}
+
+
+def test_a_job_s_full_size_iteration_holds_over_a_factor_of_4_in_byte_scale(tmp_path):
+    """At auto's byte scale and at a quarter of it (four times the bytes), both keeping a
+    QP's messages several times the buffers, the fabrics with congestion control agree on
+    the full-size iteration within 15% and on the exposed share within 10%. Enterprise's
+    go-back-N does not hold at this job's scale (docs/time-scale.md, "Byte scale": 68 ms at
+    byte scale 5, 110 at 1.25) and takes 6 of the 11 minutes the three policies take."""
+    policies = ["hyperscale", "lossless"]
+    scenario = DEFAULT.override({"workload": {"job": ONE_LAYER}, "policies": policies,
+                                 "transport": {"qps_per_peer": 4}})
     auto = plan_job(scenario.for_checks()).byte_scale
-    shares = []
-    for scale in (auto, auto / 2):
-        _, results, _ = run(tmp_path / str(scale), ["hyperscale"], workload={
-            "iterations": 2, "job": dict(DP_JOB, byte_scale=scale)})
-        p = results["policies"]["hyperscale"]
-        _faithful(p)
-        assert not p["job"]["byte_scale_warning"]
-        shares.append(p["job"]["exposed_share"])
-    assert shares[1] == pytest.approx(shares[0], rel=0.10), shares
+    full, share = {}, {}
+    for scale in (auto, auto / 4):
+        _, results, _ = run(tmp_path / str(scale), policies, transport={"qps_per_peer": 4},
+                            workload={"iterations": 2, "job": dict(ONE_LAYER, byte_scale=scale)})
+        for name in policies:
+            p = results["policies"][name]
+            assert not p["job_failed"], p["job_failed"]
+            _faithful(p)
+            assert p["job"]["buffer_regime"]["kept"], p["job"]["buffer_regime"]
+            full.setdefault(name, []).append(p["job"]["full_size_iteration_ms_modelled"])
+            share.setdefault(name, []).append(p["job"]["exposed_share"])
+    for name in policies:
+        assert full[name][1] == pytest.approx(full[name][0], rel=0.15), (name, full)
+        assert share[name][1] == pytest.approx(share[name][0], rel=0.10), (name, share)
 
 
 def test_a_chakra_trace_written_to_the_published_layout_runs_on_the_fabric(tmp_path):
