@@ -34,15 +34,17 @@ def cmd_calibrate(args) -> int:
     from .scenario import timescale
     from .scenario.catalog import find
 
+    from .job.plan import switch_hops
     from .results.report import table
 
     cal = (args.if_missing and calibrate.load()) or calibrate.measure(_progress(args.quiet))
     rows = [[name, f"{share:.0%}"] for name, share in cal.busy.items()]
     print(table(["policy", f"CPUs busy ({cal.gpus} GPUs at {cal.host_rate_mbit:g} Mbit/s)"],
                 rows))
-    for scenario in (find("ring"), find("large")):
+    for scenario in (find("default"), find("ring"), find("large")):
         t = scenario.topology
-        choice = timescale.choose(timescale.AUTO, scenario.policies, t.gpus, cal)
+        choice = timescale.choose(timescale.AUTO, scenario.policies, t.gpus, cal,
+                                  hops=switch_hops(scenario))
         print(f"{scenario.name}: {t.gpus} GPUs at auto run at {choice.host_rate_mbit:g} Mbit/s "
               f"(predicted CPUs {choice.predicted_busy:.0%} busy of "
               f"{timescale.TARGET_BUSY:.0%} allowed)")

@@ -338,6 +338,28 @@ def fabric_messages(graph: JobGraph, scenario) -> List[float]:
             if not same_server(src, dst, per_server)]
 
 
+def switch_hops(scenario) -> float:
+    """The switches a byte of the scenario's workload crosses on the fabric, byte-weighted (1
+    within a leaf, 3 across: leaf, spine, leaf; a server's own transfers stay on its
+    scale-up domain): what Open vSwitch forwards per byte a NIC sends, against the ring the
+    machine was calibrated with (pure)."""
+    plan = FabricPlan.for_topology(scenario.topology)
+    leaf = {h.rank: h.leaf for h in plan.gpus}
+    per_server = scenario.topology.gpus_per_server
+    job = plan_job(scenario, byte_scale=1.0)
+    comms = (job.graph.comms if job else
+             [Comm(scenario.workload.collective, tuple(range(scenario.topology.gpus)),
+                   scenario.workload.size_bytes)])
+    weighted = total = 0.0
+    for comm in comms:
+        for src, dst, nbytes in comm_transfers(comm):
+            if job and same_server(src, dst, per_server):
+                continue
+            weighted += nbytes * (1 if leaf[src] == leaf[dst] else 3)
+            total += nbytes
+    return weighted / total if total else 1.0
+
+
 def latency_share(sizes: List[float], byte_scale: float, rate_gbit: float) -> float:
     """Byte-weighted share of a message's time its fixed latency takes, at ``byte_scale``."""
     if not sizes:

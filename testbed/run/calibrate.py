@@ -26,6 +26,7 @@ from typing import Callable, Dict, Optional
 
 from ..base.atomic import write_json_atomic
 from ..base.errors import TestbedError
+from ..job.plan import switch_hops
 from ..scenario import timescale
 from ..scenario.timescale import CALIBRATION_VERSION, REFERENCE_RATE_MBIT, Calibration
 from .fidelity import busy_between, cpu_counters
@@ -93,7 +94,7 @@ def measure(progress: Callable[[str], None] = lambda s: None, path: str = "") ->
              f"GPUs at {REFERENCE_RATE_MBIT:g} Mbit/s) under each policy, {ROUNDS} rounds, "
              "about 40 s")
     before = wait_quiet(progress)
-    busy, noise, allowed = {}, {}, 0.0
+    busy, noise, ovs, allowed = {}, {}, {}, 0.0
     for _ in range(ROUNDS):
         work = tempfile.mkdtemp(prefix="testbed-calibration-")
         try:
@@ -101,14 +102,16 @@ def measure(progress: Callable[[str], None] = lambda s: None, path: str = "") ->
                                     calibrated=False)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        for name, (share, delay, tolerance) in round_figures(results).items():
+        for name, (share, delay, tolerance, ovs_share) in round_figures(results).items():
             busy[name] = min(busy.get(name, share), share)
             noise[name] = min(noise.get(name, delay), delay)
+            ovs[name] = max(ovs.get(name, ovs_share), ovs_share)
             allowed = tolerance or allowed
     cal = Calibration(machine=machine_key(), cpus=os.cpu_count() or 1,
                       measured=time.strftime("%Y-%m-%d %H:%M", time.localtime()),
                       gpus=scenario.topology.gpus, host_rate_mbit=REFERENCE_RATE_MBIT, busy=busy,
-                      noise_us=noise, allowed_us=float(allowed), busy_before=round(before, 3))
+                      noise_us=noise, allowed_us=float(allowed), busy_before=round(before, 3),
+                      ovs_share=ovs, hops=round(switch_hops(scenario), 3))
     path = path or cache_path()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_json_atomic(path, cal.to_dict())
@@ -117,7 +120,8 @@ def measure(progress: Callable[[str], None] = lambda s: None, path: str = "") ->
 
 def round_figures(results: dict) -> dict:
     """Per policy of one reference run (pure): (CPU busy share, the machine's delay - the
-    larger of agent timer lag p95 and idle-path overhead, us -, the tolerance both had)."""
+    larger of agent timer lag p95 and idle-path overhead, us -, the tolerance both had, Open
+    vSwitch's share of the run's CPU time)."""
     out = {}
     for name, p in results["policies"].items():
         share = (p.get("emulation_cost") or {}).get("busy_share")
@@ -126,8 +130,11 @@ def round_figures(results: dict) -> dict:
         checks = (p.get("fidelity") or {}).get("checks") or {}
         lag, idle = checks.get("agent_loop_lag") or {}, checks.get("idle_path_latency") or {}
         delay = max(lag.get("p95_us") or 0.0, idle.get("overhead_us") or 0.0)
+        cost = p["emulation_cost"]
+        ovs = cost["cpu_s"].get("open_vswitch", 0.0) / max(cost["total_cpu_s"], 1e-9)
         out[name] = (float(share), delay,
-                     lag.get("allowed_p95_us") or idle.get("allowed_overhead_us") or 0.0)
+                     lag.get("allowed_p95_us") or idle.get("allowed_overhead_us") or 0.0,
+                     round(ovs, 3))
     return out
 
 

@@ -40,6 +40,7 @@ from ..fabric.ovs_buffers import needed_bytes, ovs_socket_buffers, raised_socket
 from ..fabric.placement import by_server
 from ..fabric.queues import drain, egress_stats, queue_drops, queued_frames, spine_load
 from ..fabric.rxe import RxeTraffic, endpoints as rxe_endpoints, require as require_rxe
+from ..job.plan import switch_hops
 from ..results import breakdown, htmlreport, trace
 from ..results.collect import (RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled,
                                timeline)
@@ -162,7 +163,8 @@ def choose_time_scale(scenario: Scenario, progress: Say,
         return scenario, None
     cap = (timescale.learned_cap(calibrate.learned(scenario, cal), scenario.policies)
            if auto else None)
-    choice = timescale.choose(t.host_rate_mbit, scenario.base_policies, t.gpus, cal, cap)
+    choice = timescale.choose(t.host_rate_mbit, scenario.base_policies, t.gpus, cal, cap,
+                              hops=switch_hops(scenario))
     if auto:
         scenario = scenario.with_host_rate(choice.host_rate_mbit)
     progress(timescale.describe(choice, t.modelled_rate_gbit))

@@ -5,7 +5,10 @@ a known rate, per policy) it predicts how busy a run would keep them and chooses
 GPU NIC rate from ``RATE_STEPS`` that fits two bounds:
 
 * CPU: the predicted busy share stays under ``TARGET_BUSY``, linear in the GPU NICs' aggregate
-  rate (frames per second through the fabric);
+  rate (frames per second through the fabric), Open vSwitch's part of it also in the switches
+  a byte of the scenario's workload crosses against the calibrated ring's (``load_factor``:
+  a job whose every byte crosses the spines costs it half as much again as a ring that keeps
+  half its bytes inside a leaf);
 * noise: the fidelity monitor's latency tolerances are a share of one frame's time at the GPU
   NIC rate, while the machine's own delays (agent timer lag, idle-path overhead) are absolute:
   the rate stays low enough that the delays measured at the reference rate keep
@@ -39,7 +42,7 @@ RATE_STEPS = (0.5, 1.0, 2.0, 2.5, 4.0, 5.0, 8.0, 10.0, 16.0, 20.0, 25.0, 32.0, 4
               64.0, 80.0, 100.0, 125.0, 160.0, 200.0, 250.0, 320.0, 400.0, 500.0, 640.0,
               800.0, 1000.0)
 NOISE_MARGIN = 1.5  # measured delay x this must stay within the tolerance
-CALIBRATION_VERSION = 4  # a new one when the reference run changes (hyperscale: DCQCN)
+CALIBRATION_VERSION = 5  # a new one when the reference run changes (5: Open vSwitch's share)
 # A run at auto: the rate chosen first, then at most this many slower ones after rejections.
 MAX_ATTEMPTS = 3
 # Runs a scenario's policy must have been rejected in before its next runs start slower: one
@@ -66,6 +69,10 @@ class Calibration:
     noise_us: Dict[str, float] = field(default_factory=dict)
     allowed_us: float = 0.0
     busy_before: float = 0.0  # the CPUs' busy share without the testbed, when measured
+    # per policy, Open vSwitch's share of the run's CPU time, and the switches a byte of the
+    # reference ring crossed on average (0: not measured)
+    ovs_share: Dict[str, float] = field(default_factory=dict)
+    hops: float = 0.0
     version: int = CALIBRATION_VERSION
 
     @property
@@ -77,6 +84,7 @@ class Calibration:
                 "gpus": self.gpus, "host_rate_mbit": self.host_rate_mbit,
                 "busy": dict(self.busy), "noise_us": dict(self.noise_us),
                 "allowed_us": self.allowed_us, "busy_before": self.busy_before,
+                "ovs_share": dict(self.ovs_share), "hops": self.hops,
                 "version": self.version}
 
     @classmethod
@@ -89,6 +97,8 @@ class Calibration:
                    noise_us={str(k): float(v) for k, v in d.get("noise_us", {}).items()},
                    allowed_us=float(d.get("allowed_us", 0.0)),
                    busy_before=float(d.get("busy_before", 0.0)),
+                   ovs_share={str(k): float(v) for k, v in d.get("ovs_share", {}).items()},
+                   hops=float(d.get("hops", 0.0)),
                    version=int(d.get("version", 0)))
 
 
@@ -116,6 +126,7 @@ class Choice:
     # the rate earlier rejected runs of this scenario asked for on this machine
     learned_cap_mbit: Optional[float] = None
     attempts: Tuple[Attempt, ...] = ()  # rejected runs before this rate, first first
+    hops: Optional[float] = None  # the switches a byte of the workload crosses (load_factor)
 
     @property
     def over_budget(self) -> bool:
@@ -126,15 +137,29 @@ class Choice:
                 "predicted_busy": round(self.predicted_busy, 3), "target_busy": TARGET_BUSY,
                 "fits_mbit": self.fits_mbit, "warning": warning(self),
                 "learned_cap_mbit": self.learned_cap_mbit,
+                "workload_hops": self.hops,
                 "attempts": [a.to_dict() for a in self.attempts],
                 "calibration": self.calibration.to_dict()}
 
 
-def predicted_busy(cal: Calibration, policies: Tuple[str, ...], nic_mbit: float) -> float:
+def load_factor(cal: Calibration, policy: str, hops: Optional[float]) -> float:
+    """A workload's CPU per NIC byte against the calibrated ring's: Open vSwitch's share of
+    it scales with the switches a byte crosses (``hops`` against the ring's), the rest
+    (agents, kernel) does not; 1 where either was not measured."""
+    share = cal.ovs_share.get(policy, max(cal.ovs_share.values(), default=0.0))
+    if not hops or not cal.hops or not share:
+        return 1.0
+    return 1.0 - share + share * hops / cal.hops
+
+
+def predicted_busy(cal: Calibration, policies: Tuple[str, ...], nic_mbit: float,
+                   hops: Optional[float] = None) -> float:
     """The mean CPU share the busiest of ``policies`` would keep with ``nic_mbit`` of GPU NICs
-    (a policy the calibration did not measure counts as its busiest one)."""
+    carrying a workload whose bytes cross ``hops`` switches (a policy the calibration did not
+    measure counts as its busiest one)."""
     worst = max(cal.busy.values())
-    return max(cal.busy.get(p, worst) for p in policies) * nic_mbit / cal.nic_mbit
+    return max(cal.busy.get(p, worst) * load_factor(cal, p, hops)
+               for p in policies) * nic_mbit / cal.nic_mbit
 
 
 def noise_limit_mbit(cal: Calibration, policies: Tuple[str, ...]) -> float:
@@ -147,27 +172,30 @@ def noise_limit_mbit(cal: Calibration, policies: Tuple[str, ...]) -> float:
     return cal.host_rate_mbit * cal.allowed_us / (noise * NOISE_MARGIN)
 
 
-def fitting_rate(cal: Calibration, policies: Tuple[str, ...], gpus: int) -> float:
+def fitting_rate(cal: Calibration, policies: Tuple[str, ...], gpus: int,
+                 hops: Optional[float] = None) -> float:
     """The fastest of ``RATE_STEPS`` predicted to keep the CPUs under ``TARGET_BUSY`` and the
     machine's delays inside the tolerances (the slowest step if none is)."""
     cap = noise_limit_mbit(cal, policies)
     fits = [r for r in RATE_STEPS
-            if r <= cap and predicted_busy(cal, policies, r * gpus) <= TARGET_BUSY]
+            if r <= cap and predicted_busy(cal, policies, r * gpus, hops) <= TARGET_BUSY]
     return fits[-1] if fits else RATE_STEPS[0]
 
 
 def choose(host_rate_mbit, policies: Tuple[str, ...], gpus: int, cal: Calibration,
-           cap_mbit: Optional[float] = None) -> Choice:
+           cap_mbit: Optional[float] = None, hops: Optional[float] = None) -> Choice:
     """The rate of a run whose scenario says ``host_rate_mbit`` (a number or ``AUTO``);
-    ``cap_mbit``: what this machine learned of the scenario (``learned_cap``)."""
-    fits = fitting_rate(cal, policies, gpus)
+    ``cap_mbit``: what this machine learned of the scenario (``learned_cap``); ``hops``: the
+    switches a byte of its workload crosses (``load_factor``)."""
+    fits = fitting_rate(cal, policies, gpus, hops)
     if cap_mbit is not None:
         fits = min(fits, cap_mbit)
     if host_rate_mbit == AUTO:
         rate, by = fits, "auto"
     else:
         rate, by = float(host_rate_mbit), "scenario"
-    return Choice(rate, by, predicted_busy(cal, policies, rate * gpus), fits, cal, cap_mbit)
+    return Choice(rate, by, predicted_busy(cal, policies, rate * gpus, hops), fits, cal,
+                  cap_mbit, hops=hops)
 
 
 def step_below(rate_mbit: float) -> Optional[float]:
@@ -232,7 +260,7 @@ def retried(choice: Choice, rate_mbit: float, attempt: Attempt, policies: Tuple[
     """The choice for the run again at ``rate_mbit`` after ``attempt`` was rejected."""
     return replace(choice, host_rate_mbit=rate_mbit,
                    predicted_busy=predicted_busy(choice.calibration, policies,
-                                                 rate_mbit * gpus),
+                                                 rate_mbit * gpus, choice.hops),
                    attempts=choice.attempts + (attempt,))
 
 

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -33,6 +34,30 @@ def test_the_busiest_policy_decides_and_an_unmeasured_one_counts_as_the_busiest(
     assert choose(AUTO, ("hyperscale",), 8, c).host_rate_mbit == 32.0  # 0.85 at 40
     only_lossless = Calibration("m", 2, "t", 8, 40.0, busy={"lossless": 0.9})
     assert timescale.predicted_busy(only_lossless, ("new-policy",), 320) == pytest.approx(0.9)
+
+
+def test_a_workload_whose_bytes_cross_more_switches_than_the_ring_s_runs_slower():
+    """Open vSwitch forwards a frame once per switch: the default job's bytes all cross the
+    spines (3 switches), the calibrated ring's half of them (2 on average). With half the
+    ring's CPU in Open vSwitch, the job costs 1.25x the ring per NIC byte."""
+    c = dataclasses.replace(cal(), ovs_share={p: 0.5 for p in POLICIES}, hops=2.0)
+    assert timescale.load_factor(c, "lossless", 3.0) == pytest.approx(1.25)
+    assert timescale.load_factor(c, "lossless", 2.0) == 1.0 and \
+        timescale.load_factor(c, "lossless", None) == 1.0
+    assert choose(AUTO, POLICIES, 8, c, hops=2.0).host_rate_mbit == 40.0  # the ring itself
+    job = choose(AUTO, POLICIES, 8, c, hops=3.0)  # 0.66 x 1.25 = 0.83 at 40
+    assert job.host_rate_mbit == 32.0 and job.predicted_busy <= timescale.TARGET_BUSY
+    assert job.to_dict()["workload_hops"] == 3.0
+    # a calibration from before the share was measured predicts as it did
+    assert choose(AUTO, POLICIES, 8, cal(), hops=3.0).host_rate_mbit == 40.0
+
+
+def test_the_switches_a_workload_s_bytes_cross():
+    from testbed.job.plan import switch_hops
+    from testbed.scenario.catalog import find
+    assert switch_hops(find("ring")) == 2.0  # neighbours: one inside a leaf, the next across
+    assert switch_hops(find("default")) == 3.0  # data parallel across servers, one per leaf
+    assert switch_hops(find("3d-64")) == 1.0  # rails: a rail's GPUs share their leaf
 
 
 def test_the_machines_own_delays_cap_the_rate_of_a_small_fabric():
@@ -164,14 +189,15 @@ def test_the_run_names_the_constants_it_cannot_scale():
 
 
 def test_each_calibration_round_gives_busy_share_and_delay_per_policy():
-    def policy(share, lag, idle):
-        return {"emulation_cost": {"busy_share": share},
+    def policy(share, lag, idle, ovs_s):
+        return {"emulation_cost": {"busy_share": share, "total_cpu_s": 20.0,
+                                   "cpu_s": {"open_vswitch": ovs_s, "agents": 20.0 - ovs_s}},
                 "fidelity": {"checks": {"agent_loop_lag": {"p95_us": lag,
                                                            "allowed_p95_us": 208.6},
                                         "idle_path_latency": {"overhead_us": idle}}}}
-    got = calibrate.round_figures({"policies": {"hyperscale": policy(0.61, 31.6, 83.2),
-                                                "lossless": policy(0.66, 250.0, 90.0)}})
-    assert got == {"hyperscale": (0.61, 83.2, 208.6), "lossless": (0.66, 250.0, 208.6)}
+    got = calibrate.round_figures({"policies": {"hyperscale": policy(0.61, 31.6, 83.2, 10.0),
+                                                "lossless": policy(0.66, 250.0, 90.0, 9.0)}})
+    assert got == {"hyperscale": (0.61, 83.2, 208.6, 0.5), "lossless": (0.66, 250.0, 208.6, 0.45)}
     with pytest.raises(Exception, match="no CPU share"):
         calibrate.round_figures({"policies": {"lossless": {"emulation_cost": {}}}})
 
