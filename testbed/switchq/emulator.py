@@ -178,7 +178,7 @@ class Emulator:
         try:
             clock.open()
             self.clock = clock
-        except (OSError, KeyError) as e:  # the monitor then judges by the latency floor
+        except (OSError, LookupError) as e:  # the monitor then judges by the latency floor
             clock.close()
             self.clock_note = f"the forwarding time could not be measured: {e}"
         if self.marks and self.via == "bpf":
