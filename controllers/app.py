@@ -135,25 +135,27 @@ class FabricController(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
     @served
     def switch_features(self, ev):
-        dp = ev.msg.datapath
+        # the reply's own id: os-ken's handler sets datapath.id from it in its own thread,
+        # which may not have run yet (dp.id None on a slow machine)
+        dp, dpid = ev.msg.datapath, ev.msg.datapath_id
         try:
-            messages = self.policy.switch_connected(dp.id)
+            messages = self.policy.switch_connected(dpid)
         except KeyError:
-            LOG.warning("dpid %016x: not part of this fabric, ignored", dp.id)
+            LOG.warning("dpid %016x: not part of this fabric, ignored", dpid)
             return
-        name = self.policy.plan.switch_by_dpid(dp.id).name
-        self.datapaths[dp.id] = dp
+        name = self.policy.plan.switch_by_dpid(dpid).name
+        self.datapaths[dpid] = dp
         try:
-            self._send(dp.id, messages)
+            self._send(dpid, messages)
         except Exception as e:  # os-ken would swallow it; the runner must hear of it
             LOG.exception("%s: could not program the switch", name)
-            self._state(event="failed", dpid=dp.id, error=f"{type(e).__name__}: {e}")
+            self._state(event="failed", dpid=dpid, error=f"{type(e).__name__}: {e}")
             return
         barrier = dp.ofproto_parser.OFPBarrierRequest(dp)
         dp.set_xid(barrier)
-        self.pending_barriers[barrier.xid] = dp.id
+        self.pending_barriers[barrier.xid] = dpid
         dp.send_msg(barrier)
-        LOG.info("%s (dpid %016x): sent %d messages, waiting for barrier", name, dp.id,
+        LOG.info("%s (dpid %016x): sent %d messages, waiting for barrier", name, dpid,
                  len(messages))
 
     # os-ken's own handler asks for the port description in the connection's thread while
