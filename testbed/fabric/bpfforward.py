@@ -28,15 +28,14 @@ from typing import Dict, Iterable, List, Optional
 from traffic import roce
 
 from . import bpf
-from .bpf import (ETH_P_IP_BE, HELPER_MAP_LOOKUP, HELPER_SKB_LOAD_BYTES, OUT, R0, R1, R2, R3,
-                  R4, R6, R7, R10, SKB_PROTOCOL, TC_ACT_UNSPEC, Clsact, add_k, call, div_k,
+from .bpf import (BPF_MAP_TYPE_LRU_HASH, ETH_P_IP_BE, HELPER_KTIME_GET_NS, HELPER_MAP_DELETE,
+                  HELPER_MAP_LOOKUP, HELPER_MAP_UPDATE, HELPER_SKB_LOAD_BYTES, OUT, R0, R1, R2,
+                  R3, R4, R6, R7, R10, SKB_PROTOCOL, TC_ACT_UNSPEC, Clsact, add_k, call, div_k,
                   exit_, ja, jeq, jge, jne, ld_map_fd, ldx_dw, ldx_h, ldx_w, mov_k, mov_x,
                   stx_dw, stx_w, sub_x, xadd_dw)
 
 STAMP_NAME, MEASURE_NAME = "testbed_fwd_in", "testbed_fwd_out"
 FORWARD_PRIO = 4  # after the loss, queue-counting and marking programs, which all pass
-BPF_MAP_TYPE_LRU_HASH = 9
-HELPER_MAP_UPDATE, HELPER_MAP_DELETE, HELPER_KTIME_GET_NS = 2, 3, 5
 IN_FLIGHT = 8192  # packets between a switch's ingress and egress at once, at most
 BUCKET_NS = 2_000  # the histogram's resolution (emulated)
 BUCKETS = 4096  # up to 8 ms; the last bucket holds anything longer
@@ -50,7 +49,6 @@ VALUE = -56
 DPORT = FRAME + roce.SPORT_OFFSET + 2 - SADDR_OFFSET
 ROCE_PORT_AS_READ = socket.htons(roce.ROCE_UDP_PORT)  # as a little-endian 16-bit load reads it
 BTH = FRAME + roce.BTH_OFFSET - SADDR_OFFSET
-
 
 
 def _key(skb: int) -> List:
