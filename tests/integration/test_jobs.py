@@ -116,26 +116,34 @@ ONE_LAYER = {"model": "custom", "layers": 1, "hidden": 2048, "heads": 16, "seq_l
 
 def test_a_job_s_full_size_iteration_holds_over_a_factor_of_4_in_byte_scale(tmp_path):
     """At auto's byte scale and at a quarter of it (four times the bytes), both keeping a
-    QP's messages several times the buffers, hyperscale's full-size iteration agrees within
-    15% and its exposed share within 10% (-8% and -6% in two pairs of runs). Lossless holds
-    on average but one run of it spread 13.7-16.7 ms at byte scale 5, and enterprise's
-    go-back-N does not hold at this job's scale (68 ms at byte scale 5, 110 at 1.25):
-    docs/time-scale.md, "Byte scale"; benchmarks/byte_scale.py repeats them."""
+    QP's messages several times the buffers, hyperscale's full-size first iteration agrees
+    within 15% and its exposed share within 10%. The smaller run is the noisier (one run of
+    it spreads about +-6%) and sits about 10% above the larger one, so it runs three times
+    and its median counts. Lossless holds on average but one run of it spread 13.7-16.7 ms at
+    byte scale 5, and enterprise's go-back-N does not hold at this job's scale (68 ms at byte
+    scale 5, 110 at 1.25): docs/time-scale.md, "Byte scale"; benchmarks/byte_scale.py."""
     policies = ["hyperscale"]
     scenario = DEFAULT.override({"workload": {"job": ONE_LAYER}, "policies": policies,
                                  "transport": {"qps_per_peer": 4}})
     auto = plan_job(scenario.for_checks()).byte_scale
     full, share = {}, {}
-    for scale in (auto, auto / 4):
+    for scale, repeat in ((auto, 3), (auto / 4, 1)):
         _, results, _ = run(tmp_path / str(scale), policies, transport={"qps_per_peer": 4},
-                            workload={"iterations": 2, "job": dict(ONE_LAYER, byte_scale=scale)})
+                            repeat=repeat,
+                            workload={"iterations": 1, "job": dict(ONE_LAYER, byte_scale=scale)})
         for name in policies:
-            p = results["policies"][name]
-            assert not p["job_failed"], p["job_failed"]
-            _faithful(p)
-            assert p["job"]["buffer_regime"]["kept"], p["job"]["buffer_regime"]
-            full.setdefault(name, []).append(p["job"]["full_size_iteration_ms_modelled"])
-            share.setdefault(name, []).append(p["job"]["exposed_share"])
+            runs = [results["policies"][name]] + results.get("repeats", {}).get(name, [])
+            assert len(runs) == repeat
+            for p in runs:
+                assert not p["job_failed"], p["job_failed"]
+                _faithful(p)
+                assert p["job"]["buffer_regime"]["kept"], p["job"]["buffer_regime"]
+            figures = results["spread"][name] if repeat > 1 else None
+            full.setdefault(name, []).append(
+                figures["full_size_iteration_ms"]["median"] if figures
+                else runs[0]["job"]["full_size_iteration_ms_modelled"])
+            share.setdefault(name, []).append(
+                figures["exposed_share"]["median"] if figures else runs[0]["job"]["exposed_share"])
     for name in policies:
         assert full[name][1] == pytest.approx(full[name][0], rel=0.15), (name, full)
         assert share[name][1] == pytest.approx(share[name][0], rel=0.10), (name, share)
