@@ -13,7 +13,10 @@ Each point runs ``--repeat`` times on fresh fabrics; the table gives the median 
 iteration [min-max] per policy and byte scale, its ratio to the study's reference (byte scale
 10 for the decade, 1 for the full-size study), whether the policies keep their order, and how
 a QP's median message stood against the smallest RoCE buffer of the run's switches
-(``buffer_regime``: auto keeps it at ``testbed.job.plan.BUFFER_REGIME`` or more).
+(``buffer_regime``: auto keeps it at ``testbed.job.bytescale.BUFFER_REGIME`` or more), and what
+go-back-N did: frames resent per recovery (a NAK or a timeout) and timeouts per thousand new
+frames, medians of the runs (a lossy fabric's regime: a short message caps what one
+recovery resends).
 
     sudo .venv/bin/python benchmarks/byte_scale.py                    # both, once each
     sudo .venv/bin/python benchmarks/byte_scale.py --study full --repeat 3
@@ -51,13 +54,27 @@ STUDIES = {  # name -> (the job's scenario at a byte scale, byte scales, referen
 }
 
 
+def go_back_n(runs) -> dict:
+    """Medians over the runs: frames resent per recovery, timeouts per 1,000 new frames."""
+    per_recovery, timeouts = [], []
+    for r in runs:
+        resent, recoveries = r.retransmitted_packets or 0, (r.naks or 0) + (r.rto_timeouts or 0)
+        new = (r.packets_sent or 0) - resent
+        if recoveries and new > 0:
+            per_recovery.append(resent / recoveries)
+            timeouts.append(1000 * (r.rto_timeouts or 0) / new)
+    return {"resent_per_recovery": statistics.median(per_recovery) if per_recovery else None,
+            "timeouts_per_1k_new": statistics.median(timeouts) if timeouts else None}
+
+
 def full_size(result: RunResult) -> dict:
-    """Per policy: every run's full-size iteration (modelled ms), the job's regime."""
+    """Per policy: every run's full-size iteration (modelled ms), the job's regime, what
+    go-back-N did."""
     out = {}
     for name in result.policies:
         runs = result.runs(name)
         values = [(r.job or {}).get("full_size_iteration_ms_modelled") for r in runs]
-        out[name] = {"full_ms": [v for v in values if v is not None],
+        out[name] = {"full_ms": [v for v in values if v is not None], **go_back_n(runs),
                      "failed": sum(1 for r in runs if r.job_failed),
                      "unfaithful": sum(1 for r in runs if r.fidelity and not r.fidelity.ok),
                      "regime": (runs[0].job or {}).get("buffer_regime")}
@@ -103,9 +120,11 @@ def rows_of(name: str, points: dict, s: dict):
                       if full else "-")
             ratio = s["ratio_to_reference"][bs][policy]
             regime = v["regime"] or {}
+            resent, timeouts = v["resent_per_recovery"], v["timeouts_per_1k_new"]
             out.append([name, f"{bs:g}", policy, spread, f"{ratio:.2f}" if ratio else "-",
                         "yes" if s["same_order"][bs] else "no",
                         f"{regime.get('ratio', 0):.3g}x" if regime.get("ratio") else "-",
+                        f"{resent:.0f} / {timeouts:.1f}" if resent is not None else "-",
                         f"{v['failed']} failed, {v['unfaithful']} unfaithful"
                         if v["failed"] or v["unfaithful"] else "ok",
                         f"{point['wall_s']:.0f}"])
@@ -135,7 +154,8 @@ def main() -> int:
         print(json.dumps(report, indent=2, default=str))
     else:
         print(table(["study", "byte scale", "policy", "full-size iteration (ms) median [min-max]",
-                     "/ reference", "same order", "message / buffer", "runs", "wall (s)"],
+                     "/ reference", "same order", "message / buffer",
+                     "resent per recovery / timeouts per 1k new", "runs", "wall (s)"],
                     rows))
     return 0
 

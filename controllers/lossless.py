@@ -9,8 +9,9 @@
   credits of its own (a buffer of ``other_buffer_bytes`` beyond the same headroom), so a
   data lane that waits never holds a CNP.
 * Adaptive routing at the leaves: RoCE to another leaf looks up its flowlet (table FLOWLET);
-  a new flow - or one idle for ``flowlet_gap_s`` - is hashed (5-tuple) over the leaf's
-  least-loaded uplinks (one AR slot each), and the choice is learned for the flowlet. The
+  a new flowlet - a QP's RNIC draws a new UDP source port after ``flowlet_gap_us`` idle
+  (modelled); a flow idle for ``flowlet_gap_s`` is forgotten - is hashed (5-tuple) over the
+  leaf's least-loaded uplinks (one AR slot each), and the choice is learned for it. The
   slots follow the uplink backlog the switch-queue emulator reports, so new flows avoid
   uplinks whose queue builds (half the ECN threshold above the least loaded) while running
   flowlets stay in order; a change of the least-loaded set
@@ -24,7 +25,7 @@ Everything else (non-RoCE traffic, spines) is routed as in ``controllers.l3``.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from testbed.base.errors import ConfigError
 from testbed.base.frames import link_frame_bytes, link_mtu
@@ -65,6 +66,21 @@ class LosslessPolicy(Policy):
     @property
     def wants_queue_load(self) -> bool:
         return self.params.adaptive_routing
+
+    def flowlet_gap_us(self) -> Optional[float]:
+        """Flowlet switching's inactivity interval, in modelled time: the sender knows its own
+        gaps to the nanosecond, where Open vSwitch's idle timeouts count whole seconds of the
+        machine's time and cannot be scaled (docs/fabric.md, "Entropy")."""
+        p = self.params
+        if not p.adaptive_routing or not p.flowlet_gap_us or self.context.sprayed:
+            return None
+        return p.flowlet_gap_us
+
+    def reorders_qps(self) -> bool:
+        """Adaptive routing moves a flowlet that looked idle - also one whose frames a pause
+        still holds on the old path - so its RNICs take packets out of order, as InfiniBand's
+        and Spectrum-X's adaptive routing expects of theirs."""
+        return self.params.adaptive_routing or super().reorders_qps()
 
     # --- queues -----------------------------------------------------------------------------
     def headroom_bytes(self) -> int:

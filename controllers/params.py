@@ -112,14 +112,23 @@ class LosslessParams:
                                                 "doc": "DSCP of CNPs (highest priority)"})
     adaptive_routing: bool = field(default=True, metadata={
         "doc": "new flows and flowlets take the least-loaded uplink (else: ECMP hash)"})
+    # the sender marks a flowlet's start (a new UDP source port) after it was idle this long,
+    # in modelled time: Open vSwitch learns a flow's idleness only in whole seconds
+    flowlet_gap_us: float = field(default=16.0, metadata={
+        "min": 0.0, "max": 32_000.0, "unit": "us (modelled)",
+        "doc": "a QP idle this long starts a new flowlet - its RNIC draws a new UDP source "
+               "port, which adaptive routing places on a least-loaded uplink (flowlet "
+               "switching's inactivity interval: Juniper ALB's default 16 us, range "
+               "16 us-32 ms); 0: a flow moves only after flowlet_gap_s"})
     # Open vSwitch knows a learned flowlet's last packet only from its revalidator's sweeps
     # (every 0.5 s, later on a loaded machine): a gap of a few sweeps, so that no running
     # flowlet looks idle and moves while its frames are still queued on the old path
     flowlet_gap_s: int = field(default=5, metadata={
         "min": 1, "max": 60, "unit": "s",
-        "doc": "idle time after which a flow may move (OpenFlow idle timeout, whole seconds; "
-               "Open vSwitch sees a flow's idleness only every 0.5 s or later, so a shorter "
-               "gap may move a running flow and reorder it)"})
+        "doc": "how long a leaf keeps a learned flowlet's uplink after its last packet "
+               "(OpenFlow idle timeout, whole seconds of the machine's time; Open vSwitch "
+               "sees a flow's idleness only every 0.5 s or later, so a shorter one may move "
+               "a running flow and reorder it)"})
     forwarding: str = _forwarding("cut_through")
     switch_latency_ns: float = _pipeline_ns(130.0, "InfiniBand NDR: under 150 ns")
 

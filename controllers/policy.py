@@ -98,6 +98,33 @@ class Policy(ABC):
         """(DSCP of RoCE data, DSCP of CNPs) the GPUs mark their packets with."""
         return 26, 48
 
+    def congestion_control(self, configured: str) -> str:
+        """``dcqcn`` or ``none``: ``configured`` (transport.congestion_control), or the
+        policy's default for "auto"."""
+        return self.default_congestion_control if configured == "auto" else configured
+
+    def rto_us(self, configured, roce_buffer_bytes: int, slowest_gbit: float) -> float:
+        """The NICs' retransmission timeout (modelled us): ``configured`` (transport.rto_us),
+        or for "auto" the policy's default but at least twice the time the RoCE class's buffer
+        takes to drain at the slowest link (Gbit/s, modelled) - a frame's way through a full
+        queue and its coalesced ACK's back through another. A shorter timer resends frames that
+        arrived (4 MB buffers at 100 us: 4-14 go-back-Ns a run)."""
+        if configured != "auto":
+            return float(configured)
+        return max(self.default_rto_us, 2 * roce_buffer_bytes * 8 / (slowest_gbit * 1e3))
+
+    def reorders_qps(self) -> bool:
+        """Whether the fabric may deliver one QP's packets out of order (per-packet entropy,
+        or routes that move a running flow): its RNICs must then place packets ahead of a gap,
+        as the NICs such fabrics are built with do, and resend only a gap that outlives a
+        reorder window."""
+        return self.context.sprayed
+
+    def flowlet_gap_us(self) -> Optional[float]:
+        """How long a QP idles (modelled us) before its next packet starts a new flowlet with a
+        new UDP source port, which the fabric may route anew (None: a QP keeps its port)."""
+        return None
+
     def may_reach(self, src: str, dst: str) -> bool:
         """Whether GPU ``src`` may send to GPU ``dst`` (False: e.g. other tenants)."""
         return True

@@ -36,7 +36,7 @@ class Transport:
     ack_timeout_ns: int  # up to the local ACK timeout (4.096 us x 2^ib_timeout, scaled)
     retry_limit: int  # the QP errors after this many local ACK timeouts without progress
     stall_ns: int  # or after this long without progress, if shorter: how long the run waits
-    reorder_ns: int  # per-packet entropy: how long a gap may wait before it is NAKed
+    reorder_ns: int  # a fabric that may reorder a QP: how long a gap may wait before its NAK
     go_back_0: bool  # restart a message from its first packet on loss (the strawman)
     dcqcn_timer_ns: int
     dcqcn_byte_counter: int
@@ -46,6 +46,9 @@ class Transport:
     ack_tos: int
     cnp_tos: int
     qp_limiter: Optional[QpLimiter] = None  # None: no DCQCN, nothing to pace
+    # entropy per-qp: a QP idle this long starts a new flowlet with a new UDP source port
+    # (the policy's flowlet switching, scaled; 0: a QP keeps its port)
+    flowlet_gap_ns: int = 0
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ def send_roce(cfg: FlowConfig, stop=lambda: False) -> dict:
     def send_one() -> bool:
         nonlocal psn
         if per_packet:
-            tpl.set_sport(0xC000 | rng.getrandbits(14))
+            tpl.set_sport(roce.random_source_port(rng))
         ok = _send_like_a_nic(tx, tpl.fill(psn & 0xFFFFFF, False, time.time_ns(), 0, 0), stop)
         psn += ok
         return ok

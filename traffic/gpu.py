@@ -55,6 +55,7 @@ from .delayline import DelayLine
 from .metrics import LagHistogram
 from .progress import Phase, Progress, phases
 from .rc import SYNDROME_ACK, Requester, Responder, RetryExceeded, Stalled
+from .records import PACKET_FIELDS
 from .rxsocket import open_rx, open_tx
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ QP_BASE = 0x100  # QPs 0 and 1 are special in InfiniBand
 RATE_SAMPLE_FRAMES = 12
 PROBE_CLOCK_SLACK_NS = 1_000_000_000  # all agents share one clock: a probe "sent" later is forged
 # the timers whose lateness the agents record (summary's loop_lag_by_timer)
+DELIVERED = PACKET_FIELDS.index("delivered")  # in a packet record
 TIMER_KINDS = ("compute", "rto", "dcqcn", "pacing", "nak", "delay", "scale-up")
 STAMPS_BATCH = 32  # transmit timestamps are collected once this many wait (and at the end)
 # Frames a NIC holds: the one on the wire and two more, so that the link stays busy through a
@@ -104,7 +106,7 @@ class QueuePair:
     __slots__ = ("gpu", "qpn", "dqpn", "peer", "conn", "ack", "cnp", "req", "resp", "rp", "np",
                  "next_tx_ns", "bytes_sent", "samples", "next_sample_ns", "placed", "queued",
                  "armed", "control_frames", "control_bytes", "limit", "limit_bps", "held",
-                 "limit_log", "sent_log")
+                 "limit_log", "sent_log", "last_tx_ns")
 
     def __init__(self, gpu: "Gpu", peer: Peer, index: int, now_ns: int):
         t = gpu.transport
@@ -129,7 +131,8 @@ class QueuePair:
         self.bytes_sent = 0
         self.samples: List[Tuple[int, float, int]] = []
         self.next_sample_ns = 0
-        self.placed: Dict[int, Tuple[int, int, int]] = {}  # psn -> (iteration, step, opcode)
+        # psn -> (iteration, step, opcode, its row in the GPU's packet records)
+        self.placed: Dict[int, Tuple[int, int, int, int]] = {}
         self.queued = False  # in the GPU's round-robin of QPs with data to send
         self.armed: Optional[int] = None  # the deadline this QP has in the loop's heap
         self.control_frames = self.control_bytes = 0  # ACKs, NAKs, CNPs it sent
@@ -138,6 +141,14 @@ class QueuePair:
         self.held: deque = deque()  # [sent ns, bytes, ready ns] of frames its limiter holds
         self.limit_log: List[Tuple[int, float]] = []  # (ns, bit/s) its limiter was set to
         self.sent_log: List[int] = []  # sent ns of each data frame (QPs with a limiter)
+        self.last_tx_ns = 0  # when its last data frame left (0: none yet)
+
+    def new_flowlet(self, rng: random.Random) -> None:
+        """Start a new flowlet: a UDP source port other than the current one."""
+        sport = self.conn.sport
+        while sport == self.conn.sport:
+            sport = roce.random_source_port(rng)
+        self.conn.set_sport(sport)
 
     def next_timer_ns(self, nic_blocked: bool) -> Optional[int]:
         """The earliest time one of this QP's timers needs the loop (None: no timer)."""
@@ -384,12 +395,14 @@ class Gpu:
         self.packets.append((qp.peer, self.rank, psn, payload_len, tx_ns, rx_ns, iteration,
                              step, ecn, 1 if delivered else 0, 1 if retx else 0))
         if resp.counters["placed_ahead"] != placed_before:  # held until the gap fills
-            qp.placed[psn] = (iteration, step, opcode)
+            qp.placed[psn] = (iteration, step, opcode, len(self.packets) - 1)
         elif delivered and opcode in MESSAGE_ENDS:
             self._message_end(qp, iteration, step, rx_ns)
         if len(delivered) > 1:
-            for p in delivered[1:]:  # placed earlier, in order now
-                it, st, op = qp.placed.pop(p)
+            for p in delivered[1:]:  # placed earlier, in order now: its record says delivered
+                it, st, op, row = qp.placed.pop(p)
+                r = self.packets[row]
+                self.packets[row] = r[:DELIVERED] + (1,) + r[DELIVERED + 1:]
                 if op in MESSAGE_ENDS:
                     self._message_end(qp, it, st, rx_ns)
         if response is not None:
@@ -505,6 +518,7 @@ class Gpu:
         The next call resumes with the QP the NIC had no room for: with room for one frame
         at a time, a restart from the first QP would serve only that one."""
         send, spray, active, pending = self.sender.send, self.spray, self.active, self.tx_pending
+        flowlet_gap = self.transport.flowlet_gap_ns  # 0 where the policy sprays or keeps paths
         dirty, counters = self.dirty, self.counters
         while active and not self.nic_blocked:
             progressed = False
@@ -531,9 +545,15 @@ class Gpu:
                 if self.tx_key - self.stamped >= NIC_QUEUE_FRAMES and self.nic_full():
                     _first(active, i - 1)
                     return
+                if flowlet_gap and qp.last_tx_ns:  # idle longer than the gap: a new flowlet
+                    leaves = max(now, qp.next_tx_ns) if limited else now
+                    if leaves - qp.last_tx_ns > flowlet_gap:
+                        qp.new_flowlet(self.rng)
+                        qp.last_tx_ns = leaves  # one new port, also if the NIC refuses it
+                        counters["flowlets"] += 1
                 tpl = qp.conn.template(o.opcode, o.payload)
                 if spray:
-                    tpl.set_sport(0xC000 | self.rng.getrandbits(14))
+                    tpl.set_sport(roce.random_source_port(self.rng))
                 msg = o.message
                 it, step = msg.tag
                 size = send(tpl, o.psn, o.ackreq, now, it,
@@ -554,11 +574,13 @@ class Gpu:
                         qp.held.append([now, size, ready])
                         self.holding.add(qp)
                     req.commit(o, ready)  # its retransmission timer runs from then
+                    qp.last_tx_ns = ready
                     qp.sent_log.append(now)
                     rp.on_sent(size, now)
                     self.sync_limit(qp, now)
                 else:
                     req.commit(o, now)
+                    qp.last_tx_ns = now
                     if qp.limit is not None:
                         qp.sent_log.append(now)
                     if congested:  # the loop paces (at line rate the NIC does)

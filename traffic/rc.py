@@ -263,12 +263,12 @@ class Responder:
     counters: Dict[str, int] = field(default_factory=lambda: {
         "delivered": 0, "out_of_order_dropped": 0, "duplicates": 0, "naks_sent": 0,
         "acks_sent": 0, "placed_ahead": 0})
-    # the agents' C receive path may deliver an in-order packet itself: neither reordering
-    # (packets placed ahead) nor go-back-0 (PSNs placed before) is kept (traffic/_nicio.c)
+    # the agents' C receive path may deliver an in-order packet itself while nothing is
+    # placed ahead and go-back-0 (PSNs placed before) is off (traffic/_nicio.c)
     in_order_only: bool = field(init=False)
 
     def __post_init__(self):
-        self.in_order_only = not self.reorder_ns and not self.go_back_0
+        self.in_order_only = not self.go_back_0
 
     def on_packet(self, psn: int, opcode: int, ackreq: bool, now: int
                   ) -> Tuple[List[int], Optional[Response]]:
@@ -283,6 +283,7 @@ class Responder:
                 if psn not in self.ahead:
                     self.ahead[psn] = (opcode, ackreq)
                     self.counters["placed_ahead"] += 1
+                    self.in_order_only = False
                 if self.gap_since is None:
                     self.gap_since = now
                 return [], self._nak_if_gap_old(now)
@@ -304,6 +305,7 @@ class Responder:
             delivered.append(p)
             want_ack = self._deliver(op, req) or want_ack
         self.gap_since = now if self.ahead else None
+        self.in_order_only = not self.ahead  # (go-back-0 returned above)
         return delivered, (self._ack() if want_ack else None)
 
     def _deliver(self, opcode: int, ackreq: bool) -> bool:

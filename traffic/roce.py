@@ -254,6 +254,12 @@ class Connection:
         self.src, self.dst, self.sport, self.dqpn, self.tos = src, dst, sport, dqpn, tos
         self._templates: Dict[Tuple[int, int], WriteTemplate] = {}
 
+    def set_sport(self, sport: int) -> None:
+        """A new flowlet: every frame from now on carries ``sport``."""
+        self.sport = sport
+        for tpl in self._templates.values():
+            tpl.set_sport(sport)
+
     def template(self, opcode: int, payload_len: int) -> WriteTemplate:
         key = (opcode, payload_len)
         tpl = self._templates.get(key)
@@ -327,6 +333,12 @@ def udp_source_port(qpn: int) -> int:
     spreads consecutive QP numbers over it.
     """
     return 0xC000 | (((qpn * 0x9E3779B1) >> 16) & 0x3FFF)
+
+
+def random_source_port(rng) -> int:
+    """A UDP source port drawn from the range ``udp_source_port`` keeps to: a sprayed packet's
+    or a new flowlet's entropy."""
+    return 0xC000 | rng.getrandbits(14)
 
 
 def parse_bth(data):

@@ -5,7 +5,6 @@ and the estimate of an iteration's time that chooses it.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -18,20 +17,13 @@ from traffic.jobgraph import (COMM, COMPUTE, Comm, JobGraph, Op, comm_transfers,
 from ..base.errors import ConfigError
 from ..base.topology import FabricPlan
 from . import aicb, chakra, graphfile
+from .bytescale import (HONEST_LATENCY_SHARE, MESSAGE_LATENCY_US, RECOVERY_STRETCH,
+                        auto_byte_scale, buffer_regime, latency_share, recovery_bytes,
+                        recovery_regime, recovery_scale, roce_ports, step_down)
 from .build import Parallelism, build, validate
 from .model import PRESETS, GpuModel, Model
 
 SHAPE_KEYS = ("layers", "hidden", "heads", "seq_len", "vocab", "experts", "top_k")
-# A message's fixed one-way latency across leaves in the modelled fabric: the hop model's
-# store-and-forward Ethernet path at 100 Gbit/s (docs/fabric.md; measured 2.29 us)
-MESSAGE_LATENCY_US = 2.5
-# A byte scale is honest while per-message latency takes at most this share of the fabric's
-# transfer times (byte-weighted): scaled messages stay bandwidth-dominated, as at full size
-HONEST_LATENCY_SHARE = 0.1
-# ... and while the median message a QP sends is at least this many times the smallest buffer
-# the run's policies give RoCE at a switch port, where at full size it is: messages that fit
-# the buffers queue and drop in another regime (docs/time-scale.md, "Byte scale")
-BUFFER_REGIME = 4.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +35,7 @@ class JobPlan:
     warning: str = ""  # why the byte scale may change the answer, if it may
     parts: Tuple["JobPart", ...] = ()  # the jobs, each on its GPUs
     regime: Optional[dict] = None  # messages against the fabric's buffers (``buffer_regime``)
+    recovery: Optional[dict] = None  # ... against a timeout's sending (``recovery_regime``)
 
     @property
     def model(self) -> Optional[Model]:
@@ -201,17 +194,24 @@ def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
     sizes = fabric_messages(whole, scenario)
     rate = scenario.topology.modelled_rate_gbit
     per_qp = [s / scenario.transport.qps_per_peer for s in sizes]
-    buffer = roce_buffer_bytes(scenario)
+    ports = roce_ports(scenario)
+    buffer = min((p.buffer_bytes for p in ports), default=None)
+    recovery = recovery_bytes(scenario, ports)
     first = jobs[0]
     if byte_scale is None and first.byte_scale != "auto":
         byte_scale = float(first.byte_scale)
-    if byte_scale is None:
+    chosen = byte_scale is None  # by auto
+    if chosen:
         byte_scale = auto_byte_scale(full_ns * scenario.time_scale / 1e9, first.iteration_s)
         while byte_scale > 1 and (latency_share(sizes, byte_scale, rate) > HONEST_LATENCY_SHARE
                                   or not buffer_regime(per_qp, byte_scale, buffer)["kept"]):
             byte_scale = step_down(byte_scale)
+        # beyond RECOVERY_STRETCH: the faster run, warned about
+        byte_scale = recovery_scale(per_qp, byte_scale, recovery,
+                                    floor=byte_scale / RECOVERY_STRETCH)
     share = latency_share(sizes, byte_scale, rate)
     regime = buffer_regime(per_qp, byte_scale, buffer)
+    resend = recovery_regime(per_qp, byte_scale, recovery)
     warnings = []
     if byte_scale > 1 and share > HONEST_LATENCY_SHARE:  # at full size it is the job's own
         warnings.append(
@@ -225,54 +225,21 @@ def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
             f"smallest RoCE buffer of the run's switches ({buffer:,} B), against "
             f"{regime['full_size_ratio']:.3g}x at full size: scaled messages fit buffers the "
             "real ones overflow")
-    warning = "; ".join(warnings) + (" (lower workload.job.byte_scale, or leave it auto)"
-                                     if warnings else "")
+    if not resend["kept"]:
+        warnings.append(
+            f"byte scale {byte_scale:,g}: a QP's median message is {resend['ratio']:.2g}x what it "
+            f"sends in one retransmission timeout on a lossy fabric ({recovery:,.0f} B), against "
+            f"{resend['full_size_ratio']:.3g}x at full size: go-back-N resends less per loss "
+            "than the real job would")
+    advice = " (lower workload.job.byte_scale, or leave it auto)"
+    if chosen and not resend["kept"]:  # the only rule auto may leave unkept: say what would
+        keeps = recovery_scale(per_qp, byte_scale, recovery)
+        advice = (f" (auto stopped at {byte_scale:,g} to keep the run short; "
+                  f"workload.job.byte_scale: {keeps:,g} keeps it, for about "
+                  f"{byte_scale / keeps:,.3g}x the run time)")
+    warning = "; ".join(warnings) + (advice if warnings else "")
     graph = whole if byte_scale == 1 else on_fabric([b(byte_scale) for b in builders])
-    return JobPlan(graph, byte_scale, full_ns, share, warning, tuple(parts), regime)
-
-
-def buffer_regime(per_qp: List[float], byte_scale: float, buffer: Optional[int]) -> dict:
-    """How a job's messages stand against the fabric's buffers at ``byte_scale``: the
-    byte-weighted median of the messages a QP sends (``per_qp``, full size) over the
-    smallest RoCE buffer of a switch port (``roce_buffer_bytes``), scaled and at full size;
-    ``kept`` while the scaled ratio reaches ``BUFFER_REGIME`` or the full-size one, if that
-    is lower (pure)."""
-    if not per_qp or not buffer:
-        return {"kept": True, "message_bytes": None, "buffer_bytes": buffer, "ratio": None,
-                "full_size_ratio": None}
-    full = weighted_median(per_qp)
-    ratio, full_ratio = full / byte_scale / buffer, full / buffer
-    return {"kept": ratio >= min(BUFFER_REGIME, full_ratio) * (1 - 1e-9),
-            "message_bytes": round(full / byte_scale), "buffer_bytes": buffer,
-            "ratio": round(ratio, 3), "full_size_ratio": round(full_ratio, 3)}
-
-
-def weighted_median(sizes: List[float]) -> float:
-    """The size below which half the bytes are (pure)."""
-    ordered = sorted(sizes)
-    half, seen = sum(ordered) / 2, 0.0
-    for s in ordered:
-        seen += s
-        if seen >= half:
-            return s
-    return ordered[-1]
-
-
-def roce_buffer_bytes(scenario) -> Optional[int]:
-    """The smallest buffer the scenario's policies give RoCE's class at a switch port."""
-    from controllers.classes import class_of
-    from controllers.policy import make_policy
-
-    plan = FabricPlan.for_topology(scenario.topology)
-    sizes = []
-    for label in scenario.policies:
-        name, runs_with = scenario.policy_run(label)
-        try:
-            policy = make_policy(name, plan, runs_with)
-        except (ConfigError, KeyError, ValueError):  # said where the policies are checked
-            continue
-        sizes.append(class_of(policy.dscp()[0], policy.traffic_classes()).buffer_bytes)
-    return min(sizes) if sizes else None
+    return JobPlan(graph, byte_scale, full_ns, share, warning, tuple(parts), regime, resend)
 
 
 def job_size(job, gpus: int) -> int:
@@ -358,33 +325,3 @@ def switch_hops(scenario) -> float:
             weighted += nbytes * (1 if leaf[src] == leaf[dst] else 3)
             total += nbytes
     return weighted / total if total else 1.0
-
-
-def latency_share(sizes: List[float], byte_scale: float, rate_gbit: float) -> float:
-    """Byte-weighted share of a message's time its fixed latency takes, at ``byte_scale``."""
-    if not sizes:
-        return 0.0
-    lat, total, weighted = MESSAGE_LATENCY_US * 1000, 0.0, 0.0
-    for size in sizes:
-        scaled = max(1.0, size / byte_scale)
-        wire = scaled * 8 / rate_gbit  # ns
-        total += scaled
-        weighted += scaled * lat / (lat + wire)
-    return weighted / total
-
-
-def auto_byte_scale(emulated_s: float, target_s: float) -> float:
-    """The 1-2-5 step at or above ``emulated_s / target_s`` (at least 1)."""
-    want = emulated_s / target_s
-    if want <= 1:
-        return 1.0
-    decade = 10 ** math.floor(math.log10(want))
-    return float(next(decade * m for m in (1, 2, 5, 10) if decade * m >= want))
-
-
-def step_down(scale: float) -> float:
-    """The 1-2-5 step below ``scale``."""
-    decade = 10 ** math.floor(math.log10(scale) + 1e-9)
-    mantissa = scale / decade
-    lower = [m for m in (1, 2, 5) if m < mantissa - 1e-9]
-    return float(decade * lower[-1] if lower else decade / 2)

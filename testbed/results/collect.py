@@ -103,6 +103,7 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
         "naks": counters.get("naks_sent", 0),
         "rto_timeouts": counters.get("timeouts", 0),
         "out_of_order_dropped": counters.get("resp_out_of_order_dropped", 0),
+        "new_flowlets": counters.get("flowlets", 0),
         "ecn_marked_packets": counters.get("rx_ce", 0) if m.ecn else None,
         "cnps_sent": counters.get("cnps_sent", 0) if m.cnp else None,
         "cnps_received": counters.get("cnps_received", 0) if m.cnp else None,
@@ -134,6 +135,7 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
             f["job"].update(latency_share=round(ctx.job.latency_share, 4),
                             byte_scale_warning=ctx.job.warning or None,
                             buffer_regime=ctx.job.regime,
+                            recovery_regime=ctx.job.recovery,
                             gpus=sorted(ranks),
                             bytes_sent_per_rank=_job_bytes(ctx, packets, iterations, ranks))
             f["fan_in"] = _fan_in(ctx, [s for s in spans if int(s["rank"]) in ranks], packets)

@@ -260,6 +260,9 @@ class PolicyResult(Record):
     rto_timeouts: Optional[int] = figure("retransmission timeouts")
     out_of_order_dropped: Optional[int] = figure(
         "packets a responder dropped while waiting for a missing PSN")
+    new_flowlets: Optional[int] = figure(
+        "flowlets senders started with a new UDP source port after idling longer than the "
+        "policy's flowlet gap (lossless: flowlet_gap_us), each placed anew by adaptive routing")
     ecn_marked_packets: Optional[int] = figure(
         "CE-marked data packets received (null: no ECN marking in this policy)")
     cnps_sent: Optional[int] = figure("CNPs sent by receivers (null: no DCQCN)")
@@ -328,9 +331,11 @@ class PolicyResult(Record):
         "a job's name, ranks, byte_scale, latency_share (per-message latency's share of fabric "
         "transfer time), buffer_regime (a QP's median message at this byte scale against the "
         "smallest RoCE buffer of a switch port: message_bytes, buffer_bytes, ratio, "
-        "full_size_ratio, kept) and byte_scale_warning, exposed_share, bytes_per_iteration "
-        "{fabric, "
-        "scale_up} per kind, bytes_sent_per_rank {expected, measured}, "
+        "full_size_ratio, kept), recovery_regime (the same against what a QP sends in one "
+        "retransmission timeout, the longest of the lossy policies without congestion control: "
+        "message_bytes, recovery_bytes, ratio, full_size_ratio, kept; ratio null when there is "
+        "none) and byte_scale_warning, exposed_share, bytes_per_iteration {fabric, scale_up} "
+        "per kind, bytes_sent_per_rank {expected, measured}, "
         "full_size_iteration_ms_modelled, idle_gpu_seconds_on_n_gpus {gpus, modelled (as run), "
         "full_size (times the byte scale)} per iteration, and operations: per "
         "communication kind, collective, group and size its count, time p50 (modelled) and "

@@ -79,18 +79,19 @@ def transport_config(run: PolicyRun) -> Transport:
     tr = scenario.transport
     rto_ns = scenario.emulated_ns(run.rto_us)
     roce_dscp, cnp_dscp = run.policy.dscp()
+    gap = run.policy.flowlet_gap_us()
     return Transport(
         congestion_control=run.congestion_control,
         qps_per_peer=tr.qps_per_peer, entropy=tr.entropy, ack_every=tr.ack_every,
         rto_ns=rto_ns, ack_timeout_ns=scenario.emulated_ns(ack_timeout_us(tr.ib_timeout)),
         retry_limit=tr.retry_limit, stall_ns=int(patience_s(run) * 1e9),
-        reorder_ns=rto_ns // 2 if tr.entropy == "per-packet" else 0,
+        reorder_ns=rto_ns // 2 if run.policy.reorders_qps() else 0,
         go_back_0=tr.retransmission == "go-back-0",
         dcqcn_timer_ns=scenario.emulated_ns(tr.dcqcn_timer_us),
         dcqcn_byte_counter=tr.dcqcn_byte_counter, dcqcn_clamp_target=tr.dcqcn_clamp_target,
         cnp_interval_ns=scenario.emulated_ns(tr.cnp_interval_us),
         roce_tos=(roce_dscp << 2) | 0b10, ack_tos=roce_dscp << 2, cnp_tos=cnp_dscp << 2,
-        qp_limiter=run.qp_limiter)
+        qp_limiter=run.qp_limiter, flowlet_gap_ns=scenario.emulated_ns(gap) if gap else 0)
 
 
 def reference_transport(policy_name: str = "hyperscale") -> Transport:

@@ -20,6 +20,7 @@ import secrets
 import shutil
 import signal
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
 
@@ -29,7 +30,7 @@ from traffic.collectives import build as build_collective
 
 from .. import __version__
 from ..base.atomic import write_json_atomic
-from ..base.errors import ConfigError
+from ..base.errors import ConfigError, TestbedError
 from ..base.ledger import Ledger
 from ..base.topology import FabricPlan
 from ..fabric.capabilities import Capabilities, detect
@@ -174,6 +175,14 @@ def choose_time_scale(scenario: Scenario, progress: Say,
     return scenario, choice
 
 
+def _keep_traceback(run_dir: str, e: Exception) -> str:
+    """An unexpected exception's traceback, written to the run directory (a rare failure
+    cannot wait for a rerun with --debug); the error as results.json says it."""
+    with contextlib.suppress(OSError), open(os.path.join(run_dir, "traceback.txt"), "w") as f:
+        f.write(traceback.format_exc())
+    return f"unexpected {type(e).__name__}: {e} (traceback.txt)"
+
+
 def run(scenario: Scenario, out_root: str = "results", progress: Say = lambda s: None,
         caps: Optional[Capabilities] = None, calibrated: bool = True):
     """Run every policy of ``scenario``; returns (results dict, run directory). ``calibrated``:
@@ -227,7 +236,7 @@ def run(scenario: Scenario, out_root: str = "results", progress: Say = lambda s:
         raise
     except Exception as e:
         results["status"] = "failed"
-        results["error"] = str(e)
+        results["error"] = str(e) if isinstance(e, TestbedError) else _keep_traceback(run_dir, e)
         raise
     finally:
         with shielded():
@@ -785,10 +794,12 @@ def _workload_text(scenario: Scenario, gpus: int, job=None) -> str:
     w = scenario.workload
     if job is not None:
         jobs = "; ".join(_job_text(part) for part in job.parts)
-        regime = job.regime or {}
+        regime, resend = job.regime or {}, job.recovery or {}
         against = (f": a QP's median message {regime['message_bytes'] / 1e3:,.0f} KB, "
                    f"{regime['ratio']:.3g}x the smallest RoCE buffer"
                    if regime.get("ratio") is not None else "")
+        if against and resend.get("ratio") is not None:
+            against += f" and {resend['ratio']:.3g}x what it sends in a timeout"
         return (f"{w.iterations} iterations of {jobs}, on {gpus} GPUs (every message and "
                 f"compute span / {job.byte_scale:,g}{against})")
     sizes = (", ".join(f"{s:,}" for s in w.sizes) + " B") if w.sizes else f"{w.size_bytes:,} B"

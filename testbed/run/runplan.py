@@ -22,7 +22,7 @@ from ..fabric.capabilities import Capabilities
 from ..fabric.placement import LOCAL, place
 from ..fabric.shaping import limiter_qdisc, marking_method, marking_via
 from ..job.plan import JobPlan, plan_job
-from ..scenario.config import AUTO, Scenario
+from ..scenario.config import Scenario
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def decide(label: str, plan: FabricPlan, scenario: Scenario, caps: Capabilities)
     policy = (make_policy(name, plan, scenario, openflow_marking=True) if via == "openflow"
               else draft)
     classes = tuple(policy.traffic_classes())
-    cc = congestion_control(scenario, policy)
+    cc = policy.congestion_control(scenario.transport.congestion_control)
     hops = hop_model(scenario, policy.params)
     placement = cluster_placement(scenario, plan)
     if placement and scenario.topology.lossy_links:
@@ -88,7 +88,9 @@ def decide(label: str, plan: FabricPlan, scenario: Scenario, caps: Capabilities)
         policy=policy, scenario=scenario, classes=classes, marking=marking, marking_via=via,
         link_mtu=link_mtu(scenario.workload.mtu), hops=hops,
         path_delay=path_delay(scenario, hops, caps),
-        congestion_control=cc, rto_us=rto_us(scenario, policy, roce_class(policy, classes)),
+        congestion_control=cc,
+        rto_us=policy.rto_us(scenario.transport.rto_us, roce_class(policy, classes).buffer_bytes,
+                             scenario.slowest_link_gbit),
         qp_limiter=qp_limiter(scenario, policy, classes) if cc == "dcqcn" else None,
         placement=placement, workloads=workload_specs(scenario, plan),
         job=plan_job(scenario), label=label)
@@ -107,25 +109,6 @@ def path_delay(scenario: Scenario, hops: HopModel, caps: Capabilities) -> PathDe
     delays = hops.delays_us(t.host_rate_mbit, t.fabric_rate_mbit,
                             link_frame_bytes(link_mtu(scenario.workload.mtu)))
     return PathDelay(mechanism(scenario.emulation.path_delay, caps.netem), delays)
-
-
-def congestion_control(scenario: Scenario, policy: Policy) -> str:
-    """``dcqcn`` or ``none``: the scenario's choice, or the policy's default for ``auto``."""
-    cc = scenario.transport.congestion_control
-    return policy.default_congestion_control if cc == "auto" else cc
-
-
-def rto_us(scenario: Scenario, policy: Policy, roce: TrafficClass) -> float:
-    """The retransmission timeout: the scenario's, or for ``auto`` the policy's default but
-    at least twice the time the RoCE class's buffer takes to drain at the slowest link - a
-    frame's way through a full queue and its coalesced ACK's back through another. A shorter
-    timer resends frames that arrived (4 MB buffers at 100 us: 4-14 go-back-Ns a run)."""
-    rto = scenario.transport.rto_us
-    if rto != AUTO:
-        return float(rto)
-    t = scenario.topology
-    slowest_gbit = min(t.host_rate_mbit, t.fabric_rate_mbit) * scenario.time_scale / 1000
-    return max(policy.default_rto_us, 2 * roce.buffer_bytes * 8 / (slowest_gbit * 1e3))
 
 
 def roce_class(policy: Policy, classes) -> TrafficClass:

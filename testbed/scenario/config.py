@@ -520,6 +520,12 @@ class Scenario:
         """How many times slower than the modelled fabric the emulated links run."""
         return self.topology.modelled_rate_gbit * 1000 / require_rate(self.topology.host_rate_mbit)
 
+    @property
+    def slowest_link_gbit(self) -> float:
+        """The slower of the GPU NICs' and the fabric's links, at the modelled fabric's rate."""
+        t = self.topology
+        return min(t.host_rate_mbit, t.fabric_rate_mbit) * self.time_scale / 1000
+
     def emulated_ns(self, modelled_us: float) -> int:
         """A modelled-time constant as the emulation runs it, in ns."""
         return int(round(modelled_us * 1000 * self.time_scale))
@@ -547,9 +553,10 @@ class Scenario:
                        f"floor), {SAMPLING_FLOOR_US / self.time_scale:.3g} us modelled instead "
                        f"of {SAMPLING_MODELLED_US:g}: ECN, PFC and adaptive routing react that "
                        "much later than the modelled switches")
-        if "lossless" in self.base_policies:
-            gap = self.policy_params.get("lossless", {}).get(
-                "flowlet_gap_s", LosslessParams.flowlet_gap_s)
+        lossless = self.policy_params.get("lossless", {})
+        if "lossless" in self.base_policies and not lossless.get(
+                "flowlet_gap_us", LosslessParams.flowlet_gap_us):
+            gap = lossless.get("flowlet_gap_s", LosslessParams.flowlet_gap_s)
             out.append(f"lossless: the flowlet gap is an OpenFlow idle timeout of {gap:g} s "
                        f"of the machine's time, {gap * 1e6 / self.time_scale:,.0f} us "
                        "modelled: adaptive routing moves a flow only after that long idle")

@@ -208,3 +208,7 @@ def policies_text() -> str:
                "scale with topology.modelled_rate_gbit; the PFC headroom shown is for "
                f"{t.host_rate_mbit:g} Mbit/s emulated links.")
     return "\n".join(out)
+
+
+if __name__ == "__main__":  # python -m testbed.scenario.reference results
+    print(results_markdown())

@@ -25,21 +25,21 @@ NEEDS_TOOLS = pytest.mark.skipif(not shutil.which("tcpdump") or not shutil.which
                                  reason="needs tcpdump and tshark (scripts/install.sh)")
 
 
-def capture_a_run(tmp_path, scenario, host):
-    """Run the scenario (hyperscale) with ``measurement.pcap`` on the NIC of ``host``; returns
-    the pcap path the run reports."""
-    result = run_scenario(scenario, ["hyperscale"], out_root=str(tmp_path),
+def capture_a_run(tmp_path, scenario, host, policy="hyperscale"):
+    """Run the scenario with ``measurement.pcap`` on the NIC of ``host``; returns the pcap
+    path the run reports (and the policy's result)."""
+    result = run_scenario(scenario, [policy], out_root=str(tmp_path),
                           measurement={"pcap": True, "pcap_hosts": [host],
                                        "pcap_snaplen": 65535})
     assert result.status == "complete"
-    pcaps = result.policy("hyperscale").pcap
+    pcaps = result.policy(policy).pcap
     assert set(pcaps) == {host} and pcaps[host]["bytes"] > 0
-    return os.path.join(result.run_dir, pcaps[host]["file"])
+    return os.path.join(result.run_dir, pcaps[host]["file"]), result.policy(policy)
 
 
 @NEEDS_TOOLS
 def test_captured_agent_traffic_is_valid_rocev2(tmp_path):
-    pcap = capture_a_run(tmp_path, SCENARIO, "gpu2")
+    pcap, _ = capture_a_run(tmp_path, SCENARIO, "gpu2")
     received = [p for p in rdpcap(pcap) if p[IP].dst == "10.0.2.1"]
     assert received and all(p[UDP].dport == 4791 for p in received)
     frames = [bytes(p) for p in received]
@@ -75,7 +75,7 @@ LOSSY = DEFAULT.override({
 
 @NEEDS_TOOLS
 def test_tshark_dissects_the_acks_naks_and_cnps_of_a_lossy_run(tmp_path):
-    pcap = capture_a_run(tmp_path, LOSSY, "gpu3")
+    pcap, _ = capture_a_run(tmp_path, LOSSY, "gpu3")
     frames = [bytes(p) for p in rdpcap(pcap)]
     assert frames and all(roce.icrc_ok(f) for f in frames)
     out = subprocess.run(["tshark", "-r", str(pcap), "-T", "fields", "-E", "separator=|",
@@ -90,3 +90,23 @@ def test_tshark_dissects_the_acks_naks_and_cnps_of_a_lossy_run(tmp_path):
     assert 0x60 in syndromes, "no NAK (PSN sequence error, syndrome 0x60)"
     assert 129 in opcodes, "no CNP (opcode 0x81)"
     assert {6, 7, 8} <= opcodes  # and the data: WRITE FIRST, MIDDLE, LAST
+
+
+@NEEDS_TOOLS
+def test_lossless_senders_start_a_flowlet_with_a_new_source_port_after_idling(tmp_path):
+    """Between iterations each QP idles far longer than the flowlet gap (16 us modelled):
+    its next frame starts a new flowlet on a new UDP source port (valid ICRC: the port is in
+    its invariant part), the QP's PSNs run on, and the results count the flowlets."""
+    idle = SCENARIO.override({"workload": {"iterations": 3, "compute_us": 100}})
+    pcap, p = capture_a_run(tmp_path, idle, "gpu2", policy="lossless")
+    data = [q for q in rdpcap(pcap) if q[IP].dst == "10.0.2.1"
+            and bytes(q)[roce.BTH_OFFSET] != roce.RC_ACKNOWLEDGE]
+    assert data and all(roce.icrc_ok(bytes(q)) for q in data)
+    ports = [q[UDP].sport for q in data]
+    assert len(set(ports)) >= 3, ports  # a flowlet per iteration at least
+    assert all(0xC000 <= port <= 0xFFFF for port in ports)
+    rows = [r for r in tshark_fields(pcap, "ip.dst==10.0.2.1")
+            if r["infiniband.bth.opcode"] != "17"]
+    psns = sorted(int(r["infiniband.bth.psn"]) for r in rows)
+    assert psns == list(range(psns[0], psns[0] + len(psns)))  # each PSN once, none resent
+    assert p.new_flowlets >= len(set(ports)) - 1 and p.naks == 0

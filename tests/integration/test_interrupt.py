@@ -183,7 +183,7 @@ def refused(out_dir):
 
 
 def test_kill_9_at_random_moments_then_clean_leaves_the_machine_as_it_was(tmp_path):
-    """Five kills at random moments of a whole default run (one iteration); after
+    """Three kills at random moments of a whole default run (one iteration); after
     each a next run and a test fixture are refused without losing the dead run's record,
     `clean` removes everything the testbed made and nothing else, and a run after all that
     completes."""
@@ -195,7 +195,7 @@ def test_kill_9_at_random_moments_then_clean_leaves_the_machine_as_it_was(tmp_pa
     from .live import held_ledger
 
     seed = int(os.environ.get("KILL_SEED", time.time()))
-    moments = sorted(random.Random(seed).uniform(0.5, 40.0) for _ in range(5))
+    moments = sorted(random.Random(seed).uniform(0.5, 40.0) for _ in range(3))
     foreign = ("lf7-eth9", "sp7-eth9")  # named like fabric ports, made by someone else
     subprocess.run(["ip", "link", "add", foreign[0], "type", "veth", "peer", "name",
                     foreign[1]], check=True)

@@ -10,9 +10,7 @@ hashes this tree's heavy flows onto one uplink of a leaf, as the spanning tree d
 unfaithful run's lossless CCT came out 20% high); tail drops (hyperscale's per-iteration CCTs
 spread 530-1,600 us at one rate with 80-105 RTOs a run, so a median of a few iterations moves
 10-25% between repeats at the same rate); and lossless, whose DCQCN makes the same run's CCT
-p50 wander 274-316 us between repeats at one rate (issue 14's DCQCN work), besides the
-flowlet gap of its adaptive routing, an OpenFlow idle timeout in whole seconds that cannot
-scale."""
+p50 wander 274-316 us between repeats at one rate."""
 import pytest
 
 from benchmarks.invariance import run_at, spread

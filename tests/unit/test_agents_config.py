@@ -78,6 +78,36 @@ def test_transport_settings_in_emulated_units():
     assert t["dcqcn_timer_ns"] == 20_000_000 and t["cnp_interval_ns"] == 20_000_000
 
 
+def test_responders_wait_for_reordered_packets_where_the_fabric_may_reorder():
+    """Adaptive routing (lossless) may move a running flowlet, spraying moves every packet:
+    their RNICs place packets ahead of a gap for half the timeout; a fabric that keeps a QP
+    on one path NAKs a gap at once."""
+    s = Scenario.from_dict({}).for_checks()
+    lossless = transport_config(decided("lossless", PLAN, s))
+    assert lossless["reorder_ns"] == lossless["rto_ns"] // 2 > 0
+    for name in ("enterprise", "hyperscale"):
+        assert transport_config(decided(name, PLAN, s))["reorder_ns"] == 0, name
+    fixed = s.override({"policy_params": {"lossless": {"adaptive_routing": False}}})
+    assert transport_config(decided("lossless", PLAN, fixed))["reorder_ns"] == 0
+    sprayed = s.override({"transport": {"entropy": "per-packet"}})
+    assert transport_config(decided("hyperscale", PLAN, sprayed))["reorder_ns"] > 0
+
+
+def test_lossless_senders_mark_flowlets_after_the_gap_in_modelled_time():
+    """Adaptive routing's flowlets start where a QP idled ``flowlet_gap_us`` (modelled: 16 us
+    x 2,500 at the reference rate); a fabric that keeps a QP's path, spraying and a gap of 0
+    leave the port alone."""
+    s = Scenario.from_dict({}).for_checks()
+    assert transport_config(decided("lossless", PLAN, s))["flowlet_gap_ns"] == 40_000_000
+    for name in ("enterprise", "hyperscale"):
+        assert transport_config(decided(name, PLAN, s))["flowlet_gap_ns"] == 0, name
+    for change in ({"policy_params": {"lossless": {"adaptive_routing": False}}},
+                   {"policy_params": {"lossless": {"flowlet_gap_us": 0}}},
+                   {"transport": {"entropy": "per-packet"}}):
+        assert transport_config(decided("lossless", PLAN, s.override(change)))[
+            "flowlet_gap_ns"] == 0, change
+
+
 def test_expected_duration_grows_as_links_slow_down():
     fast = Scenario.from_dict({"topology": {"host_rate_mbit": 1000}})
     slow = Scenario.from_dict({"topology": {"host_rate_mbit": 1}})

@@ -181,7 +181,10 @@ def test_a_scenario_in_the_old_emulated_units_is_refused_with_the_new_key():
 def test_the_run_names_the_constants_it_cannot_scale():
     at_40 = Scenario.from_dict({"policies": ["hyperscale"]}).with_host_rate(40)
     assert at_40.unscaled_constants() == []  # 1 ms sampling is the modelled 0.4 us
-    fast = Scenario.from_dict({"policy_params": {"lossless": {"flowlet_gap_s": 2}}})
+    # the senders mark flowlets in modelled time; only without them the idle timeout decides
+    assert len(Scenario.from_dict({}).with_host_rate(1000).unscaled_constants()) == 1
+    fast = Scenario.from_dict({"policy_params": {"lossless": {"flowlet_gap_us": 0,
+                                                              "flowlet_gap_s": 2}}})
     notes = fast.with_host_rate(1000).unscaled_constants()
     assert notes[0].startswith("the switch-queue emulator samples every 200 us (its floor), "
                                "2 us modelled instead of 0.4")
