@@ -28,14 +28,14 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from testbed.base.errors import ConfigError
-from testbed.base.frames import link_frame_bytes, link_mtu
+from testbed.base.frames import ROCE_UDP_PORT, link_frame_bytes, link_mtu
 from testbed.base.hops import model
 from testbed.base.topology import leaf_subnet
 
 from . import l3
 
 from .classes import CreditRule, EcnRule, PfcRule, TrafficClass
-from .messages import (ETH_TYPE_IPV4, IPPROTO_UDP, PRIO_MISS, PRIO_ROCE, PRIO_ROUTE, ROCE_PORT,
+from .messages import (ETH_TYPE_IPV4, IPPROTO_UDP, PRIO_MISS, PRIO_ROCE, PRIO_ROUTE,
                     ClearFlows, Learn, Message, Multipath, Resubmit, SetField, flow, prefix)
 from .params import LosslessParams
 from .policy import Policy, register
@@ -154,7 +154,7 @@ class LosslessPolicy(Policy):
         for other in self.plan.leaves:
             if other.index != leaf:
                 msgs.append(flow(PRIO_ROCE, {"eth_type": ETH_TYPE_IPV4, "ip_proto": IPPROTO_UDP,
-                                             "udp_dst": ROCE_PORT,
+                                             "udp_dst": ROCE_UDP_PORT,
                                              "ipv4_dst": prefix(leaf_subnet(other.index))},
                                  Resubmit(l3.FLOWLET), Resubmit(l3.EGRESS), cookie=cookie))
         msgs.append(self._hash(len(self.slots[dpid])))

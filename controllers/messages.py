@@ -12,7 +12,6 @@ from typing import Optional, Tuple, Union
 
 ETH_TYPE_IPV4 = 0x0800
 IPPROTO_UDP = 17
-ROCE_PORT = 4791
 CONTROLLER = 0xFFFFFFFD  # OFPP_CONTROLLER
 ECN_CE = 3
 

@@ -15,11 +15,15 @@ shows them (emulated / time scale); ``.emulated`` is the same result in emulated
 
     assert result.policy("lossless").cct_us.p50 < 200  # us at 100 Gbit/s
     assert result.policy("lossless").emulated.cct_us.p50 > 100_000  # us on this machine
+
+A model a test compares with counts frames as the wire does: ``roce_frame_bytes(payload)``
+(a data packet) and ``ack_frame_bytes()``.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping, Union
 
+from .base.frames import ack_frame_bytes, roce_frame_bytes
 from .results import breakdown
 from .results.model import (JOB_FIGURES, Cct, CollectiveResult, Fidelity, Jitter, Modelled,
                             Percentiles, PolicyResult, RunResult, StragglerIdle)
@@ -27,7 +31,7 @@ from .scenario.config import Scenario
 
 __all__ = ["run_scenario", "load_result", "scenario_of", "RunResult", "PolicyResult",
            "CollectiveResult", "Percentiles", "Cct", "Jitter", "StragglerIdle", "Modelled",
-           "Fidelity", "JOB_FIGURES", "OPERATIONS_CSV"]
+           "Fidelity", "JOB_FIGURES", "OPERATIONS_CSV", "roce_frame_bytes", "ack_frame_bytes"]
 
 OPERATIONS_CSV = (breakdown.FILE, breakdown.COLUMN_DOCS)  # a run's operations.csv: its columns
 

@@ -33,11 +33,6 @@ def latency_us(tx_ns: Sequence[int], rx_ns: Sequence[int]) -> np.ndarray:
     return (np.asarray(rx_ns, dtype=np.int64) - np.asarray(tx_ns, dtype=np.int64)) / 1000.0
 
 
-def concat(arrays) -> np.ndarray:
-    arrays = [np.asarray(a, dtype=float) for a in arrays]
-    return np.concatenate(arrays) if arrays else np.zeros(0)
-
-
 def iteration_cct_us(steps: Iterable[dict]) -> List[float]:
     """CCT of each iteration from step records (``iteration``, ``start_ns``, ``end_ns``).
 

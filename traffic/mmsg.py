@@ -41,7 +41,6 @@ class _Mmsghdr(ctypes.Structure):
 
 
 MMSGHDR_SIZE = ctypes.sizeof(_Mmsghdr)
-OFF_NAMELEN = _Msghdr.namelen.offset
 OFF_CONTROLLEN = _Msghdr.controllen.offset
 OFF_LEN = _Mmsghdr.len.offset
 _libc = ctypes.CDLL(None, use_errno=True)

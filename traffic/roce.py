@@ -25,10 +25,8 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw, bind_layers
 
-from testbed.base.frames import (BTH_LEN, ETH_LEN, ICRC_LEN, IP_LEN, RETH_LEN, UDP_LEN,
-                                 udp_frame_bytes)
-
-ROCE_UDP_PORT = 4791  # IANA, RoCEv2 (IBTA annex A17)
+from testbed.base.frames import (BTH_LEN, ETH_LEN, ICRC_LEN, IP_LEN, RETH_LEN, ROCE_UDP_PORT,
+                                 UDP_LEN, udp_frame_bytes)
 
 # RC opcodes (IBTA vol. 1, table 35; docs/REFERENCE.md)
 RC_RDMA_WRITE_FIRST = 0x06
@@ -339,21 +337,6 @@ def random_source_port(rng) -> int:
     """A UDP source port drawn from the range ``udp_source_port`` keeps to: a sprayed packet's
     or a new flowlet's entropy."""
     return 0xC000 | rng.getrandbits(14)
-
-
-def parse_bth(data):
-    """(opcode, destination QP, PSN, AckReq) of a RoCEv2 UDP payload, or None if too short."""
-    if len(data) < BTH_LEN + ICRC_LEN:
-        return None
-    word = int.from_bytes(data[8:12], "big")
-    return data[0], int.from_bytes(data[5:8], "big"), word & PSN_MASK, bool(word >> 31)
-
-
-def parse_aeth(data):
-    """(syndrome, MSN) of an ACKNOWLEDGE payload, or None."""
-    if len(data) < BTH_LEN + 4 + ICRC_LEN or data[0] != RC_ACKNOWLEDGE:
-        return None
-    return data[12], int.from_bytes(data[13:16], "big")
 
 
 class Parsed(NamedTuple):

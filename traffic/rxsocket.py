@@ -54,7 +54,6 @@ SOF_TIMESTAMPING_TX_SOFTWARE = 1 << 1
 SOF_TIMESTAMPING_SOFTWARE = 1 << 4
 SOF_TIMESTAMPING_OPT_ID = 1 << 7
 SOF_TIMESTAMPING_OPT_TSONLY = 1 << 11
-SOL_IP_RECVERR = (0, 11)  # (SOL_IP, IP_RECVERR)
 SOL_PACKET = 263
 PACKET_TX_TIMESTAMP = 16
 SCM_TIMESTAMPING = struct.Struct("@qqqqqq")
@@ -96,7 +95,6 @@ def read_tx_timestamps(tx: socket.socket):
             yield key, ts
 
 
-CMSG_HEAD = struct.Struct("=QII")  # cmsghdr: len, level, type
 RX_TIMESTAMP_CMSG = (16 + TIMESPEC.size, socket.SOL_SOCKET, SO_TIMESTAMPNS)
 RX_TOS_CMSG = (17, socket.IPPROTO_IP, socket.IP_TOS)
 TX_TIMESTAMP_CMSG = (16 + SCM_TIMESTAMPING.size, socket.SOL_SOCKET, SO_TIMESTAMPING)

@@ -1,13 +1,15 @@
 """A frame's size on the wire: the one place that knows the header sizes.
 
-A RoCEv2 data packet on Ethernet: Ethernet 14 B, IPv4 20, UDP 8, BTH 12, on the first packet
-of a WRITE (FIRST or ONLY) a RETH 16, the payload, ICRC 4; no FCS - what the kernel counts, the
-qdiscs queue and the timestamps see. Links carry IP packets up to their MTU: the RoCE path MTU
+A RoCEv2 packet goes to UDP port 4791. A data packet on Ethernet: Ethernet 14 B, IPv4 20, UDP
+8, BTH 12, on the first packet of a WRITE (FIRST or ONLY) a RETH 16, the payload, ICRC 4; no
+FCS - what the kernel counts, the qdiscs queue and the timestamps see; an ACK carries an AETH
+(4 B) in place of payload. Links carry IP packets up to their MTU: the RoCE path MTU
 with room for those headers and more (``LINK_MTU_ROOM``), at least Ethernet's 1500.
 """
 from __future__ import annotations
 
-ETH_LEN, IP_LEN, UDP_LEN, BTH_LEN, RETH_LEN, ICRC_LEN = 14, 20, 8, 12, 16, 4
+ROCE_UDP_PORT = 4791  # IANA, RoCEv2 (IBTA annex A17)
+ETH_LEN, IP_LEN, UDP_LEN, BTH_LEN, RETH_LEN, AETH_LEN, ICRC_LEN = 14, 20, 8, 12, 16, 4, 4
 LINK_MTU_ROOM = 100  # a link's MTU over the RoCE path MTU: its 60 B of IP-level headers, and more
 
 
@@ -22,6 +24,11 @@ def full_frame_bytes(roce_mtu: int) -> int:
     """The largest data frame of a RoCE path MTU (a FIRST carrying a full payload): the frame
     whose serialization time the fidelity tolerances and the agents' pacing count in."""
     return roce_frame_bytes(roce_mtu, first=True)
+
+
+def ack_frame_bytes() -> int:
+    """An ACK or NAK frame: BTH, AETH and ICRC behind the UDP header."""
+    return ETH_LEN + IP_LEN + UDP_LEN + BTH_LEN + AETH_LEN + ICRC_LEN
 
 
 def udp_frame_bytes(datagram_bytes):

@@ -41,7 +41,6 @@ from .schema import shown
 LAYOUTS = ("leaf-per-server", "rail-optimized")
 LEAF_DPID_BASE = 0x10000
 SPINE_DPID_BASE = 0x20000
-SUBNET = "10.0.0.0/16"
 PREFIX_LEN = 16
 MAX_LEAVES = 255
 MAX_HOSTS_PER_LEAF = 254

@@ -27,6 +27,7 @@ import socket
 import struct
 from typing import Dict, Iterable, Optional
 
+from ..base.frames import ROCE_UDP_PORT
 from . import bpf
 from .bpf import (ETH_P_ALL, HELPER_L3_CSUM_REPLACE, HELPER_MAP_LOOKUP,  # noqa: F401
                   HELPER_SKB_LOAD_BYTES, HELPER_SKB_STORE_BYTES, INSN, IP_CSUM_OFFSET,
@@ -155,7 +156,7 @@ def _probe_frame(tos: int) -> bytes:
     ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, tos, 20 + 8 + 16, 0, 0x4000, 64, 17, 0,
                                bytes([10, 0, 1, 1]), bytes([10, 0, 2, 1])))
     struct.pack_into("!H", ip, 10, ip_checksum(bytes(ip)))
-    udp = struct.pack("!HHHH", 49152, 4791, 8 + 16, 0) + bytes(16)
+    udp = struct.pack("!HHHH", 49152, ROCE_UDP_PORT, 8 + 16, 0) + bytes(16)
     return b"\x02\0\0\0\0\x02" + b"\x02\0\0\0\0\x01" + b"\x08\x00" + bytes(ip) + udp
 
 

@@ -14,6 +14,7 @@ import time
 from typing import Dict, List
 
 from ..base.errors import CapabilityError, FabricError
+from ..base.frames import ROCE_UDP_PORT
 
 START_TIMEOUT_S = 10.0
 
@@ -42,7 +43,7 @@ class PacketCapture:
                 proc = self.fabric.host(host).popen(
                     ["tcpdump", "-i", self.plan.host(host).intf, "-s", str(self.m.pcap_snaplen),
                      "-U", "--immediate-mode", "-n", "-w", self.path(host),
-                     "udp", "port", "4791"],
+                     "udp", "port", str(ROCE_UDP_PORT)],
                     stdout=subprocess.DEVNULL, stderr=log)
             self.ledger.add_pid(proc.pid)
             self.procs[host] = proc

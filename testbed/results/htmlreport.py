@@ -2,8 +2,8 @@
 no network access needed to view it), plus the plots as PNG files in ``plots/``.
 
 ``write(run_dir)`` reads only what the run left in its directory, so it serves both the end of
-a run and ``python -m testbed report DIR``; it also (re)writes operations.csv from
-results.json. The page: status, fidelity verdict, the comparison
+a run and ``python -m testbed report DIR`` (operations.csv is the runner's, written as each
+policy finishes). The page: status, fidelity verdict, the comparison
 table, the plots, sweep, job-operation and per-GPU tables, the scenario, capabilities and the
 files.
 """
@@ -48,7 +48,6 @@ def write(run_dir: str, progress: Callable[[str], None] = lambda s: None,
     """Draw the plots and write ``report.html`` into ``run_dir``; returns its path. Times in
     the modelled fabric's time (``emulated``: as run)."""
     results = rundata.load_run(run_dir)
-    breakdown.write(run_dir, {n: p.operations for n, p in results.policies.items()})
     modelled = report.modelled_time(results, emulated)
     figures, plot_note = _plots(run_dir, results, progress, modelled)
     page = render(results, figures, plot_note, emulated)

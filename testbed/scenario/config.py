@@ -33,7 +33,6 @@ from ..job.plan import check_fits
 from ..base.schema import build, plain
 from .timescale import AUTO, REFERENCE_RATE_MBIT, require_rate
 
-MBIT = 1_000_000
 MODEL_PRESETS = tuple(_MODEL_PRESETS)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from traffic import roce
 
 from ..base.errors import ConfigError
+from ..base.frames import ack_frame_bytes, roce_frame_bytes
 from ..results.model import RunResult
 from ..scenario.config import DEFAULT
 from ..scenario.catalog import find
@@ -59,8 +60,8 @@ STRAGGLER = Case(
 
 # --- cut-through vs store-and-forward -------------------------------------------------------
 
-FRAME_US = (4096 + 58) * 8 / 100e3  # a full data frame at the modelled 100 Gbit/s
-ACK_US = 62 * 8 / 100e3
+FRAME_US = roce_frame_bytes(4096) * 8 / 100e3  # a full data frame at the modelled 100 Gbit/s
+ACK_US = ack_frame_bytes() * 8 / 100e3
 
 
 def _hop_runs(quick: bool) -> List[Run]:

@@ -95,6 +95,8 @@ def wait_for_line(proc, needle, timeout=60.0):
 
 
 def results_of(out_dir):
+    """The results.json of the one run under ``out_dir`` (a rejected attempt's, kept in
+    rejected/ below it, are not)."""
     (run_id,) = os.listdir(out_dir)
     with open(os.path.join(out_dir, run_id, "results.json")) as f:
         return json.load(f)

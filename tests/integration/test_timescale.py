@@ -11,6 +11,8 @@ import pytest
 from testbed.scenario.timescale import (AUTO, CALIBRATION_VERSION, RATE_STEPS, TARGET_BUSY,
                                         Calibration, choose)
 
+from .runs import results_of
+
 pytestmark = pytest.mark.integration
 
 
@@ -18,13 +20,6 @@ def cli(cache, *args, timeout=600):
     env = dict(os.environ, TESTBED_CACHE_DIR=str(cache))
     return subprocess.run([sys.executable, "-m", "testbed", *args], capture_output=True,
                           text=True, timeout=timeout, env=env)
-
-
-def results_of(out):
-    """The run's results (a rejected attempt's, kept in rejected/ below it, are not)."""
-    [run_dir] = os.listdir(out)
-    with open(os.path.join(out, run_dir, "results.json")) as f:
-        return json.load(f)
 
 
 def test_calibrate_then_auto_runs_at_the_rate_that_fits(tmp_path):

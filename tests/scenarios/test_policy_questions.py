@@ -5,6 +5,8 @@ Each asks something the seed of this project asks (docs/guide.md, "Scenario test
 """
 import pytest
 
+from testbed.api import ack_frame_bytes, roce_frame_bytes
+
 pytestmark = [pytest.mark.scenario, pytest.mark.integration]
 
 
@@ -79,8 +81,8 @@ def test_a_latency_bound_ring_takes_the_modelled_path_delay_per_step(testbed_run
                           "workload": {"size_bytes": 65536, "chunks": 1, "iterations": 6,
                                        "compute_us": 2}},
                          policies=["hyperscale", "lossless"])
-    frame_us = (4096 + 58) * 8 / 100e3  # a full data frame at the modelled 100 Gbit/s
-    ack_us = 62 * 8 / 100e3
+    frame_us = roce_frame_bytes(4096) * 8 / 100e3  # a full data frame at the modelled 100 Gbit/s
+    ack_us = ack_frame_bytes() * 8 / 100e3
     cct, model = {}, {}
     for name in ("hyperscale", "lossless"):
         p = result.policy(name)

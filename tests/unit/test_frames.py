@@ -27,3 +27,9 @@ def test_the_full_frame_and_the_links():
     assert frames.link_frame_bytes(frames.link_mtu(4096)) == 4210
     assert frames.udp_frame_bytes(0) == roce.BTH_OFFSET == 42
     assert frames.link_mtu(4096) >= frames.full_frame_bytes(4096) - frames.ETH_LEN
+
+
+def test_an_ack_frame_is_the_size_scapy_builds_and_goes_to_the_roce_port():
+    frame = roce.ack_frame(SRC, DST, 49152, 7, 0x68)
+    assert len(frame) == frames.ack_frame_bytes() == 62
+    assert int.from_bytes(frame[36:38], "big") == frames.ROCE_UDP_PORT == 4791

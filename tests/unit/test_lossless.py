@@ -136,7 +136,8 @@ def test_without_adaptive_routing_roce_is_hashed(plan):
     policy = LosslessPolicy(plan, resolve("lossless", {"adaptive_routing": False}, 100.0, 4096))
     fabric = FakeFabric(plan, policy)
     src, dst = plan.host("gpu1"), plan.host("gpu3")
-    fabric.send(src.name, udp_packet(src, dst))
+    got, path = fabric.send(src.name, udp_packet(src, dst))
+    assert got is not None and got[0] == "gpu3", path  # delivered, by the hash
     assert fabric.switches["lf1"].table(l3.FLOWLET) == []
     assert policy.watched_ports() is None and not policy.wants_queue_load
 
