@@ -39,7 +39,8 @@ from testbed.scenario import catalog  # noqa: E402
 from testbed.run import cost, runner
 from testbed.fabric.capabilities import detect  # noqa: E402
 from testbed.base.ledger import Ledger  # noqa: E402
-from testbed.run.runplan import decide  # noqa: E402
+from testbed.plan.checks import check_scenario  # noqa: E402
+from testbed.plan.policyrun import decide  # noqa: E402
 
 ROW_NAMES = {"agents": "GPU agents (floor: raw sender)", "open_vswitch": "Open vSwitch",
              "switch_queue_emulator": "switch-queue emulator", "controller": "controller",
@@ -80,7 +81,7 @@ def floor_frames(records_dir: str, plan) -> dict:
 def run_floor(scenario, name: str, records_dir: str, work: str) -> dict:
     """The floor of one policy: its fabric, the frames of its run, the cost."""
     caps = detect()
-    plan = runner.validate(scenario)
+    plan = check_scenario(scenario)
     run = decide(name, plan, scenario, caps)
     frames = floor_frames(records_dir, plan)
     expect = defaultdict(int)

@@ -157,7 +157,7 @@ def register(cls: Type[Policy]) -> Type[Policy]:
 
 def make_policy(name: str, plan: FabricPlan, scenario, openflow_marking: bool = False) -> Policy:
     """The policy ``name`` configured by a scenario (its parameter overrides, rates, MTU);
-    ``openflow_marking``: its switches mark ECN through OpenFlow (``testbed.run.runplan``)."""
+    ``openflow_marking``: its switches mark ECN through OpenFlow (``testbed.plan.policyrun``)."""
     context = dataclasses.replace(FabricContext.of(scenario), openflow_marking=openflow_marking)
     params = resolve(name, scenario.policy_params.get(name, {}), context.modelled_gbit,
                      context.mtu)

@@ -53,6 +53,7 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from .plan.checks import check_output
     from .run import runner
     from .scenario.catalog import find
     from .scenario.config import parse_sizes
@@ -63,14 +64,7 @@ def cmd_run(args) -> int:
     # without a scenario, options that shape one collective start from the ring
     one_collective = args.sizes or args.collective
     scenario = find(args.scenario or ("ring" if one_collective else "default"))
-    if args.format != "table" and scenario.workload.all_jobs:
-        raise ConfigError(f"--format {args.format}: reports collectives; scenario "
-                          f"{scenario.name!r} is a training job (name a collective scenario, "
-                          "e.g. --scenario sweep; a job's operations are in the table)")
-    if one_collective and scenario.workload.all_jobs:
-        raise ConfigError(f"--sizes and --collective replay one collective; scenario "
-                          f"{scenario.name!r} is a training job (leave --scenario out for the "
-                          "ring, or name a collective scenario)")
+    check_output(scenario, args.format, bool(one_collective))
     if args.iterations is not None:
         scenario = scenario.override({"workload": {"iterations": args.iterations}})
     if args.repeat is not None:
@@ -158,7 +152,7 @@ def _names(text: str):
 
 def _servers(text: str):
     """The other servers of a --servers list (this machine left out)."""
-    from .fabric.placement import LOCAL
+    from .plan.placement import LOCAL
 
     return [s for s in _names(text) if s not in (LOCAL, "127.0.0.1")]
 

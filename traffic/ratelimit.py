@@ -22,6 +22,7 @@ import struct
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from testbed.base.frames import link_frame_bytes
 from testbed.base.netlink import (NLA_F_NESTED, NLM_F_ACK, NLM_F_REQUEST, NLMSGHDR, RATESPEC,
                              TC_LINKLAYER_ETHERNET, TCA_KIND, TCA_OPTIONS, TCMSG,
                              PSCHED_NS_PER_TICK, _attr, netlink_errors, send_and_check)
@@ -38,6 +39,8 @@ ETH_P_IP = 0x0800
 DEFAULT_MINOR = 1  # the open class every unmatched frame of the RoCE class takes
 QP_MINOR_BASE = 0x100  # QP classes are QP_MINOR_BASE + i
 OPEN_FACTOR = 10  # an open class's rate, in line rates: the NIC's shaper decides the pace
+HTB_QUANTUM = 1600  # bytes; at least one frame
+NIC_RUN_AHEAD = 0.05  # of a frame: a GPU NIC's burst (half the monitor's default tolerance)
 FILTER_PRIO = 1
 # u32 offsets from the IP header: TOS (byte 1), destination address, the BTH's destination QP
 TOS_WORD, DST_WORD, DQPN_WORD = 0, 16, 20 + 8 + 4
@@ -120,10 +123,25 @@ def ready_times(frames: Sequence[Tuple[int, int, int]], rates: Sequence[Tuple[in
     return out
 
 
+def nic_burst_bytes(mtu: int) -> int:
+    """A GPU NIC's HTB burst at link MTU ``mtu``: ``NIC_RUN_AHEAD`` of a frame
+    (``testbed.fabric.shaping.burst_bytes``)."""
+    return max(1, int(link_frame_bytes(mtu) * NIC_RUN_AHEAD))
+
+
+def limiter_qdisc(rate_mbit: float, mtu: int) -> dict:
+    """The QP classes' settings on a NIC of ``rate_mbit`` and link MTU ``mtu``: open rate,
+    burst (the NIC's) and quantum (one frame, so the NIC serves its QPs round-robin by
+    frames)."""
+    return {"open_bytes": int(OPEN_FACTOR * rate_mbit * 1e6 / 8),
+            "burst": nic_burst_bytes(mtu),
+            "quantum": max(HTB_QUANTUM, link_frame_bytes(mtu))}
+
+
 class Limiters:
     """The QP classes of one GPU NIC. ``sock``: a NETLINK_ROUTE socket in the host's
     namespace; ``major``: the handle of the RoCE class's HTB qdisc; ``open_bytes``, ``burst``,
-    ``quantum``: the classes' settings (``testbed.fabric.shaping.limiter_qdisc``)."""
+    ``quantum``: the classes' settings (``limiter_qdisc``)."""
 
     def __init__(self, sock: socket.socket, ifindex: int, major: int, open_bytes: int,
                  burst: int, quantum: int):

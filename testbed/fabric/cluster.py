@@ -1,6 +1,6 @@
 """A fabric split over several machines with Mininet Cluster Edition (thin I/O edge).
 
-``testbed.fabric.placement`` decides which server holds which node; this module builds the network
+``testbed.plan.placement`` decides which server holds which node; this module builds the network
 with ``mininet.examples.cluster``: remote nodes are shells reached over ssh, cross-server
 links are ssh tap tunnels (``RemoteSSHLink``). The controller stays on 127.0.0.1 of this
 machine: each remote server reaches it through an ssh reverse tunnel bound to *its* loopback
@@ -20,7 +20,7 @@ from mininet.net import Mininet
 
 from ..base.errors import FabricError
 from ..base.ledger import OVS_TAG
-from .placement import LOCAL
+from ..plan.placement import LOCAL
 
 class ClusterNet(MininetCluster):
     """MininetCluster without the controller-address rewrite: Cluster Edition moves a loopback

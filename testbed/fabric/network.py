@@ -18,7 +18,7 @@ import signal
 import subprocess
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from mininet.link import Link
 from mininet.log import setLogLevel
@@ -28,19 +28,17 @@ from mininet.topo import Topo
 
 from controllers.classes import TrafficClass
 
+from ..base.capabilities import Capabilities
 from ..base.errors import CapabilityError, FabricError
 from ..base.hops import MECHANISM_TEXT, PORT_KINDS
 from ..base.ledger import OVS_TAG, Ledger, present, tag_command
 from ..base.topology import PREFIX_LEN, FabricPlan
+from ..plan.placement import LOCAL, remote_servers
+from ..plan.policyrun import PolicyRun
 from ..scenario.config import TopologyConfig
-from .capabilities import Capabilities
 from .linkloss import LinkLoss
-from .placement import LOCAL, remote_servers
 from .servers import Server, servers_for
 from .shaping import Shape, has_delay_line, tc_commands
-
-if TYPE_CHECKING:  # the run's decisions, handed in (testbed.run.runplan)
-    from ..run.runplan import PolicyRun
 
 LOG = logging.getLogger(__name__)
 
@@ -395,7 +393,7 @@ class Fabric:
         if not self.where:
             return None
         from . import cluster
-        from .placement import by_server, cross_links
+        from ..plan.placement import by_server, cross_links
 
         servers = [s.name for s in self.servers]
         clocks = {s.name: s.clock() for s in self.servers[1:]}

@@ -42,9 +42,10 @@ import subprocess
 import time
 from typing import Dict, List, Optional, Tuple
 
-from ..base.errors import CapabilityError, ConfigError
+from ..base.errors import CapabilityError
 from ..base.procutil import free_tcp_port
-from ..base.topology import FabricPlan, Host
+from ..base.topology import Host
+from ..plan.policyrun import PolicyRun
 
 MODE = "root-namespace"
 RULE_IIF, RULE_OUT, RULE_LOCAL = 90, 91, 99
@@ -60,16 +61,6 @@ CYCLES_TESTS = ("ib_write_lat",)
 
 
 # --- pure -------------------------------------------------------------------------------------
-def endpoints(plan: FabricPlan) -> Tuple[Host, Host]:
-    """The first neighbour host of the first leaf and of the last leaf: a cross-leaf path."""
-    first = [h for h in plan.neighbours if h.leaf == 1]
-    last = [h for h in plan.neighbours if h.leaf == plan.n_leaves]
-    if not first or not last or plan.n_leaves < 2:
-        raise ConfigError("rxe: needs at least 2 leaves and a neighbour host on each "
-                          "(topology.neighbours_per_leaf >= 1)")
-    return first[0], last[0]
-
-
 def device(host: Host) -> str:
     return f"rxe-{host.name}"
 
@@ -234,12 +225,13 @@ class RxeTraffic:
     """The rxe endpoints of one policy's fabric: attached by ``start``, measured by ``run``,
     detached by ``stop`` (which also runs after errors)."""
 
-    def __init__(self, fabric, plan: FabricPlan, scenario, policy, ledger, caps, out_dir: str):
+    def __init__(self, fabric, run: PolicyRun, ledger, caps, out_dir: str):
+        scenario, policy = run.scenario, run.policy
         self.fabric, self.cfg = fabric, scenario.rxe
         self.ledger, self.caps = ledger, caps
         self.out_dir = out_dir
         self.mhz = _tsc_mhz()  # None: perftest converts cycles itself
-        self.a, self.b = endpoints(plan)
+        self.a, self.b = run.rxe_endpoints
         self.tag = f"rxe-{policy.name}"
         self.mtu = fabric.mtu
         self.tclass = traffic_class(policy.dscp()[0])

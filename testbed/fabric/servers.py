@@ -17,7 +17,7 @@ import time
 from typing import Dict, List
 
 from ..base.errors import FabricError
-from .placement import LOCAL
+from ..plan.placement import LOCAL
 
 
 class Server:

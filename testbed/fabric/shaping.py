@@ -34,10 +34,11 @@ class's very first frame goes on the tokens HTB gives a new class. The bfifos ar
 buffers: tail-drop byte FIFOs whose drops and backlog the kernel counts. netem is added only when
 the kernel has it and the run's path delay is netem's (``testbed.base.hops.PathDelay``; Mininet's
 ``max_queue_size`` needs netem, so the queue limit is set here instead): it holds every frame for
-the port's per-hop latency before the frame joins the class buffer. Where the kernel has RED, a class
-that marks ECN gets a RED qdisc as its buffer, which sets CE per packet (``red_qdisc``); elsewhere
-the switch-queue emulator marks from sampled backlogs (``marking_via``). Open vSwitch resets a
-port's qdisc when the port is added to a bridge, so shaping is applied after the switches started.
+the port's per-hop latency before the frame joins the class buffer. Where the kernel has RED, a
+class that marks ECN gets a RED qdisc as its buffer, which sets CE per packet (``red_qdisc``);
+elsewhere the switch-queue emulator marks from sampled backlogs (``testbed.plan.marking``). Open
+vSwitch resets a port's qdisc when the port is added to a bridge, so shaping is applied after
+the switches started.
 
 These commands run once per interface at set-up, so they use the ``tc`` tool; the per-sample
 paths (``testbed.base.netlink``) speak netlink directly.
@@ -48,16 +49,12 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from controllers.classes import EcnRule, TrafficClass, default_class
+from traffic.ratelimit import DEFAULT_MINOR, HTB_QUANTUM, limiter_qdisc, nic_burst_bytes
 
-from traffic.ratelimit import DEFAULT_MINOR, OPEN_FACTOR
-
-from ..base.errors import ConfigError
 from ..base.frames import link_frame_bytes
 
-HTB_QUANTUM = 1600  # bytes; at least one frame
 NETEM_LIMIT = 100_000  # packets in flight on a delayed link; the bfifo below is the buffer
 GUARANTEE_BYTES = 1  # bytes/s of every class's own rate: all of them borrow the link
-NIC_RUN_AHEAD = 0.05  # of a frame: a GPU NIC's burst (half the monitor's default tolerance)
 
 
 @dataclass(frozen=True)
@@ -109,7 +106,7 @@ def burst_bytes(rate_mbit: float, mtu: int, nic: bool = False) -> int:
     rate-limited) still sees every frame leave one serialization time after the last, as on a
     real link; a timer late by less than that is still caught up (docs/emulation-cost.md)."""
     if nic:
-        return max(1, int(link_frame_bytes(mtu) * NIC_RUN_AHEAD))
+        return nic_burst_bytes(mtu)
     return max(link_frame_bytes(mtu), int(rate_mbit * 1e6 / 8 * 250e-6))
 
 
@@ -220,14 +217,6 @@ def limiter_commands(intf: str, parent: str, cls: TrafficClass, shape: Shape, mt
             f"handle {cls.minor + LIMITED_BUFFER_BASE:x}: {buffer}"]
 
 
-def limiter_qdisc(rate_mbit: float, mtu: int) -> dict:
-    """The QP classes' settings: open rate, burst (a NIC's) and quantum (one frame, so the
-    NIC serves its QPs round-robin by frames)."""
-    return {"open_bytes": int(OPEN_FACTOR * rate_mbit * 1e6 / 8),
-            "burst": burst_bytes(rate_mbit, mtu, nic=True),
-            "quantum": max(HTB_QUANTUM, link_frame_bytes(mtu))}
-
-
 def fifo(buffer_bytes: int, in_bytes: bool, mtu: int) -> str:
     """The class buffer: a byte FIFO, or (lossy switch classes) full frames, oldest dropped."""
     if in_bytes:
@@ -251,36 +240,6 @@ def red_qdisc(rule: EcnRule, buffer_bytes: int, rate_mbit: float, mtu: int) -> s
     kbit = max(1, int(round(rate_mbit * 1000)))
     return (f"red limit {max(buffer_bytes, hi + frame)} min {lo} max {hi} avpkt {frame} "
             f"burst {burst} probability {p:g} bandwidth {kbit}kbit ecn nodrop")
-
-
-def marking_method(setting: str, red_available: bool, classes, datapath: str) -> Optional[str]:
-    """How the switches set CE for these classes: "red", "sampled", or None (no ECN class).
-
-    RED tail-drops at its limit, which the userspace datapath cannot take on a lossy class
-    (see the module docstring: a lossy class drops the oldest frame instead), so there it is
-    used only for lossless classes. ``setting`` "red" where RED cannot be used is an error,
-    "auto" falls back to "sampled"."""
-    ecn = [c for c in classes if c.ecn]
-    if not ecn:
-        return None
-    usable = red_available and (datapath == "kernel" or all(c.lossless for c in ecn))
-    if setting == "sampled" or (setting == "auto" and not usable):
-        return "sampled"
-    if not usable:
-        why = ("the kernel has no RED qdisc (sch_red with nodrop)" if not red_available else
-               "RED tail-drops a lossy class, which the userspace datapath cannot take; "
-               "load the openvswitch module for the kernel datapath")
-        raise ConfigError(f"emulation.ecn_marking: red is not possible here: {why}")
-    return "red"
-
-
-def marking_via(marking: Optional[str], bpf_available: bool) -> Optional[str]:
-    """What applies sampled marking: "bpf" (the kernel program of ``testbed.fabric.bpfmark``, where
-    it runs) or "openflow" (the controller's marking groups, which reorder a flow's marked
-    and unmarked packets on a loaded machine - see bpfmark); None for RED or no ECN."""
-    if marking != "sampled":
-        return None
-    return "bpf" if bpf_available else "openflow"
 
 
 FIFO_KINDS = ("bfifo", "pfifo_head_drop", "red")

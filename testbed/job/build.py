@@ -91,7 +91,7 @@ def one_f_one_b(stages: int, stage: int, micro_batches: int) -> List[Tuple[str, 
     return order + [("B", i) for i in range(micro_batches - warm, micro_batches)]
 
 
-def validate(model: Model, par: Parallelism, ranks: int) -> None:
+def check_parallelism(model: Model, par: Parallelism, ranks: int) -> None:
     """Refuse a parallelism that does not fit the model or the fabric, naming the key."""
     where = "workload.job"
     if par.ranks != ranks:
@@ -292,7 +292,7 @@ def build(model: Model, par: Parallelism, gpu: GpuModel = GpuModel(), byte_scale
           name: str = "") -> JobGraph:
     """The job's iteration graph in modelled ns and bytes divided by ``byte_scale``: checked
     and with no dependency that others imply."""
-    validate(model, par, par.ranks)
+    check_parallelism(model, par, par.ranks)
     graph = reduced(_Builder(model, par, gpu, byte_scale, name or model.name).graph())
     check(graph)
     return graph

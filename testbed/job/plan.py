@@ -20,7 +20,7 @@ from . import aicb, chakra, graphfile
 from .bytescale import (HONEST_LATENCY_SHARE, MESSAGE_LATENCY_US, RECOVERY_STRETCH,
                         auto_byte_scale, buffer_regime, latency_share, recovery_bytes,
                         recovery_regime, recovery_scale, roce_ports, step_down)
-from .build import Parallelism, build, validate
+from .build import Parallelism, build, check_parallelism
 from .model import PRESETS, GpuModel, Model
 
 SHAPE_KEYS = ("layers", "hidden", "heads", "seq_len", "vocab", "experts", "top_k")
@@ -94,7 +94,7 @@ def check_fits(scenario) -> None:
                 raise ConfigError(f"workload.job.file: {job.file} has {graph.ranks} ranks, "
                                   f"the job {len(ranks)} GPUs")
         else:
-            validate(model_of(job), parallelism_of(job, len(ranks)), len(ranks))
+            check_parallelism(model_of(job), parallelism_of(job, len(ranks)), len(ranks))
 
 
 def load_file(path: str, fmt: str = "auto", groups: str = "") -> JobGraph:

@@ -65,7 +65,7 @@ class RunContext:
     """What ``collect`` needs to know about the run besides the records."""
 
     ranks: int
-    workloads: Sequence[WorkloadSpec]  # as the agents got them (testbed.run.runplan.workload_specs)
+    workloads: Sequence[WorkloadSpec]  # as the agents got them (plan.policyrun.workload_specs)
     time_scale: float = 1.0
     extrapolate_gpus: int = 10_000
     mechanisms: Mechanisms = field(default_factory=Mechanisms)

@@ -26,10 +26,10 @@ from ..base.ledger import Ledger
 from ..base.procutil import cpu_ticks, log_tail, stop_processes
 from ..base.topology import FabricPlan
 from ..fabric.capabilities import detect
-from ..fabric.placement import LOCAL
 from ..job.plan import JobPlan, iteration_ns, plan_job
+from ..plan.placement import LOCAL
+from ..plan.policyrun import PolicyRun, decide
 from ..scenario.config import DEFAULT, Scenario
-from .runplan import PolicyRun, decide
 
 START_MARGIN_S = 0.2  # agents start together this long after the go
 STUCK_CAP = 10  # an agent still working towards "ready" or "done" gets at most 10x the wait

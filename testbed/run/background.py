@@ -8,7 +8,7 @@
 * **incast**: several senders burst ``burst_bytes`` of RoCE frames (the RoCE DSCP, another job's
   queue pair) at one target at the same instants, every ``period_us`` of modelled time.
 
-``background_plan`` (pure) decides who sends what; ``Background`` starts the processes inside
+``testbed.plan.background`` decides who sends what; ``Background`` starts the processes inside
 the hosts' namespaces, records every PID in the run's ledger, and stops them when the
 collectives end. Every flow is also bounded in time by itself (``background.max_s``). Traffic
 goes only between emulated hosts.
@@ -22,91 +22,31 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from traffic.contract import Bursts, FlowConfig
 
-from ..base.errors import AgentError, CapabilityError, ConfigError
+from ..base.errors import AgentError, CapabilityError
+from ..base.ledger import Ledger
 from ..base.procutil import read_line, stop_processes
-from ..base.topology import FabricPlan, Host
+from ..plan.background import Flow
+from ..plan.policyrun import PolicyRun
 
 IPERF_PORT = 5201
 IPERF_GRACE_S = 0.5  # the server listens before the client starts
 
 
-@dataclass(frozen=True)
-class Flow:
-    kind: str  # "noisy" | "incast"
-    src: str
-    dst: str
-
-
-@dataclass
-class BackgroundPlan:
-    noisy: List[Flow] = field(default_factory=list)
-    incast: List[Flow] = field(default_factory=list)
-    incast_target: Optional[str] = None
-
-    @property
-    def empty(self) -> bool:
-        return not self.noisy and not self.incast
-
-
-def background_plan(plan: FabricPlan, scenario) -> BackgroundPlan:
-    """Who sends to whom; ``ConfigError`` when the scenario asks for what the fabric lacks."""
-    bg = scenario.background
-    out = BackgroundPlan()
-    if bg.noisy_neighbour.rate_gbit > 0:
-        if len(plan.neighbours) < 2:
-            raise ConfigError("background.noisy_neighbour: needs at least two neighbour hosts "
-                              "(set topology.neighbours_per_leaf)")
-        m, leaves = plan.neighbours_per_leaf, plan.n_leaves
-        for h in plan.neighbours:
-            j = h.index - plan.gpus_per_leaf  # 1..m on its leaf
-            if leaves > 1:
-                peer_leaf, peer_j = h.leaf % leaves + 1, j
-            else:
-                peer_leaf, peer_j = h.leaf, j % m + 1
-            peer = next(p for p in plan.neighbours
-                        if p.leaf == peer_leaf and p.index - plan.gpus_per_leaf == peer_j)
-            out.noisy.append(Flow("noisy", h.name, peer.name))
-    inc = bg.incast
-    if inc.period_us > 0:
-        names = {h.name for h in plan.hosts}
-        target = inc.target or plan.gpus[-1].name
-        if target not in names:
-            raise ConfigError(f"background.incast.target: no host named {target!r}")
-        senders = list(inc.senders) or _default_senders(plan, plan.host(target))
-        for s in senders:
-            if s not in names:
-                raise ConfigError(f"background.incast.senders: no host named {s!r}")
-            if s == target:
-                raise ConfigError(f"background.incast.senders: {s} is the target")
-        if not senders:
-            raise ConfigError("background.incast: no host left to send to the target")
-        out.incast = [Flow("incast", s, target) for s in senders]
-        out.incast_target = target
-    return out
-
-
-def _default_senders(plan: FabricPlan, target: Host) -> List[str]:
-    if plan.neighbours:
-        return [h.name for h in plan.neighbours if h.name != target.name]
-    far = [h.name for h in plan.gpus if h.leaf != target.leaf]
-    return far or [h.name for h in plan.gpus if h.name != target.name]
-
-
 class Background:
     """The background processes of one policy's run."""
 
-    def __init__(self, fabric, plan: FabricPlan, scenario, policy, work_dir: str, ledger):
-        self.fabric, self.plan, self.scenario = fabric, plan, scenario
-        self.roce_dscp = policy.dscp()[0]
+    def __init__(self, fabric, run: PolicyRun, work_dir: str, ledger: Ledger):
+        self.fabric, self.plan, self.scenario = fabric, run.plan, run.scenario
+        self.roce_dscp = run.policy.dscp()[0]
         self.work_dir = work_dir
         self.ledger = ledger
-        self.bg = background_plan(plan, scenario)
+        self.bg = run.background
         self.procs: List[dict] = []  # {"role", "flow", "proc", "out", "flows"}
+        scenario = run.scenario
         self.duration_s = scenario.background.max_s
         # the neighbours' rate as the emulated links run it
         nn = scenario.background.noisy_neighbour

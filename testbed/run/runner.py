@@ -24,24 +24,23 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
 
-from controllers.policy import make_policy, policy_names
-from traffic.collectives import ScheduleError
-from traffic.collectives import build as build_collective
-
 from .. import __version__
 from ..base.atomic import write_json_atomic
-from ..base.errors import ConfigError, TestbedError
+from ..base.errors import TestbedError
 from ..base.ledger import Ledger
 from ..base.topology import FabricPlan
-from ..fabric.capabilities import Capabilities, detect
+from ..base.capabilities import Capabilities
 from ..fabric.bpfforward import summary_of as forwarding_summary
+from ..fabric.capabilities import detect
 from ..fabric.capture import PacketCapture
 from ..fabric.network import Fabric
 from ..fabric.ovs_buffers import needed_bytes, ovs_socket_buffers, raised_socket_defaults
-from ..fabric.placement import by_server
 from ..fabric.queues import drain, egress_stats, queue_drops, queued_frames, spine_load
-from ..fabric.rxe import RxeTraffic, endpoints as rxe_endpoints, require as require_rxe
+from ..fabric.rxe import RxeTraffic, require as require_rxe
 from ..job.plan import switch_hops
+from ..plan.checks import check_machine, check_scenario
+from ..plan.placement import by_server
+from ..plan.policyrun import PolicyRun, cluster_servers, decide
 from ..results import breakdown, htmlreport, trace
 from ..results.collect import (RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled,
                                timeline)
@@ -54,10 +53,9 @@ from ..switchq.handle import EmulatorProcess, Emulators
 from . import calibrate, cost
 from .agent_processes import (AgentGroup, budget_text, expected_duration_s, finish_timeout_s,
                                retry_budget)
-from .background import Background, background_plan
+from .background import Background
 from .controller_process import ControllerProcess
 from .fidelity import CpuSampler, evaluate
-from .runplan import PolicyRun, cluster_placement, cluster_servers, decide, workload_specs
 from .wakeup import cpus_kept_awake
 
 LOG = logging.getLogger(__name__)
@@ -68,88 +66,6 @@ Say = Callable[[str], None]  # a line of progress for the user (the CLI prints i
 
 def new_run_id() -> str:
     return datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
-
-
-def validate(scenario: Scenario, available_mb: Optional[int] = None) -> FabricPlan:
-    """Checks that need more than one key; raises ConfigError before anything starts. With
-    ``available_mb`` (the machine's available memory) a fabric too large for it is refused
-    first, before its schedules are built (they grow with the square of the GPUs). A rate
-    still ``auto`` is checked at the reference rate (``Scenario.for_checks``)."""
-    scenario = scenario.for_checks()
-    known = policy_names()
-    for p in scenario.policies:
-        if p not in known and p not in scenario.variants:
-            variants = f"; variants: {', '.join(scenario.variants)}" if scenario.variants else ""
-            raise ConfigError(f"policies: unknown policy {p!r} (known: {', '.join(known)}"
-                              f"{variants})")
-    if len(set(scenario.policies)) != len(scenario.policies):
-        raise ConfigError("policies: each policy may appear once")
-    for label in scenario.variants:
-        if label not in scenario.policies:
-            raise ConfigError(f"variants.{label}: {label} is not among the policies run "
-                              f"({', '.join(scenario.policies)}); name it there")
-    plan = FabricPlan.for_topology(scenario.topology)
-    if available_mb is not None:
-        capacity.check(plan, available_mb)
-    n = len(plan.gpus)
-    if n < 2:
-        raise ConfigError("topology: a collective needs at least 2 GPUs "
-                          f"(leaves x gpus_per_leaf = {n})")
-    _validate_workload(scenario, plan)
-    background_plan(plan, scenario)  # ConfigError for impossible background traffic
-    for name in scenario.policy_params:
-        if name not in scenario.base_policies:
-            raise ConfigError(f"policy_params.{name}: {name} is not among the policies run "
-                              f"({', '.join(scenario.policies)})")
-    if cluster_placement(scenario, plan):  # ConfigError for an impossible placement
-        if scenario.measurement.pcap or not background_plan(plan, scenario).empty:
-            raise ConfigError("cluster: packet capture and background traffic run on one "
-                              "server only for now; drop measurement.pcap and background "
-                              "from a split scenario")
-    if scenario.rxe.enabled:
-        ends = rxe_endpoints(plan)  # ConfigError without two leaves
-        if scenario.cluster.servers and len(scenario.cluster.servers) > 1:
-            raise ConfigError("rxe: real verbs traffic runs on one server only for now; drop "
-                              "cluster.servers or rxe")
-        if not background_plan(plan, scenario).empty:
-            raise ConfigError("rxe: the rxe endpoints are neighbour hosts, which background "
-                              "traffic also uses; drop one of them")
-    for label in scenario.policies:
-        name, runs_with = scenario.policy_run(label)
-        policy = make_policy(name, plan, runs_with)  # parameters that need the plan
-        if scenario.rxe.enabled and not policy.may_reach(ends[0].name, ends[1].name):
-            raise ConfigError(f"policy_params.{name}: the rxe endpoints {ends[0].name} and "
-                              f"{ends[1].name} are in different tenants")
-        ring = [h.name for h in plan.gpus]
-        apart = [(a, b) for a, b in zip(ring, ring[1:] + ring[:1]) if not policy.may_reach(a, b)]
-        if apart:
-            raise ConfigError(f"policy_params.{name}: {apart[0][0]} may not reach {apart[0][1]} "
-                              "(tenants), but the collective runs over all GPUs; put them in "
-                              "one tenant")
-    return plan
-
-
-def _validate_workload(scenario: Scenario, plan: FabricPlan) -> None:
-    w, n = scenario.workload, len(plan.gpus)
-    where = "workload.sizes" if w.sizes else "workload.size_bytes"
-    for size in w.run_sizes:
-        if size < n:
-            raise ConfigError(f"{where}: must be >= the number of GPUs ({n}), got {size}")
-    if len(set(w.sizes)) != len(w.sizes):
-        raise ConfigError("workload.sizes: each size may appear once")
-    for spec in workload_specs(scenario, plan):
-        try:
-            build_collective(spec.collective, n, spec.size, spec.chunks, spec.group)
-        except ScheduleError as e:
-            raise ConfigError(f"workload.collective: {e}")
-    names = {h.name for h in plan.hosts}
-    for host in scenario.measurement.pcap_hosts:
-        if host not in names:
-            raise ConfigError(f"measurement.pcap_hosts: no host named {host!r}")
-    for r in w.stragglers.ranks:
-        if not 0 <= r < n:
-            raise ConfigError(f"workload.stragglers.ranks: rank {r} does not exist "
-                              f"(ranks 0..{n - 1})")
 
 
 def choose_time_scale(scenario: Scenario, progress: Say,
@@ -187,11 +103,10 @@ def run(scenario: Scenario, out_root: str = "results", progress: Say = lambda s:
         caps: Optional[Capabilities] = None, calibrated: bool = True):
     """Run every policy of ``scenario``; returns (results dict, run directory). ``calibrated``:
     choose (``auto``) or check the GPU NIC rate against this machine's calibration first."""
-    plan = validate(scenario, capacity.mem_available_mb())
+    plan = check_scenario(scenario, capacity.mem_available_mb())
     caps = caps or detect()
     caps.require_run()
-    for name in scenario.policies:  # ConfigError for a marking this machine cannot do
-        decide(name, plan, scenario.for_checks(), caps)
+    check_machine(scenario, plan, caps)
     if scenario.rxe.enabled:
         require_rxe(caps)
     asked = scenario  # what this machine learns of a scenario is kept under it as given
@@ -468,8 +383,7 @@ def rxe_attached(run: PolicyRun, session: Session, caps: Capabilities, run_dir: 
     if not run.scenario.rxe.enabled:
         yield None
         return
-    rxe = RxeTraffic(session.fabric, run.plan, run.scenario, run.policy, ledger, caps,
-                     os.path.join(run_dir, "rxe", run.name))
+    rxe = RxeTraffic(session.fabric, run, ledger, caps, os.path.join(run_dir, "rxe", run.name))
     try:
         say(f"rxe: attaching {rxe.a.name} and {rxe.b.name} in the root namespace "
             f"(rdma_rxe, perftest)")
@@ -610,8 +524,8 @@ def _replay(run: PolicyRun, session: "Session", emu, rxe, records: str, run_dir:
     fabric drained, the agents' records collected, then rxe's perftest if asked."""
     scenario, plan, name = run.scenario, run.plan, run.name
     agents = AgentGroup(session.fabric, run, records, run_dir, ledger, name)
-    background = Background(session.fabric, plan, scenario, run.policy,
-                            os.path.join(run_dir, "background", name), ledger)
+    background = Background(session.fabric, run, os.path.join(run_dir, "background", name),
+                            ledger)
     capture = (PacketCapture(session.fabric, plan, scenario.measurement,
                              os.path.join(run_dir, "pcap", name), ledger)
                if scenario.measurement.pcap else None)

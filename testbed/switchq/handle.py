@@ -11,7 +11,10 @@ import sys
 from typing import List, Optional
 
 from ..base.errors import FabricError
+from ..base.ledger import Ledger
 from ..base.procutil import log_tail, read_line, stop_process
+from ..fabric.servers import Server
+from ..plan.policyrun import PolicyRun
 from .contract import EmulatorConfig
 
 
@@ -58,11 +61,12 @@ class EmulatorProcess:
     a remote server of a split fabric (started over ssh, its files in that server's
     workspace)."""
 
-    def __init__(self, run, session, run_dir: str, private_dir: str, ledger, server):
+    def __init__(self, run: PolicyRun, session, run_dir: str, private_dir: str, ledger: Ledger,
+                 server: Server):
         scenario, policy, plan = run.scenario, run.policy, run.plan
         t = scenario.topology
         fabric = session.fabric
-        self.server, self.fabric = server, fabric  # server: testbed.fabric.servers.Server
+        self.server, self.fabric = server, fabric
         at = server.tag
         self.report_path = os.path.join(run_dir, f"switchq-{run.name}{at}.json")
         self.timeline_path = os.path.join(run_dir, f"switchq-{run.name}{at}.timeline.csv")

@@ -6,9 +6,10 @@ import os
 
 import pytest
 
+from testbed.plan.checks import check_scenario
 from testbed.run import runner
-from testbed.fabric.placement import cross_links
-from testbed.run.runplan import cluster_placement
+from testbed.plan.placement import cross_links
+from testbed.plan.policyrun import cluster_placement
 
 from ..integration.live import DEFAULT, fabric_session
 from ..integration.leftovers import wait_clean
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.integration, NEEDS_SSHD]
 def test_the_fabric_splits_over_two_servers_and_forwards(tmp_path, server, policy_name):
     scenario = DEFAULT.override({"policies": [policy_name],
                                  "cluster": {"servers": ["localhost", server.address]}})
-    plan = runner.validate(scenario)
+    plan = check_scenario(scenario)
     where = cluster_placement(scenario, plan)
     assert where["lf1"] == "localhost" and where["lf4"] == server.address
     assert len(cross_links(plan, where)) == 4

@@ -11,12 +11,13 @@ import subprocess
 import sys
 import time
 
+from testbed.plan.checks import check_scenario
 from testbed.run import runner
 from testbed.fabric.capabilities import detect
 from testbed.scenario import config
 from testbed.base.ledger import Ledger
 from testbed.fabric.queues import egress_stats
-from testbed.run.runplan import decide
+from testbed.plan.policyrun import decide
 from testbed.base.topology import FabricPlan
 from traffic.contract import FlowConfig
 
@@ -123,7 +124,7 @@ def fabric_session(scenario, policy_name, tmp_path, progress=lambda message: Non
     """``runner.fabric_up`` for one policy of ``scenario``: yields (its run as decided,
     session, ledger)."""
     caps = detect()
-    run = decide(policy_name, runner.validate(scenario), scenario, caps)
+    run = decide(policy_name, check_scenario(scenario), scenario, caps)
     with held_ledger(tmp_path) as ledger, \
             runner.fabric_up(run, caps, str(tmp_path), ledger, progress) as session:
         yield run, session, ledger

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from testbed.plan.checks import check_scenario
 from testbed.run import runner
 from testbed.run.agent_processes import AgentGroup, finish_timeout_s
 from traffic.gpu import qp_number
@@ -107,7 +108,7 @@ def _tracebacks(run_dir):
 @pytest.mark.parametrize("name", ["enterprise", "hyperscale", "lossless"])
 def test_hostile_frames_are_counted_and_dropped_and_nothing_stalls(tmp_path, name):
     scenario = SCENARIO.with_policies([name])
-    plan = runner.validate(scenario)
+    plan = check_scenario(scenario)
     records = str(tmp_path / "records")
     attacker, victim, peer = plan.host("gpu5"), plan.host("gpu2"), plan.host("gpu1")
     config = {"me": {"mac": attacker.mac, "ip": attacker.ip},

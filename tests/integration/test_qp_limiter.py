@@ -27,7 +27,8 @@ ME, PEER = "10.0.0.1", "10.0.0.2"
 
 def inside() -> dict:
     from controllers.classes import PfcRule, TrafficClass
-    from testbed.fabric.shaping import Shape, limiter_qdisc, tc_commands
+    from testbed.fabric.shaping import Shape, tc_commands
+    from traffic.ratelimit import limiter_qdisc
     from traffic import nicio, ratelimit, roce
     from traffic.rxsocket import open_tx
     for cmd in ["ip link add nic0 type veth peer name far0", "ip link set nic0 mtu 9000",

@@ -1,7 +1,7 @@
 """Who sends background traffic to whom (pure planning)."""
 import pytest
 
-from testbed.run.background import background_plan
+from testbed.plan.background import background_plan
 from testbed.scenario.config import Scenario
 from testbed.base.errors import ConfigError
 from testbed.base.topology import FabricPlan
@@ -53,7 +53,8 @@ def test_no_background_by_default():
 
 
 def test_iperf3_figures_come_from_the_client_and_the_server():
-    from testbed.run.background import Flow, _noisy_figures
+    from testbed.plan.background import Flow
+    from testbed.run.background import _noisy_figures
     client = {"end": {"sum": {"packets": 4059, "bits_per_second": 14999237.8}}}
     server = {"end": {"sum": {"packets": 4058, "lost_packets": 8, "jitter_ms": 0.2446}}}
     row = _noisy_figures("iperf3", Flow("noisy", "nb1", "nb2"), client, server, "10.0.1.3")
@@ -62,7 +63,8 @@ def test_iperf3_figures_come_from_the_client_and_the_server():
 
 
 def test_flow_tool_figures_pick_the_senders_flow():
-    from testbed.run.background import Flow, _noisy_figures
+    from testbed.plan.background import Flow
+    from testbed.run.background import _noisy_figures
     recv = {"flows": {"udp 10.0.1.3": {"packets": 3, "latency_us": [10.0, 30.0, 20.0]},
                       "udp 10.0.9.9": {"packets": 99, "latency_us": []}}}
     row = _noisy_figures("flows", Flow("noisy", "nb1", "nb2"), {"sent": 4}, recv, "10.0.1.3")

@@ -5,7 +5,7 @@ import struct
 
 from testbed.fabric import bpfmark
 from testbed.base.netlink import NLMSGHDR, TCMSG
-from testbed.fabric.shaping import marking_via
+from testbed.plan.marking import marking_via
 
 
 def insns(code: bytes):

@@ -8,7 +8,7 @@ from testbed.scenario import catalog, reference
 from testbed.cli import main
 from testbed.scenario.config import DEFAULT, load_file
 from testbed.base.errors import ConfigError
-from testbed.run.runner import validate
+from testbed.plan.checks import check_scenario
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 REQUIRED = {"default", "ring", "incast", "oversubscribed", "straggler", "ecmp-collisions", "sweep"}
@@ -22,13 +22,13 @@ def test_the_required_built_in_scenarios_exist_and_say_what_they_are():
 
 @pytest.mark.parametrize("name", sorted(catalog.builtins()))
 def test_every_built_in_scenario_validates(name):
-    validate(catalog.find(name))
+    check_scenario(catalog.find(name))
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "examples", "*.yaml"))),
                          ids=os.path.basename)
 def test_every_example_file_validates(path):
-    validate(load_file(path))
+    check_scenario(load_file(path))
 
 
 def test_find_takes_a_name_or_a_file_and_names_the_built_ins_otherwise(tmp_path):

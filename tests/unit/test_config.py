@@ -3,7 +3,7 @@ import pytest
 
 from testbed.scenario.config import DEFAULT, Scenario
 from testbed.base.errors import ConfigError
-from testbed.run.runner import validate
+from testbed.plan.checks import check_scenario
 from tests.unit.decided import decided
 
 
@@ -62,25 +62,26 @@ def test_policy_params_are_checked_against_each_policy():
     with pytest.raises(ConfigError, match="policy_params: unknown policy 'ib'"):
         Scenario.from_dict({"policy_params": {"ib": {}}})
     with pytest.raises(ConfigError, match="tenants.0.: no GPU named 'gpu9'"):
-        validate(Scenario.from_dict({"policy_params": {"enterprise": {"tenants": [["gpu9"]]}}}))
+        check_scenario(Scenario.from_dict(
+            {"policy_params": {"enterprise": {"tenants": [["gpu9"]]}}}))
     with pytest.raises(ConfigError, match="gpu4 may not reach gpu5 .tenants."):
-        validate(Scenario.from_dict({"policy_params": {"enterprise": {
+        check_scenario(Scenario.from_dict({"policy_params": {"enterprise": {
             "tenants": [["gpu1", "gpu2", "gpu3", "gpu4"]]}}}))
     with pytest.raises(ConfigError, match="hyperscale is not among the policies run"):
-        validate(Scenario.from_dict({"policies": ["lossless"],
+        check_scenario(Scenario.from_dict({"policies": ["lossless"],
                                      "policy_params": {"hyperscale": {"ecn": "step"}}}))
 
 
 def test_cross_checks_before_anything_starts():
     with pytest.raises(ConfigError, match="unknown policy 'fast'"):
-        validate(DEFAULT.with_policies(["fast"]))
+        check_scenario(DEFAULT.with_policies(["fast"]))
     with pytest.raises(ConfigError, match="at least 2 GPUs"):
-        validate(Scenario.from_dict({"topology": {"leaves": 1, "gpus_per_leaf": 1}}))
+        check_scenario(Scenario.from_dict({"topology": {"leaves": 1, "gpus_per_leaf": 1}}))
     with pytest.raises(ConfigError, match="size_bytes"):
-        validate(Scenario.from_dict({"workload": {"size_bytes": 4}}))
+        check_scenario(Scenario.from_dict({"workload": {"size_bytes": 4}}))
     with pytest.raises(ConfigError, match="once"):
-        validate(DEFAULT.with_policies(["hyperscale", "hyperscale"]))
-    assert len(validate(DEFAULT).hosts) == 8
+        check_scenario(DEFAULT.with_policies(["hyperscale", "hyperscale"]))
+    assert len(check_scenario(DEFAULT).hosts) == 8
 
 
 def test_override_is_validated_and_keeps_the_rest():
@@ -175,7 +176,7 @@ def test_a_variant_runs_its_policy_with_its_parameters_over_the_scenarios():
     assert ib.policy_params["lossless"] == {"pfc_xoff_bytes": 60000, "flow_control": "credit"}
     assert s.policy_run("lossless") == ("lossless", s)  # a plain policy runs the scenario
     assert s.policy_run("roce-pfc")[1].policy_params == s.policy_params
-    plan = validate(s)
+    plan = check_scenario(s)
     runs = {label: decided(label, plan, s.for_checks()) for label in s.policies}
     assert {label: r.name for label, r in runs.items()} == {
         "lossless": "lossless", "ib": "ib", "roce-pfc": "roce-pfc"}
@@ -203,6 +204,6 @@ def test_a_variant_is_refused_with_the_key_named(variants, error):
 
 def test_a_variant_must_be_run_and_a_run_label_must_be_known():
     with pytest.raises(ConfigError, match="variants.ib: ib is not among the policies run"):
-        validate(Scenario.from_dict({"policies": ["lossless"], "variants": {"ib": {}}}))
+        check_scenario(Scenario.from_dict({"policies": ["lossless"], "variants": {"ib": {}}}))
     with pytest.raises(ConfigError, match="unknown policy 'ib'.*variants: roce"):
-        validate(Scenario.from_dict({"policies": ["ib", "roce"], "variants": {"roce": {}}}))
+        check_scenario(Scenario.from_dict({"policies": ["ib", "roce"], "variants": {"roce": {}}}))

@@ -1,5 +1,5 @@
 """Fuzzing the scenario loader (hypothesis): random YAML text, random YAML data and mutated
-built-in scenarios. Every input either loads and passes ``runner.validate`` (everything checked
+built-in scenarios. Every input either loads and passes ``check_scenario`` (everything checked
 before a run starts anything) or raises ``ConfigError`` with a one-line message naming where;
 nothing else - no other exception, no traceback."""
 import copy
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from testbed.scenario.catalog import builtins, find
 from testbed.scenario.config import Scenario
 from testbed.base.errors import ConfigError
-from testbed.run.runner import validate
+from testbed.plan.checks import check_scenario
 
 FUZZ = settings(max_examples=300, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -24,7 +24,7 @@ BUILTIN = {name: entry.load().to_dict() for name, entry in builtins().items()}
 def outcome(path) -> str:
     """'ok' or 'refused'; any other exception fails the test."""
     try:
-        validate(find(str(path)), available_mb=MACHINE_MB)
+        check_scenario(find(str(path)), available_mb=MACHINE_MB)
         return "ok"
     except ConfigError as e:
         message = str(e)
@@ -101,7 +101,7 @@ def test_mutated_builtin_scenarios(tmp_path, d):
 
 def test_every_builtin_still_loads():
     for name in BUILTIN:
-        validate(Scenario.from_dict(BUILTIN[name]))
+        check_scenario(Scenario.from_dict(BUILTIN[name]))
 
 
 @pytest.mark.parametrize("text, where", [
@@ -113,7 +113,7 @@ def test_every_builtin_still_loads():
 ])
 def test_impossible_topologies_are_refused_up_front(tmp_path, text, where):
     with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
-        validate(find(str(write(tmp_path, text))))
+        check_scenario(find(str(write(tmp_path, text))))
 
 
 def test_yaml_is_loaded_safely_no_object_is_constructed(tmp_path):
@@ -130,8 +130,8 @@ def test_a_fabric_this_machine_cannot_hold_is_refused_before_it_starts(tmp_path,
 
     big = find(str(write(tmp_path, "topology: {leaves: 64, gpus_per_leaf: 64}")))
     with pytest.raises(ConfigError, match=r"topology: 4096 GPUs need about 36\d\.\d GiB"):
-        validate(big, available_mb=24 * 1024)  # addresses are fine, 4096 agents are not
-    validate(Scenario(), available_mb=24 * 1024)  # the default fits easily
+        check_scenario(big, available_mb=24 * 1024)  # addresses are fine, 4096 agents are not
+    check_scenario(Scenario(), available_mb=24 * 1024)  # the default fits easily
     monkeypatch.setattr(capacity, "mem_available_mb", lambda: 1024)
     monkeypatch.setattr(runner, "detect", lambda: pytest.fail("started checking the machine"))
     with pytest.raises(ConfigError, match="8 GPUs need about 1.2 GiB"):

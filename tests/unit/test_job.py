@@ -136,8 +136,8 @@ def test_byte_scale_divides_sizes_and_compute_alike():
 def test_a_parallelism_that_does_not_fit_is_refused(par, match):
     model = replace(SMALL, layers=3) if match is None else SMALL
     with pytest.raises(ConfigError, match=match or "cannot split 3 layers"):
-        from testbed.job.build import validate
-        validate(model, par, 4)
+        from testbed.job.build import check_parallelism
+        check_parallelism(model, par, 4)
 
 
 def test_presets_are_their_class():
@@ -188,7 +188,7 @@ def test_a_lossy_fabric_keeps_messages_several_timeouts_of_sending_long():
     from testbed.base.topology import FabricPlan
     from testbed.job.bytescale import RECOVERY_REGIME, roce_ports
     from testbed.job.plan import plan_job
-    from testbed.run.runplan import roce_class
+    from testbed.plan.policyrun import roce_class
     from testbed.scenario.catalog import find
 
     from .decided import decided

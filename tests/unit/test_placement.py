@@ -1,8 +1,8 @@
-"""Where the nodes of a split fabric go (testbed.fabric.placement)."""
+"""Where the nodes of a split fabric go (testbed.plan.placement)."""
 import pytest
 
 from testbed.base.errors import ConfigError
-from testbed.fabric.placement import by_server, cross_links, place
+from testbed.plan.placement import by_server, cross_links, place
 from testbed.base.topology import FabricPlan
 
 PLAN = FabricPlan(2, 4, 2)  # the default: 2 spines, 4 leaves, 8 GPUs

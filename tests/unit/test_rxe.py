@@ -4,6 +4,7 @@ import os
 import pytest
 
 from testbed.fabric import rxe
+from testbed.plan.background import rxe_endpoints
 from testbed.scenario.config import Scenario
 from testbed.base.errors import ConfigError
 from testbed.base.topology import FabricPlan
@@ -41,10 +42,10 @@ def test_perftest_tables_parse_to_named_figures():
 
 def test_endpoints_are_neighbours_on_the_first_and_last_leaf():
     plan = FabricPlan(2, 3, 2, 1)
-    a, b = rxe.endpoints(plan)
+    a, b = rxe_endpoints(plan)
     assert (a.leaf, b.leaf) == (1, 3) and a.role == b.role == "neighbour"
     with pytest.raises(ConfigError, match="neighbour"):
-        rxe.endpoints(FabricPlan(2, 2, 2, 0))
+        rxe_endpoints(FabricPlan(2, 2, 2, 0))
 
 
 def test_traffic_rxe_adds_a_neighbour_per_leaf():
@@ -58,7 +59,7 @@ def test_traffic_class_is_the_dscp_with_ect0():
 
 
 def test_root_changes_route_each_way_and_move_the_local_table_last():
-    a, b = rxe.endpoints(FabricPlan(1, 2, 1, 1))
+    a, b = rxe_endpoints(FabricPlan(1, 2, 1, 1))
     steps = rxe.root_changes(a, b, 4110)
     commands = [c for c, _ in steps]
     assert commands[-2:] == ["ip rule add pref 99 lookup local", "ip rule del pref 0 lookup local"]

@@ -8,7 +8,7 @@ import pytest
 
 from testbed.base.errors import FabricError
 from testbed.fabric import servers
-from testbed.fabric.placement import LOCAL, remote_servers
+from testbed.plan.placement import LOCAL, remote_servers
 
 
 class FakeWorkspace:

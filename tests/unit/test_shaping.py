@@ -5,7 +5,8 @@ from controllers.enterprise import EnterprisePolicy
 from testbed.scenario.config import TopologyConfig
 from testbed.fabric.network import egress_shapes
 from testbed.base.errors import ConfigError
-from testbed.fabric.shaping import Shape, gate_params, marking_method, red_qdisc, tc_commands
+from testbed.fabric.shaping import Shape, gate_params, red_qdisc, tc_commands
+from testbed.plan.marking import marking_method
 from testbed.base.topology import FabricPlan
 
 ONE = (TrafficClass("all", 0, 0, (), 64000),)

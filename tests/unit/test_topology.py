@@ -108,7 +108,7 @@ def test_servers_that_do_not_fit_the_leaves_are_refused(kw, match):
 
 
 def test_a_cluster_placement_that_splits_a_server_is_refused():
-    from testbed.fabric.placement import place
+    from testbed.plan.placement import place
     plan = FabricPlan(2, 4, 2, gpus_per_server=4, layout="rail-optimized")
     with pytest.raises(ConfigError, match="scale-up domain"):
         place(plan, ["localhost", "b"])

@@ -1,15 +1,15 @@
-"""Checks across keys that ``runner.validate`` makes before anything starts."""
+"""Checks across keys that ``testbed.plan.checks`` makes before anything starts."""
 import os
 
 import pytest
 
 from testbed.scenario.config import Scenario
 from testbed.base.errors import ConfigError
-from testbed.run.runner import validate
+from testbed.plan.checks import check_scenario
 
 
 def _check(**changes):
-    return validate(Scenario.from_dict(changes))
+    return check_scenario(Scenario.from_dict(changes))
 
 
 def test_halving_doubling_needs_a_power_of_two_gpus():
@@ -44,10 +44,10 @@ def test_pcap_hosts_must_exist_and_default_to_every_gpu():
     with pytest.raises(ConfigError, match="measurement.pcap_hosts: no host named 'gpu99'"):
         _check(measurement={"pcap": True, "pcap_hosts": ["gpu99"]})
     scenario = Scenario.from_dict({"measurement": {"pcap": True}})
-    assert capture_hosts(validate(scenario), scenario.measurement) == [
+    assert capture_hosts(check_scenario(scenario), scenario.measurement) == [
         f"gpu{i}" for i in range(1, 9)]
     scenario = Scenario.from_dict({"measurement": {"pcap_hosts": ["gpu3"]}})
-    assert capture_hosts(validate(scenario), scenario.measurement) == ["gpu3"]
+    assert capture_hosts(check_scenario(scenario), scenario.measurement) == ["gpu3"]
 
 
 def test_a_refused_run_leaves_no_results_directory(tmp_path, monkeypatch):
@@ -80,20 +80,20 @@ def test_rxe_traffic_is_refused_where_it_cannot_run():
     one_leaf = Scenario.from_dict({"rxe": {"enabled": True}, "topology": {"leaves": 1,
                                                                           "gpus_per_leaf": 2}})
     with pytest.raises(ConfigError, match="at least 2 leaves"):
-        validate(one_leaf)
+        check_scenario(one_leaf)
     split = Scenario.from_dict({"rxe": {"enabled": True},
                                 "cluster": {"servers": ["localhost", "10.9.0.2"]}})
     with pytest.raises(ConfigError, match="one server only"):
-        validate(split)
+        check_scenario(split)
     apart = Scenario.from_dict({"rxe": {"enabled": True}, "policies": ["enterprise"],
                                 "policy_params": {"enterprise": {"tenants": [["nb1"]]}}})
     with pytest.raises(ConfigError, match="different tenants"):
-        validate(apart)
+        check_scenario(apart)
 
 
 def test_rxe_traffic_without_rdma_rxe_is_refused_before_anything_starts(tmp_path):
     from testbed.run import runner
-    from testbed.fabric.capabilities import Capabilities
+    from testbed.base.capabilities import Capabilities
     from testbed.base.errors import CapabilityError
 
     caps = Capabilities(root=True, qdiscs={}, ovs_running=True, ovs_version="3.1.0",
@@ -105,11 +105,30 @@ def test_rxe_traffic_without_rdma_rxe_is_refused_before_anything_starts(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_mechanism_this_machine_lacks_is_refused_before_anything_starts(tmp_path):
+    from testbed.run import runner
+    from testbed.base.capabilities import Capabilities
+    from testbed.base.topology import FabricPlan
+    from testbed.plan.checks import check_machine
+
+    caps = Capabilities(root=True, qdiscs={"red": False, "netem": False}, ovs_running=True,
+                        ovs_version="3.1.0", openvswitch_module=False, os_ken=True,
+                        mininet=True, tshark=True)
+    red = Scenario.from_dict({"policies": ["lossless"], "emulation": {"ecn_marking": "red"}})
+    with pytest.raises(ConfigError, match="ecn_marking: red is not possible here"):
+        check_machine(red, FabricPlan(2, 4, 2), caps)
+    check_machine(red.with_policies(["enterprise"]), FabricPlan(2, 4, 2), caps)  # no ECN class
+    netem = Scenario.from_dict({"emulation": {"path_delay": "netem"}})
+    with pytest.raises(ConfigError, match="path_delay: netem is not possible here"):
+        runner.run(netem, out_root=str(tmp_path), caps=caps)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_controller_marks_ecn_only_where_the_kernel_cannot():
     """Sampled marking: by the BPF program where it runs (no ip_ecn in the pipeline), by
     OpenFlow groups elsewhere; RED marks in the kernel whatever the program can do."""
-    from testbed.fabric.capabilities import Capabilities
-    from testbed.run.runplan import decide
+    from testbed.base.capabilities import Capabilities
+    from testbed.plan.policyrun import decide
     from testbed.base.topology import FabricPlan
 
     plan = FabricPlan(2, 4, 2)

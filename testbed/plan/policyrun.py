@@ -1,9 +1,9 @@
 """A policy's run, decided once (pure): ``decide`` builds the policy as it runs on this machine
 and settles everything the fabric, the switch-queue emulator, the agents, the controller and
 the results take from it - traffic classes, who marks ECN and how, link MTU, per-hop latency,
-congestion control and DCQCN's rate limiters, placement over servers, the collectives, the time
-scale. Each of them reads the frozen ``PolicyRun`` it is handed; none works these out again,
-and no policy is changed after it is built.
+congestion control and DCQCN's rate limiters, placement over servers, the collectives and the
+traffic beside them, the time scale. Each of them reads the frozen ``PolicyRun`` it is handed;
+none works these out again, and no policy is changed after it is built.
 """
 from __future__ import annotations
 
@@ -13,16 +13,17 @@ from typing import Dict, List, Optional, Tuple
 from controllers.classes import TrafficClass, class_of
 from controllers.policy import Policy, make_policy
 from traffic.contract import QpLimiter, WorkloadSpec
+from traffic.ratelimit import limiter_qdisc
 
-from ..base.errors import ConfigError
+from ..base.capabilities import Capabilities
 from ..base.frames import link_frame_bytes, link_mtu
 from ..base.hops import HopModel, PathDelay, hop_model, mechanism
-from ..base.topology import FabricPlan
-from ..fabric.capabilities import Capabilities
-from ..fabric.placement import LOCAL, place
-from ..fabric.shaping import limiter_qdisc, marking_method, marking_via
+from ..base.topology import FabricPlan, Host
 from ..job.plan import JobPlan, plan_job
 from ..scenario.config import Scenario
+from .background import BackgroundPlan, background_plan, rxe_endpoints
+from .marking import marking_method, marking_via
+from .placement import LOCAL, place
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class PolicyRun:
     qp_limiter: Optional[QpLimiter]  # DCQCN's per-QP rate limiters (None without DCQCN)
     placement: Optional[Dict[str, str]]  # node -> server of a split fabric (None: one server)
     workloads: Tuple[WorkloadSpec, ...]  # the collectives every GPU replays, one per size
+    background: BackgroundPlan  # who sends background traffic to whom
+    rxe_endpoints: Optional[Tuple[Host, Host]]  # the hosts real verbs traffic runs between
     job: Optional[JobPlan] = None  # the training job they replay instead, if the scenario has one
     label: str = ""  # what names its results: the policy's name or a variant's label
     repetition: int = 1  # which of the scenario's ``repeat`` runs of the policy this is
@@ -80,10 +83,6 @@ def decide(label: str, plan: FabricPlan, scenario: Scenario, caps: Capabilities)
     classes = tuple(policy.traffic_classes())
     cc = policy.congestion_control(scenario.transport.congestion_control)
     hops = hop_model(scenario, policy.params)
-    placement = cluster_placement(scenario, plan)
-    if placement and scenario.topology.lossy_links:
-        raise ConfigError("topology.lossy_links: a fabric split over servers cannot have "
-                          "lossy links yet; run it on one server")
     return PolicyRun(
         policy=policy, scenario=scenario, classes=classes, marking=marking, marking_via=via,
         link_mtu=link_mtu(scenario.workload.mtu), hops=hops,
@@ -92,7 +91,9 @@ def decide(label: str, plan: FabricPlan, scenario: Scenario, caps: Capabilities)
         rto_us=policy.rto_us(scenario.transport.rto_us, roce_class(policy, classes).buffer_bytes,
                              scenario.slowest_link_gbit),
         qp_limiter=qp_limiter(scenario, policy, classes) if cc == "dcqcn" else None,
-        placement=placement, workloads=workload_specs(scenario, plan),
+        placement=cluster_placement(scenario, plan), workloads=workload_specs(scenario, plan),
+        background=background_plan(plan, scenario),
+        rxe_endpoints=rxe_endpoints(plan) if scenario.rxe.enabled else None,
         job=plan_job(scenario), label=label)
 
 
