@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 from .. import PROJECT_ROOT
 from ..base.schema import default_of
@@ -95,17 +95,15 @@ def markdown() -> str:
            "`policy_params` are for a 100 Gbit/s modelled fabric and scale with "
            "`topology.modelled_rate_gbit` (not with the emulated rate: a byte is a byte at "
            "every time scale).", ""]
-    section = None
+    sections: Dict[str, List[Key]] = {}  # each section once, where its first key is declared
     for k in list(keys()) + list(keys(VariantConfig, "variants.<label>.")) + list(policy_keys()):
-        top = k.path.rsplit(".", 1)[0] if "." in k.path else "(top level)"
-        if top != section:
-            section = top
-            out += ["", f"## `{section}`" if section != "(top level)" else "## top level", ""]
-            if k.section:
-                out += [k.section, ""]
-            out += ["| key | default | unit | allowed | meaning |", "|---|---|---|---|---|"]
-        out.append(f"| `{k.path.rsplit('.', 1)[-1]}` | `{_value(k.default)}` | {k.unit} | "
-                   f"{k.allowed} | {k.doc} |")
+        sections.setdefault(k.path.rsplit(".", 1)[0] if "." in k.path else "", []).append(k)
+    for section, members in sections.items():
+        out += ["", f"## `{section}`" if section else "## top level", ""]
+        out += [k.section for k in members[:1] if k.section] + [""] * bool(members[0].section)
+        out += ["| key | default | unit | allowed | meaning |", "|---|---|---|---|---|"]
+        out += [f"| `{k.path.rsplit('.', 1)[-1]}` | `{_value(k.default)}` | {k.unit} | "
+                f"{k.allowed} | {k.doc} |" for k in members]
     return "\n".join(out) + "\n"
 
 
