@@ -2,7 +2,8 @@
 
 ``python -m testbed.switchq.emulator CONFIG.json`` runs beside a fabric. Every sample interval it
 reads the backlog of every traffic-class buffer of every switch port (one netlink dump,
-``testbed.base.netlink.QdiscSampler``) and acts as the policy's classes ask:
+``testbed.base.netlink.QdiscSampler``) and acts as the policy's classes ask - decided by the
+pure core in ``testbed.switchq.decide``, applied here:
 
 * ECN: a class with an ``EcnRule`` marks while its rule says so (step: above K; RED-like:
   with probability p(q), drawn once per sample). A change is one map update of the marking
@@ -10,7 +11,7 @@ reads the backlog of every traffic-class buffer of every switch port (one netlin
   leaving that port; where the kernel cannot run it, the change goes to the controller,
   which switches the port's OpenFlow marking group.
 * PFC: a class with a ``PfcRule`` pauses the queues that feed its switch above XOFF and
-  resumes them below XON (``controllers.pfc``); with a ``CreditRule`` (InfiniBand's credits)
+  resumes them below XON (``testbed.switchq.pfc``); with a ``CreditRule`` (InfiniBand's credits)
   they wait while it has less room than they can still send, through the same gates. Each
   such class is a lane with state of its own: a held data lane never holds the CNP lane. A
   pause closes the fed queue's gate of that class (a tbf, see ``testbed.fabric.shaping``)
@@ -30,9 +31,10 @@ recording: ``testbed.switchq.record``).
 Prints ``ready <interval us> <acting classes, comma-separated, or ->`` when set up; SIGTERM
 stops it, resumes anything paused and writes the report.
 
-Why one module over 400 lines: one sample decides ECN, PFC and adaptive routing's load from one
-pass over the queues, with the set-up each needs; what it tells others and what it records live
-beside it (``switchq_messages``, ``switchq_record``).
+Why one module over 400 lines: one sample reads the queues and applies what the core decided
+for ECN, PFC and adaptive routing's load, with the set-up each needs (the kernel programs, the
+prebuilt pause messages); what it tells others and what it records live beside it
+(``messages``, ``record``).
 """
 from __future__ import annotations
 
@@ -47,7 +49,6 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from controllers.classes import TrafficClass, class_dscps
-from controllers.pfc import PfcState, Queue
 
 from ..base.atomic import write_json_atomic
 from ..base.errors import FabricError
@@ -61,7 +62,9 @@ from ..fabric.bpfmark import Marker
 from ..fabric.bpfqueue import QueueCounters
 from ..fabric.shaping import KICK_ETHERTYPE, gate_handle, gate_params, gate_parent
 from .contract import EmulatorConfig
+from .decide import QUIET_SPACING, SwitchQueues, low_water, roles
 from .messages import Outbox, PfcRelay
+from .pfc import PfcState, Queue
 from .record import SampleCost, Timeline, peaks, spread
 
 
@@ -70,8 +73,6 @@ QUEUE_GONE = QueueStats(0, 0, 0, 0)
 # default 40 Mbit/s); where nothing acts on samples, also the sampling interval.
 TIMELINE_FRAMES = 12
 FULL_SAMPLE_FRAMES = 24  # every class's backlog, between the acting classes' samples
-LOAD_EVERY_NS = 5_000_000  # adaptive routing needs the trend, not every sample
-QUIET_SPACING = 2  # intervals between samples while every queue is far from a threshold
 PAUSE, RESUME = 1, 2  # what happens to a queue: the index of its message in ``pause_msgs``
 # Broadcast, from a MAC no GPU has, local experimental EtherType: dropped by every policy.
 KICK_FRAME = (b"\xff" * 6 + bytes.fromhex("020000000000") + KICK_ETHERTYPE.to_bytes(2, "big")
@@ -85,7 +86,6 @@ class Emulator:
         self.classes: Tuple[TrafficClass, ...] = cfg.classes
         self.interval_ns = int(cfg.interval_us * 1000)
         self.frame = link_frame_bytes(cfg.mtu)
-        self.rng = random.Random(cfg.seed)
         # Every switch egress port: interface -> (switch, dpid, OpenFlow port).
         self.ports: Dict[str, Tuple[str, int, int]] = {}
         for link in self.plan.links:
@@ -95,24 +95,13 @@ class Emulator:
                                                     or node in cfg.nodes):
                     dpid = next(s.dpid for s in self.plan.switches if s.name == node)
                     self.ports[intf] = (node, dpid, port)  # on this server (split fabrics)
-        self.ecn_class = next((c for c in self.classes if c.ecn), None)
-        # the lossless classes (lanes), each with flow control of its own; the data lane is
-        # the one that also marks (RoCE's): its figures are the run's PFC / credit figures
-        self.lanes = tuple(c for c in self.classes if c.flow_control)
-        self.data_lane = next((c for c in self.lanes if c.ecn),
-                              self.lanes[0] if self.lanes else None)
-        self.load_class = self.data_lane or self.ecn_class or self.classes[0]
-        # the class this emulator marks; none where the kernel's RED marks (testbed.fabric.shaping)
-        self.marks = self.ecn_class if cfg.ecn_marking == "sampled" else None
         self.watch: Optional[Dict[int, List[int]]] = (
             {d: list(ports) for d, ports in cfg.watch.items()} if cfg.watch else None)
         # The classes a sample acts on (marking, PFC, adaptive routing's load): sampled every
         # interval; every class, for the timeline and the largest backlogs, every window.
         # Where nothing acts, only the window's samples are taken.
-        acting = {c.minor: c for c in (self.marks,) + self.lanes if c}
-        if self.watch:
-            acting[self.load_class.minor] = self.load_class
-        self.acting = tuple(acting.values())
+        self.roles = roles(self.classes, cfg.ecn_marking, bool(self.watch))
+        self.marks, self.lanes, self.acting = self.roles.marks, self.roles.lanes, self.roles.acting
         frame_ns = self.frame * 8e9 / (cfg.host_rate_mbit * 1e6)
         self.window_ns = int(TIMELINE_FRAMES * frame_ns)
         self.tick_ns = self.interval_ns if self.acting else self.window_ns
@@ -137,24 +126,18 @@ class Emulator:
         self.last_drops: Dict[str, int] = {}
         self.counter_errors: List[int] = []  # counted - true, per port and full sample
         self.via = cfg.marking_via
-        self.marking: Dict[str, bool] = {}
-        self.marking_since: Dict[str, int] = {}
-        self.marking_ns: Dict[str, int] = {}
-        self.toggles: Dict[str, int] = {}
-        self.held = {c.minor: PfcState(self.plan, c.flow_control) for c in self.lanes}
-        self.pfc = self.held[self.data_lane.minor] if self.lanes else None  # the data lane's
-        self.queue_of = {intf: Queue(node, intf) for intf, (node, _d, _p) in self.ports.items()}
-        self.queues = [self.queue_of[intf] for intf in self.port_order]
+        # what the switches decide from each sample (pure), with its state over the run
+        self.core = SwitchQueues(
+            self.plan, self.roles, self.ports, tuple(self.port_order), self.watch, self.frame,
+            low_water(self.roles, self.ports, cfg.host_rate_mbit, cfg.fabric_rate_mbit,
+                      cfg.switch_rate_headroom, self.interval_ns), random.Random(cfg.seed))
         # (lane's minor, fed queue) -> (socket, [PAUSE] message, [RESUME] message)
         self.pause_msgs: Dict[Tuple[int, Queue], Tuple[socket.socket, bytes, bytes]] = {}
         self.kick_socks: Dict[Queue, socket.socket] = {}
         self.host_socks: Dict[str, tuple] = {}  # GPU -> ((netlink socket, its indexes), kick)
         self.root_sock: Optional[tuple] = None  # (netlink socket, indexes) of this namespace
         self.root_kick: Optional[socket.socket] = None
-        self.last_load: Dict[int, Dict[int, int]] = {}
-        self.last_load_ns = 0
         self.quiet = False  # the last sample found every acting queue far below its thresholds
-        self.low_water = self._low_water(cfg)
         self.max_backlog: Dict[Tuple[str, int], int] = {}  # (interface, qdisc handle)
         self.counters = {"samples": 0, "late": 0, "ecn_events": 0, "load_events": 0,
                          "pauses_sent": 0, "resumes_sent": 0, "events_deferred": 0,
@@ -227,7 +210,7 @@ class Emulator:
             self.root_sock = (root, {name: idx for idx, name in socket.if_nameindex()})
             self.root_kick = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
             self.sockets += [root, self.root_kick]
-        state = self.held[lane.minor]
+        state = self.core.held[lane.minor]
         if self.relay:  # every queue of this server that feeds any switch of the fabric
             every = [Queue(n, i) for link in self.plan.links
                      for n, i in ((link.node1, link.intf1), (link.node2, link.intf2))
@@ -256,24 +239,6 @@ class Emulator:
                     for g in (gate_params(rate, mtu, buffer, paused=True),
                               gate_params(rate, mtu, buffer, paused=False))]
             self.pause_msgs[(lane.minor, q)] = (sock, msgs[0], msgs[1])  # [PAUSE], [RESUME]
-
-    def _low_water(self, cfg: EmulatorConfig) -> int:
-        """The backlog below which an acting queue cannot cross its lowest threshold within
-        ``QUIET_SPACING`` + 1 intervals: at most every other port of the switch at line rate
-        (plus the switch headroom) fills it while it drains at its own rate."""
-        thresholds = [t for c in self.acting for t in
-                      ([c.ecn.kmin] if c.ecn and c is self.marks else [])
-                      + ([c.flow_control.threshold] if c in self.lanes else [])]
-        if not thresholds:
-            return -1  # nothing to cross: never quiet (the load is reported every sample)
-        ports: Dict[str, int] = {}
-        for node, _d, _p in self.ports.values():
-            ports[node] = ports.get(node, 0) + 1
-        fast = max(cfg.host_rate_mbit, cfg.fabric_rate_mbit) * (1 + cfg.switch_rate_headroom)
-        slow = min(cfg.host_rate_mbit, cfg.fabric_rate_mbit)
-        fill_bps = max(0.0, (max(ports.values()) - 1) * fast - slow) * 1e6
-        grow = fill_bps / 8 * self.interval_ns * (QUIET_SPACING + 1) / 1e9
-        return int(min(thresholds) - grow)
 
     def _rate(self, intf: str) -> float:
         for link in self.plan.links:
@@ -311,33 +276,32 @@ class Emulator:
             for key, b in zip(self.subset, values):
                 if b > top.get(key, 0):
                     top[key] = b
-        # quiet: every acting queue too far below its thresholds for marking or PFC to act
-        self.quiet = self._quiet(by_class)
-        if self.marks and not self.quiet:
-            self._ecn(by_class[self.marks.minor], now)
-        if not self.quiet:
-            for lane in self.lanes:
-                self._hold(lane.minor, by_class[lane.minor], now)
+        act = self.core.decide(by_class, now)
+        self.quiet = act.quiet
+        for intf, want in act.marks:
+            if self.marker:
+                self.marker.set(intf, want)
+            elif self.events:
+                _node, dpid, port = self.ports[intf]
+                self.events.ecn[(dpid, port)] = want
+        self.counters["ecn_events"] += len(act.marks)
+        for minor, pause, resume in act.holds:
+            self._apply(minor, pause, PAUSE)
+            self._apply(minor, resume, RESUME)
+            self.counters["pauses_sent"] += len(pause)
+            self.counters["resumes_sent"] += len(resume)
         if self.relay:  # pauses and resumes other servers decided for queues here
             for minor, q, action in self.relay.receive():
                 self._apply(minor, [q], action)
             self.relay.flush()
-        if self.watch and self.events:
-            self._load(by_class[self.load_class.minor], now)
+        if act.load is not None and self.events:
+            self.events.load = act.load
+            self.counters["load_events"] += 1
         if self.events:
             self.counters["events_deferred"] += not self.events.flush()
-        self.timeline.add(by_class[self.load_class.minor],
-                          (q.intf for q in self.pfc.paused_since) if self.pfc else (), now)
-
-    def _quiet(self, by_class) -> bool:
-        """Whether no acting queue can reach a threshold before the sample after next: each
-        is below its lowest threshold by more than it can grow in that time (every other
-        port of its switch sending into it at line rate), and nothing marks or is paused."""
-        if not self.acting or self.marking_since or any(
-                state.paused_since or state.congested for state in self.held.values()):
-            return False
-        low = self.low_water
-        return all(b <= low for c in self.acting for b in by_class[c.minor])
+        pfc = self.core.pfc
+        self.timeline.add(by_class[self.roles.load_class.minor],
+                          (q.intf for q in pfc.paused_since) if pfc else (), now)
 
     def _check_counters(self, stats, true: List[int]) -> None:
         """At a full sample: the kernel counters against the qdiscs' own backlogs. A queue
@@ -352,38 +316,6 @@ class Emulator:
                 self.bias[k] = counted[k] - true[k]
             error = counted[k] - self.bias[k] - true[k]
             self.counter_errors.append(error)
-
-    def _ecn(self, backlog: List[int], now: int) -> None:
-        rule = self.marks.ecn
-        low, marking = rule.kmin, self.marking
-        for intf, b in zip(self.port_order, backlog):
-            if b < low and not marking.get(intf):
-                continue  # below the lowest threshold and not marking: nothing to decide
-            p = rule.probability(b)
-            want = p >= 1.0 or (p > 0.0 and self.rng.random() < p)
-            if want == marking.get(intf, False):
-                continue
-            _node, dpid, port = self.ports[intf]
-            self.marking[intf] = want
-            self.toggles[intf] = self.toggles.get(intf, 0) + 1
-            if want:
-                self.marking_since[intf] = now
-            else:
-                self.marking_ns[intf] = (self.marking_ns.get(intf, 0) + now
-                                         - self.marking_since.pop(intf, now))
-            if self.marker:
-                self.marker.set(intf, want)
-            elif self.events:
-                self.events.ecn[(dpid, port)] = want
-            self.counters["ecn_events"] += 1
-
-    def _hold(self, minor: int, backlog: List[int], now: int) -> None:
-        """One lane's flow control: its queues' backlogs -> its feeders held or let go."""
-        pause, resume = self.held[minor].update(dict(zip(self.queues, backlog)), now)
-        self._apply(minor, pause, PAUSE)
-        self._apply(minor, resume, RESUME)
-        self.counters["pauses_sent"] += len(pause)
-        self.counters["resumes_sent"] += len(resume)
 
     def _apply(self, minor: int, queues: List[Queue], which: int) -> None:
         if self.relay:
@@ -401,22 +333,6 @@ class Emulator:
             for q in queues:
                 if q in self.kick_socks:
                     self.kick_socks[q].sendto(KICK_FRAME, (q.intf, 0))
-
-    def _load(self, values: List[int], now: int) -> None:
-        if now - self.last_load_ns < LOAD_EVERY_NS:
-            return
-        self.last_load_ns = now
-        backlog = dict(zip(self.port_order, values))
-        load = {dpid: {port: backlog[intf]
-                       for intf, (_n, d, port) in self.ports.items() if d == dpid and
-                       port in ports}
-                for dpid, ports in self.watch.items()}
-        changed = any(abs(b - self.last_load.get(d, {}).get(p, -10 * self.frame)) >= self.frame
-                      for d, ports in load.items() for p, b in ports.items())
-        if changed:
-            self.last_load = load
-            self.events.load = load
-            self.counters["load_events"] += 1
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self, stop) -> None:
@@ -447,13 +363,13 @@ class Emulator:
 
     def finish(self) -> dict:
         now = time.time_ns()
-        for minor, state in self.held.items():
+        core = self.core
+        for minor, state in core.held.items():
             self._apply(minor, list(state.paused_since), RESUME)  # leave nothing paused
-            state.finish(now)
-        for intf in list(self.marking_since):
-            self.marking_ns[intf] = self.marking_ns.get(intf, 0) + now - self.marking_since[intf]
-        held = self.pfc.report() if self.pfc else {}
-        credit = bool(self.pfc) and self.pfc.rule.kind == "credit"
+        core.finish(now)
+        lead = core.pfc  # the data lane's: the run's PFC or credit figures
+        held = lead.report() if lead else {}
+        credit = bool(lead) and lead.rule.kind == "credit"
         pfc, waits = ({}, held) if credit else (held, {})
         if self.relay:
             self.relay.flush()  # the resumes above, to the other servers
@@ -462,7 +378,7 @@ class Emulator:
             "interval_us": self.tick_ns / 1000,
             "acting_classes": [c.name for c in self.acting],
             "acting_backlog_from": self.counting,
-            "quiet_below_bytes": self.low_water,
+            "quiet_below_bytes": core.low_water,
             "quiet_samples_skipped": self.counters["quiet"],
             "counter_error_bytes": spread(self.counter_errors) if self.counters_bpf else None,
             "all_classes_every_us": self.full_ns / 1000,
@@ -471,24 +387,24 @@ class Emulator:
             "sample_ms": self.cost.report(self.tick_ns),
             "max_backlog": peaks(self.max_backlog,
                                  {c.minor << 16: c.name for c in self.classes}),
-            "ecn": {intf: {"toggles": self.toggles[intf],
-                           "marking_ms": round(self.marking_ns.get(intf, 0) / 1e6, 3)}
-                    for intf in sorted(self.toggles)},
+            "ecn": {intf: {"toggles": core.toggles[intf],
+                           "marking_ms": round(core.marking_ns.get(intf, 0) / 1e6, 3)}
+                    for intf in sorted(core.toggles)},
             "pfc": pfc,
             "pfc_pause_events": sum(v["events"] for v in pfc.values()),
             "pfc_paused_ms": round(sum(v["paused_ms"] for v in pfc.values()), 3),
             "credit": waits,
-            "credit_buffer_bytes": self.pfc.rule.buffer if credit else None,
+            "credit_buffer_bytes": lead.rule.buffer if credit else None,
             "credit_waits": sum(v["waits"] for v in waits.values()),
             "credit_wait_ms": round(sum(v["waited_ms"] for v in waits.values()), 3),
-            "lanes": {c.name: lane_report(c, self.held[c.minor]) for c in self.lanes},
+            "lanes": {c.name: lane_report(c, core.held[c.minor]) for c in self.lanes},
             # each switch hop's forwarding time: {bucket: packets}, BUCKET_NS wide (emulated)
             "forwarding_histogram": ({str(i): c for i, c in enumerate(self.clock.histogram())
                                       if c} if self.clock else None),
             "forwarding_note": self.clock_note or None,
             # for the fidelity monitor, which leaves a paused NIC's silence out of its pacing
-            "gpu_pauses_ns": (self.pfc.spans_of({g.name for g in self.plan.gpus})
-                              if self.pfc else {}),
+            "gpu_pauses_ns": (lead.spans_of({g.name for g in self.plan.gpus})
+                              if lead else {}),
         }
 
     def close(self) -> None:

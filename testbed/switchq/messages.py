@@ -8,10 +8,9 @@ import os
 import socket
 from typing import Dict, List, Optional, Tuple
 
-from controllers.pfc import Queue
-
 from ..base.errors import FabricError
 from .contract import EmulatorConfig
+from .pfc import Queue
 
 
 class Outbox:

@@ -1,5 +1,5 @@
 from controllers.classes import CreditRule, PfcRule
-from controllers.pfc import PfcState, Queue, feeders
+from testbed.switchq.pfc import PfcState, Queue, feeders
 from testbed.base.topology import FabricPlan
 
 PLAN = FabricPlan(2, 4, 2)

@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Set, Tuple, Union
 
-from testbed.base.topology import FabricPlan
+from controllers.classes import CreditRule, PfcRule
 
-from .classes import CreditRule, PfcRule
+from ..base.topology import FabricPlan
 
 
 class Queue(NamedTuple):
