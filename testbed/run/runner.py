@@ -26,10 +26,10 @@ from typing import Callable, List, Optional, Tuple
 
 from .. import __version__
 from ..base.atomic import write_json_atomic
+from ..base.capabilities import Capabilities
 from ..base.errors import TestbedError
 from ..base.ledger import Ledger
 from ..base.topology import FabricPlan
-from ..base.capabilities import Capabilities
 from ..fabric.bpfforward import summary_of as forwarding_summary
 from ..fabric.capabilities import detect
 from ..fabric.capture import PacketCapture
