@@ -108,13 +108,14 @@ def loop_run(gpus, size: int, iterations: int, rate_bps: float) -> dict:
         c0, u0, t0 = cpu_s(), user_s(), time.perf_counter()
         loop.run(time.time_ns())
         c1, u1, t1 = cpu_s(), user_s(), time.perf_counter()
-        for g in loop.gpus:
-            g.collect_stamps()
-        sent = sum(g.tx_key for g in loop.gpus)
-        received = sum(len(g.packets) + sum(q.req.counters["acks"] + q.req.counters["naks"]
-                                            for q in g.qps.values()) for g in loop.gpus)
+        nics = [g.nic for g in loop.gpus]
+        for nic in nics:
+            nic.collect_stamps()
+        sent = sum(nic.tx_key for nic in nics)
+        received = sum(len(nic.packets) + sum(q.req.counters["acks"] + q.req.counters["naks"]
+                                              for q in nic.qps.values()) for nic in nics)
         return {"frames_sent": sent, "frames_received": received,
-                "stamps": sum(len(g.tx_log) for g in loop.gpus),
+                "stamps": sum(len(nic.tx_log) for nic in nics),
                 "cpu_s": c1 - c0, "user_s": u1 - u0, "wall_s": t1 - t0, "wakes": loop.wakes,
                 "us_per_frame_handled": (c1 - c0) * 1e6 / (sent + received)}
     finally:

@@ -6,7 +6,7 @@
 Both send valid RoCEv2 RDMA WRITE frames with a per-packet PSN, send time and ICRC on one end
 of a veth pair, pinned to one CPU core, in the same run:
 
-* agent: ``traffic.gpu.Gpu.send_data`` with the RC requester in the loop - Scapy-built
+* agent: ``traffic.rnic.Rnic.send_data`` with the RC requester in the loop - Scapy-built
   templates patched in place, written to an AF_PACKET socket, transmit timestamps collected
   (the code path of a real run); once with a fixed UDP source port, once with a new one per
   packet (spraying);
@@ -69,9 +69,9 @@ def make_agent(mtu: int, entropy: str = "per-qp"):
                     straggler=None, seed=1, transport=transport,
                     link_rate_bps=10e9,  # an unshaped veth
                     out_dir="/nonexistent", netns_pid=os.getpid(), peers=(PEER,))
-    agent = Gpu(cfg, NoLoop())
-    agent.open()
-    return agent
+    gpu = Gpu(cfg, NoLoop())
+    gpu.open()
+    return gpu.nic
 
 
 def pump_sends(agent, size: int, tag) -> int:

@@ -343,7 +343,7 @@ static int set_long(PyObject *obj, PyObject *name, long long v) {
     return r;
 }
 
-/* The common case of a data packet, as traffic/agent.py's Gpu.receive and rc.Responder handle
+/* The common case of a data packet, as traffic/rnic.py's Rnic.receive and rc.Responder handle
  * it: the next PSN of a QP's message, not its last packet, no ACK due, no CE mark, a valid
  * probe. Delivered here (the responder's state advanced, the packet recorded); 1 if so, 0 if
  * the packet needs the full path, -1 on a Python error. */

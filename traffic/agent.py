@@ -3,9 +3,9 @@
 ``python -m traffic.agent CONFIG.json`` serves every GPU host the configuration lists (the
 runner starts one such process per CPU). Each GPU's sockets are opened inside its host's
 network namespace (``setns`` per socket), so one process can be many NICs; one ``epoll`` set
-waits on all of them and on one timer (``traffic.timers``). What a GPU does with its NIC and
-its iterations is ``traffic.gpu``; what it writes at the end, ``traffic.records``. This module
-is the loop that serves them and the process around it.
+waits on all of them and on one timer (``traffic.timers``). What a GPU does with its
+iterations is ``traffic.gpu``, with its NIC ``traffic.rnic``; what it writes at the end,
+``traffic.records``. This module is the loop that serves them and the process around it.
 
 Protocol with the runner on stdout/stdin: ``ready`` once every socket is bound;
 ``go <start_ns>``; ``iter <host> <i>`` after each iteration; ``finished <host>`` when a GPU's
@@ -32,8 +32,9 @@ from . import records
 from .collectives import Transfer
 from .contract import AgentConfig, GpuConfig, Job
 from .delayline import DelayLine
-from .gpu import Gpu, QueuePair
+from .gpu import Gpu
 from .progress import Phase
+from .rnic import QueuePair, Rnic
 from .timers import Sleeper, TimerHeap
 
 AGENT_NICE = -20
@@ -74,8 +75,8 @@ class Loop:
         self.frame_ns = min(int(full_frame_bytes(c.mtu) * 8e9 / c.link_rate_bps)
                             for c in configs)
         self.moderation_ns = int(MODERATION_SHARE * self.frame_ns)
-        self.by_fd: Dict[int, Gpu] = {}  # receive socket -> its GPU
-        self.nics: Dict[int, Gpu] = {}  # NIC socket -> its GPU
+        self.by_fd: Dict[int, Rnic] = {}  # receive socket -> its RNIC
+        self.nics: Dict[int, Rnic] = {}  # NIC socket -> its RNIC
         self.lines: List[str] = []
         self.finished = 0  # GPUs whose collectives are done
         self.wakes = 0
@@ -86,10 +87,11 @@ class Loop:
     def open(self) -> None:
         for gpu in self.gpus:
             gpu.open()
-            self.by_fd[gpu.rx.fileno()] = gpu
-            self.epoll.register(gpu.rx.fileno(), select.EPOLLIN)
-            self.nics[gpu.tx.fileno()] = gpu  # a transmit timestamp: one frame left
-            self.epoll.register(gpu.tx.fileno(), select.EPOLLET)
+            nic = gpu.nic
+            self.by_fd[nic.rx.fileno()] = nic
+            self.epoll.register(nic.rx.fileno(), select.EPOLLIN)
+            self.nics[nic.tx.fileno()] = nic  # a transmit timestamp: one frame left
+            self.epoll.register(nic.tx.fileno(), select.EPOLLET)
 
     def close(self) -> None:
         for gpu in self.gpus:
@@ -108,7 +110,7 @@ class Loop:
         self.heap.push(when, ScaleUpArrival(sender, self.gpu_of_rank[t.dst], t, it))
 
     def rearm(self, qp: QueuePair, now: int) -> None:
-        when = qp.next_timer_ns(qp.gpu.nic_blocked)
+        when = qp.next_timer_ns(qp.nic.nic_blocked)
         if when is not None and (qp.armed is None or when < qp.armed):
             when = max(when, now)  # due already: the loop learns of it only now
             qp.armed = when
@@ -121,18 +123,18 @@ class Loop:
             held.armed = when
             self.heap.push(when, held)
 
-    def wait_for_nic(self, gpu: Gpu) -> None:
-        """Wake ``gpu`` when its NIC has room. Each transmit timestamp on the socket's error
-        queue (reported by epoll, edge-triggered) says a frame left; only after the kernel
-        refused a frame does the loop also wait for EPOLLOUT."""
-        if gpu.kernel_full and not gpu.armed:
-            gpu.armed = True
-            self.epoll.modify(gpu.tx.fileno(), select.EPOLLET | select.EPOLLOUT)
+    def wait_for_nic(self, nic: Rnic) -> None:
+        """Wake ``nic``'s GPU when the NIC has room. Each transmit timestamp on the socket's
+        error queue (reported by epoll, edge-triggered) says a frame left; only after the
+        kernel refused a frame does the loop also wait for EPOLLOUT."""
+        if nic.kernel_full and not nic.armed:
+            nic.armed = True
+            self.epoll.modify(nic.tx.fileno(), select.EPOLLET | select.EPOLLOUT)
 
-    def unblock(self, gpu: Gpu) -> None:
-        if gpu.armed:
-            self.epoll.modify(gpu.tx.fileno(), select.EPOLLET)
-        gpu.nic_blocked = gpu.kernel_full = gpu.armed = False
+    def unblock(self, nic: Rnic) -> None:
+        if nic.armed:
+            self.epoll.modify(nic.tx.fileno(), select.EPOLLET)
+        nic.nic_blocked = nic.kernel_full = nic.armed = False
 
     def say(self, line: str) -> None:
         self.lines.append(line)
@@ -170,15 +172,15 @@ class Loop:
             touched: set = set()
             self.run_timers(touched)  # they are due now: packets wait, their times are kept
             for fd, _ev in events:
-                gpu = by_fd.get(fd)
-                if gpu is not None:
-                    gpu.receive()
-                    touched.add(gpu)
-                elif fd in nics:  # its NIC took a frame out: room again
-                    gpu = nics[fd]
-                    self.unblock(gpu)
-                    gpu.collect_stamps()
-                    touched.add(gpu)
+                nic = by_fd.get(fd)
+                if nic is not None:
+                    nic.receive()
+                    touched.add(nic.host)
+                elif fd in nics:  # the NIC took a frame out: room again
+                    nic = nics[fd]
+                    self.unblock(nic)
+                    nic.collect_stamps()
+                    touched.add(nic.host)
                 elif fd == self.commands:
                     self._read_commands()
                 if heap.next_ns() <= time.time_ns():
@@ -212,15 +214,17 @@ class Loop:
                 if what.armed != when:
                     continue  # superseded by an earlier deadline
                 what.armed = None
-                gpu = what.gpu
-                gpu.qp_timers(what, now, when)
+                nic = what.nic
+                nic.qp_timers(what, now, when)
+                gpu = nic.host
             elif isinstance(what, DelayLine):
                 if what.armed != when:
                     continue  # superseded by an earlier release
                 what.armed = None
-                gpu = what.owner
+                nic = what.owner
+                gpu = nic.host
                 gpu.late("delay", now - when)
-                gpu.release(now)
+                nic.release(now)
             elif isinstance(what, ScaleUpArrival):
                 what.receiver.late("scale-up", now - when)
                 what.receiver.scale_up_arrived(what.transfer, what.iteration, when)
@@ -230,9 +234,9 @@ class Loop:
             elif what is None:
                 for g in self.gpus:
                     g.check_stuck(now)
-                    g.reconcile_stamps()
-                    if g.limiters is not None:
-                        g.limiters.check()  # a rate change the kernel refused fails the run
+                    g.nic.reconcile_stamps()
+                    if g.nic.limiters is not None:
+                        g.nic.limiters.check()  # a rate change the kernel refused fails the run
                     touched.add(g)
                 heap.push(now + HOUSEKEEPING_NS, None)
                 continue

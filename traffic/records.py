@@ -14,6 +14,7 @@ from . import ratelimit
 
 if TYPE_CHECKING:
     from .gpu import Gpu
+    from .rnic import Rnic
 
 # sent_ns: the sender's clock when it handed the packet to its NIC (carried in the packet);
 # the kernel transmit time is in the sender's tx file, joined on (src, sent_ns). The tx file
@@ -35,9 +36,11 @@ SPAN_FIELDS = ("rank", "iteration", "op", "name", "kind", "stream", "comm_kind",
 
 
 def counters(gpu: Gpu) -> dict:
-    """The GPU's counters, its QPs' summed up."""
-    c = dict(gpu.counters)
-    for qp in gpu.qps.values():
+    """The GPU's counters and its RNIC's, its QPs' summed up."""
+    nic = gpu.nic
+    c = dict(nic.counters)
+    c.update(gpu.counters)
+    for qp in nic.qps.values():
         for k, v in qp.req.counters.items():
             c[f"req_{k}"] = c.get(f"req_{k}", 0) + v
         for k, v in qp.resp.counters.items():
@@ -49,18 +52,18 @@ def counters(gpu: Gpu) -> dict:
     c["naks_received"] = c.get("req_naks", 0)
     c["timeouts"] = c.get("req_timeouts", 0)
     c["naks_sent"] = c.get("resp_naks_sent", 0)
-    c["tx_bytes"] = sum(qp.bytes_sent for qp in gpu.qps.values())
-    if gpu.limiters is not None:
-        c["limiter_changes"] = gpu.limiters.changes
-        c["limiter_change_us"] = round(gpu.limiters.change_ns / 1000)
-        c["limiter_change_us_max"] = round(gpu.limiters.change_ns_max / 1000)
+    c["tx_bytes"] = sum(qp.bytes_sent for qp in nic.qps.values())
+    if nic.limiters is not None:
+        c["limiter_changes"] = nic.limiters.changes
+        c["limiter_change_us"] = round(nic.limiters.change_ns / 1000)
+        c["limiter_change_us_max"] = round(nic.limiters.change_ns_max / 1000)
     return c
 
 
-def frames_to(gpu: Gpu) -> Dict[str, List[int]]:
+def frames_to(nic: Rnic) -> Dict[str, List[int]]:
     """Per peer rank: [data frames, their bytes, control frames, their bytes] sent."""
     out: Dict[str, List[int]] = {}
-    for qp in gpu.qps.values():
+    for qp in nic.qps.values():
         r = qp.req.counters
         row = out.setdefault(str(qp.peer), [0, 0, 0, 0])
         row[0] += r["tx_packets"] + r["retransmitted"]
@@ -70,35 +73,36 @@ def frames_to(gpu: Gpu) -> Dict[str, List[int]]:
     return {k: v for k, v in out.items() if any(v)}
 
 
-def limiter_ready_times(gpu: Gpu) -> Dict[int, int]:
+def limiter_ready_times(nic: Rnic) -> Dict[int, int]:
     """sent ns -> when its QP's limiter let it go, for the frames a limiter held (the tx
     file's ready_ns: when they reached the NIC's shaper)."""
-    if gpu.limiters is None:
+    if nic.limiters is None:
         return {}
-    left = {row[0]: (row[1], row[2]) for row in gpu.tx_log if row[3] == "d"}
+    left = {row[0]: (row[1], row[2]) for row in nic.tx_log if row[3] == "d"}
     out: Dict[int, int] = {}
-    for qp in gpu.qps.values():
+    for qp in nic.qps.values():
         frames = [(s, *left[s]) for s in qp.sent_log if s in left]
-        out.update(ratelimit.ready_times(frames, qp.limit_log, gpu.limiters.open_bps))
+        out.update(ratelimit.ready_times(frames, qp.limit_log, nic.limiters.open_bps))
     return out
 
 
 def write(gpu: Gpu, out_dir: str) -> None:
-    """Every record file of ``gpu`` into ``out_dir``."""
-    gpu.collect_stamps()
-    if gpu.limiters is not None:
-        gpu.limiters.check()
+    """Every record file of ``gpu`` and its RNIC into ``out_dir``."""
+    nic = gpu.nic
+    nic.collect_stamps()
+    if nic.limiters is not None:
+        nic.limiters.check()
     base = os.path.join(out_dir, gpu.host)
-    write_csv(base + ".packets.csv", PACKET_FIELDS, gpu.packets)
+    write_csv(base + ".packets.csv", PACKET_FIELDS, nic.packets)
     write_csv(base + ".ops.csv", OP_FIELDS, gpu.progress.op_rows(gpu.iteration_rows))
     write_csv(base + ".iterations.csv", ITERATION_FIELDS, gpu.iteration_rows)
     write_csv(base + ".spans.csv", SPAN_FIELDS, gpu.progress.span_rows(gpu.iteration_rows))
-    write_csv(base + ".events.csv", EVENT_FIELDS, gpu.events)
-    ready = limiter_ready_times(gpu)
+    write_csv(base + ".events.csv", EVENT_FIELDS, nic.events)
+    ready = limiter_ready_times(nic)
     write_csv(base + ".tx.csv", TX_FIELDS,
-              (row + (ready.get(row[0], ""),) for row in gpu.tx_log))
+              (row + (ready.get(row[0], ""),) for row in nic.tx_log))
     rows = []
-    for qp in gpu.qps.values():
+    for qp in nic.qps.values():
         if qp.rp is None:
             continue
         for t, rate in qp.rp.history:
@@ -108,11 +112,11 @@ def write(gpu: Gpu, out_dir: str) -> None:
     rows.sort(key=lambda r: (r[0], r[2]))
     write_csv(base + ".qps.csv", QP_FIELDS, rows)
     summary = {"rank": gpu.rank, "host": gpu.host, "counters": counters(gpu),
-               "rx_packets": len(gpu.packets), "loop_lag": gpu.lag.to_dict(),
+               "rx_packets": len(nic.packets), "loop_lag": gpu.lag.to_dict(),
                "loop_lag_by_timer": {k: h.to_dict() for k, h in gpu.lag_by.items()},
                "first_start_lag_us": round(gpu.first_start_lag_ns / 1000.0, 3),
                "scheduling": gpu.loop.scheduling,
-               "frames_to": frames_to(gpu)}
+               "frames_to": frames_to(nic)}
     with atomic_file(base + ".summary.json", sync=False) as f:
         json.dump(summary, f)
 

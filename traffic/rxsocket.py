@@ -63,7 +63,7 @@ SO_EE_ORIGIN_TIMESTAMPING = 4
 
 def open_tx(intf: str, sndbuf: int = 1 << 20) -> socket.socket:
     """A non-blocking AF_PACKET socket on ``intf`` that reports each frame's kernel transmit
-    time; the GPU's NIC path keeps its queue short (``traffic.gpu``)."""
+    time; the GPU's NIC path keeps its queue short (``traffic.rnic``)."""
     tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)  # protocol 0: send only
     tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
     tx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)  # for the timestamps

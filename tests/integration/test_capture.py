@@ -11,7 +11,7 @@ from scapy.utils import rdpcap
 from testbed.api import run_scenario
 from tests.unit.test_tshark import tshark_fields
 from traffic import roce
-from traffic.gpu import qp_number
+from traffic.rnic import qp_number
 from traffic.collectives import build
 from .live import DEFAULT
 

@@ -13,7 +13,7 @@ import pytest
 from testbed.plan.checks import check_scenario
 from testbed.run import runner
 from testbed.run.agent_processes import AgentGroup, finish_timeout_s
-from traffic.gpu import qp_number
+from traffic.rnic import qp_number
 
 from .live import DEFAULT, fabric_session
 from .test_transport import delivered_bytes, expected_bytes

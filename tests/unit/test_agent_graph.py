@@ -105,7 +105,7 @@ def test_transfers_are_split_over_the_qps_to_a_peer():
     a = _agent(rank=0, n=2, qps=3, size=6000)
     a.go(0)
     a.compute_done(0, 0)  # the compute phase (0 ns) ended: the collective starts
-    sizes = [m.size for i in range(3) for m in a.qp(1, i).req.messages]
+    sizes = [m.size for i in range(3) for m in a.nic.qp(1, i).req.messages]
     assert sum(sizes) == a.workloads[0].sends[0].nbytes and len(sizes) == 3
     assert a.progress.parts(2) == [2]  # fewer bytes than QPs: one message
 
@@ -189,16 +189,17 @@ def test_without_a_compute_phase_the_next_iteration_is_sent_in_the_same_service(
     """The loop serves a GPU only after its events: the transfers an iteration's end posts
     must go out in that service, not wait for a timer (171 ms once, an RTO)."""
     agent = _agent(rank=0, n=2)
+    nic = agent.nic
     agent.loop.rearm = lambda qp, now: None
-    agent.loop.wait_for_nic = lambda gpu: None
+    agent.loop.wait_for_nic = lambda nic: None
     sent = []
-    monkeypatch.setattr(agent, "send_data", lambda: sent.append((agent.it, len(agent.active))))
+    monkeypatch.setattr(nic, "send_data", lambda: sent.append((agent.it, len(nic.active))))
     agent.go(0)
     agent.compute_done(0, 1)  # iteration 0's compute phase (none, due at the start) ends
     monkeypatch.setattr(agent.progress, "complete", lambda it: it == 0)
-    for qp in agent.active:  # iteration 0 sent and acknowledged: no QP has more to send
+    for qp in nic.active:  # iteration 0 sent and acknowledged: no QP has more to send
         qp.queued = False
-    agent.active.clear()
+    nic.active.clear()
     agent.service(2)
     assert agent.it == 1 and sent and sent[-1][0] == 1 and sent[-1][1] > 0, sent
 
@@ -253,17 +254,18 @@ def test_a_nic_with_room_for_one_frame_at_a_time_serves_its_qps_in_turn(monkeypa
     agent = _agent(rank=0, n=4, collective="all_to_all", size=4 * 64 * 1024)
     agent.go(0)
     agent.compute_done(0, 0)
-    assert len(agent.active) == 3
+    nic = agent.nic
+    assert len(nic.active) == 3
     room = [0]
-    agent.sender = type("Sender", (), {"send": lambda self, *a: 1024})()
-    agent.stamped = -10  # the NIC always holds frames: every send asks whether it has room
-    monkeypatch.setattr(agent, "nic_full", lambda: room[0] == 0 or room.__setitem__(0, 0))
-    qps, served = list(agent.active), []
+    nic.sender = type("Sender", (), {"send": lambda self, *a: 1024})()
+    nic.stamped = -10  # the NIC always holds frames: every send asks whether it has room
+    monkeypatch.setattr(nic, "nic_full", lambda: room[0] == 0 or room.__setitem__(0, 0))
+    qps, served = list(nic.active), []
     for _ in range(6):
         before = [qp.bytes_sent for qp in qps]
         room[0] = 1  # one frame left the NIC
-        agent.send_data()
-        agent.nic_blocked = False
+        nic.send_data()
+        nic.nic_blocked = False
         served += [qp.peer for qp, b in zip(qps, before) if qp.bytes_sent > b]
     assert served == [1, 2, 3, 1, 2, 3]
 
@@ -275,31 +277,33 @@ def test_a_qp_idle_longer_than_the_flowlet_gap_sends_on_with_a_new_source_port(m
     import struct
 
     import traffic.gpu as gpu_module
+    import traffic.rnic as rnic_module
     from traffic.roce import SPORT_OFFSET
 
     clock = [0]
-    monkeypatch.setattr(gpu_module, "time", type("Clock", (), {
-        "time_ns": staticmethod(lambda: clock[0])}))
+    for module in (gpu_module, rnic_module):
+        monkeypatch.setattr(module, "time", type("Clock", (), {
+            "time_ns": staticmethod(lambda: clock[0])}))
 
     def sports(gap_ns, at_ns):
         agent = _agent(rank=0, n=2, collective="all_to_all", size=8 * 1024,
                        flowlet_gap_ns=gap_ns)
         agent.go(0)
         agent.compute_done(0, 0)
-        sent, room = [], [0]
+        sent, room, nic = [], [0], agent.nic
 
         def send(tpl, *a, **kw):
             sent.append(struct.unpack_from("!H", tpl.buf, SPORT_OFFSET)[0])
             return 1024
-        agent.sender = type("Sender", (), {"send": lambda self, *a, **kw: send(*a, **kw)})()
-        agent.stamped = -10  # the NIC takes one frame per call
-        monkeypatch.setattr(agent, "nic_full",
+        nic.sender = type("Sender", (), {"send": lambda self, *a, **kw: send(*a, **kw)})()
+        nic.stamped = -10  # the NIC takes one frame per call
+        monkeypatch.setattr(nic, "nic_full",
                             lambda: room[0] == 0 or room.__setitem__(0, 0))
         for t in at_ns:
             clock[0], room[0] = t, 1
-            agent.send_data()
-            agent.nic_blocked = False
-        return sent, agent.counters["flowlets"]
+            nic.send_data()
+            nic.nic_blocked = False
+        return sent, nic.counters["flowlets"]
 
     at = [0, 500_000, 2_000_000, 2_100_000]  # a 1.5 ms silence before the third frame
     ports, flowlets = sports(1_000_000, at)

@@ -8,7 +8,7 @@ from testbed.run.agent_processes import expected_duration_s, finish_timeout_s
 from testbed.run.agent_processes import transport_config as typed_transport_config
 from testbed.scenario.config import Scenario
 from testbed.base.topology import FabricPlan
-from traffic.gpu import qp_number
+from traffic.rnic import qp_number
 
 from .decided import decided
 

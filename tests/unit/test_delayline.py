@@ -39,9 +39,9 @@ def test_an_unknown_sender_gets_only_the_transmission_and_a_missing_stamp_counts
 
 
 def test_the_agent_acts_on_a_held_frame_only_at_its_release(monkeypatch):
-    """A GPU with a delay line: a frame read now is delivered to the transport at its release
-    time, with that time as its arrival, and the loop is woken for it."""
-    from traffic import gpu as G
+    """An RNIC with a delay line: a frame read now is delivered to the transport at its
+    release time, with that time as its arrival, and the loop is woken for it."""
+    from traffic import rnic as G
 
     delivered, armed = [], []
 
@@ -61,7 +61,7 @@ def test_the_agent_acts_on_a_held_frame_only_at_its_release(monkeypatch):
         def arm_release(self, held):
             armed.append(held.next_ns())
 
-    g = G.Gpu.__new__(G.Gpu)
+    g = G.Rnic.__new__(G.Rnic)
     g.held = DelayLine({A: 10_000}, rate_bps=8e9, owner=g)
     g.receiver, g.loop, g.fast, g.counters = Receiver([dgram(1_000, A, 100)]), Loop(), None, {}
     g.on_datagram = lambda *d: delivered.append(d)

@@ -14,7 +14,8 @@ from dataclasses import replace
 import pytest
 
 from traffic import nicio, roce
-from traffic.gpu import Gpu, qp_number
+from traffic.gpu import Gpu
+from traffic.rnic import qp_number
 from traffic.contract import Compute, GpuConfig, Peer, WorkloadSpec
 from traffic.rxsocket import open_rx
 
@@ -111,16 +112,16 @@ def test_fill_send_writes_the_frame_the_template_fills():
 
 
 def _gpu(reorder_ns: int = 0):
-    """A GPU (rank 0 of 2) whose receive socket is loopback UDP; its peer is rank 1.
+    """A GPU's RNIC (rank 0 of 2) whose receive socket is loopback UDP; its peer is rank 1.
     ``reorder_ns``: its responder places packets ahead of a gap (a fabric that reorders)."""
     cfg = GpuConfig(rank=0, host="gpu1", intf="x", ip=ME, mac="02:00:00:00:00:01", ranks=2,
                     mtu=1024, link_rate_bps=40e6, out_dir="/nonexistent",
                     transport=replace(TRANSPORT, ack_every=8, reorder_ns=reorder_ns), seed=1,
                     workloads=(WorkloadSpec("ring", 1 << 16, 3, 2, 1),), compute=Compute(),
                     straggler=None, peers=(Peer(1, "gpu2", PEER, "02:00:00:00:00:02"),))
-    gpu = Gpu(cfg, _Loop())
-    gpu.qp(1, 0)
-    return gpu
+    nic = Gpu(cfg, _Loop()).nic
+    nic.qp(1, 0)
+    return nic
 
 
 def _stream(seed):
