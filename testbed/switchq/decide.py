@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from controllers.classes import TrafficClass
 
@@ -28,9 +28,8 @@ Port = Tuple[str, int, int]  # a switch egress port: (switch, dpid, OpenFlow por
 Load = Dict[int, Dict[int, int]]  # dpid -> OpenFlow port -> backlog (bytes)
 
 
-@dataclass(frozen=True)
-class Actions:
-    """What one sample decided."""
+class Actions(NamedTuple):
+    """What one sample decided (a tuple: made once per sample, every millisecond)."""
 
     quiet: bool
     marks: Tuple[Tuple[str, bool], ...] = ()  # (port interface, marking from now on)
