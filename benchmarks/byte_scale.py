@@ -87,10 +87,10 @@ def run_study(name: str, repeat: int, out: str) -> dict:
     for bs in scales:
         t0 = time.monotonic()
         scenario = make(bs).override({"repeat": repeat})
-        results, run_dir = runner.run(scenario, out_root=os.path.join(out, f"{name}-{bs}"),
-                                      progress=lambda s: print(s, file=sys.stderr)
-                                      if "done:" in s or "failed" in s else None)
-        points[bs] = {"policies": full_size(RunResult.from_json(run_dir, results)),
+        run = runner.run(scenario, out_root=os.path.join(out, f"{name}-{bs}"),
+                         progress=lambda s: print(s, file=sys.stderr)
+                         if "done:" in s or "failed" in s else None)
+        points[bs] = {"policies": full_size(run),
                       "wall_s": round(time.monotonic() - t0, 1)}
         print(f"{name}: byte scale {bs:g} took {points[bs]['wall_s']:.0f} s", file=sys.stderr)
     return points

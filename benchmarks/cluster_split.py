@@ -20,11 +20,12 @@ from testbed.run import runner  # noqa: E402
 from testbed.scenario.catalog import find  # noqa: E402
 
 
-def figures(results: dict) -> dict:
+def figures(run) -> dict:
+    """Per policy: latency p50, p99, CCT p50 (emulated us) and drops of a ``RunResult``."""
     out = {}
-    for name, p in results["policies"].items():
-        lat, cct = p.get("latency_us") or {}, p.get("cct_us") or {}
-        out[name] = (lat.get("p50"), lat.get("p99"), cct.get("p50"), p.get("drops"))
+    for name, p in run.policies.items():
+        lat, cct = p.emulated.latency_us, p.emulated.cct_us
+        out[name] = (lat and lat.p50, lat and lat.p99, cct and cct.p50, p.drops)
     return out
 
 
@@ -54,9 +55,9 @@ def main(argv=None) -> int:
         out = tempfile.mkdtemp(prefix="cluster-split-", dir="/var/tmp")
         print(f"one server, then split over {', '.join(servers)} ({args.link} links); "
               f"runs in {out}", flush=True)
-        one, _ = runner.run(base, out_root=out)
+        one = runner.run(base, out_root=out)
         split_scenario = base.override({"cluster": {"servers": servers, "link": args.link}})
-        two, _ = runner.run(split_scenario, out_root=out)
+        two = runner.run(split_scenario, out_root=out)
     a, b = figures(one), figures(two)
     split = two.get("cluster") or {}
     print(f"\nsplit: {split.get('link')}, {len(split.get('cross_links', []))} cross-server "

@@ -188,16 +188,15 @@ def main() -> int:
     # the rate chosen once: the floor pushes the same frames at the run's rate
     scenario, _ = runner.choose_time_scale(scenario, lambda s: print(s, file=sys.stderr))
     with tempfile.TemporaryDirectory(prefix="testbed-cost-") as work:
-        results, run_dir = runner.run(scenario, out_root=work,
-                                      progress=lambda s: print(s, file=sys.stderr))
+        run = runner.run(scenario, out_root=work, progress=lambda s: print(s, file=sys.stderr))
         rows = {}
-        for name, fig in results["policies"].items():
+        for name, fig in run.policies.items():
             print(f"[{name}] floor: the same frames through a fresh fabric", file=sys.stderr)
-            floor = run_floor(scenario, name, os.path.join(run_dir, "records", name),
+            floor = run_floor(scenario, name, os.path.join(run.run_dir, "records", name),
                               os.path.join(work, f"floor-{name}"))
-            rows[name] = {"run": fig["emulation_cost"], "floor": floor,
-                          "fidelity": fig["fidelity"]["verdict"],
-                          "cct_p50_ms": round(fig["cct_us"]["p50"] / 1000, 1)}
+            rows[name] = {"run": fig.emulation_cost, "floor": floor,
+                          "fidelity": fig.fidelity.verdict,
+                          "cct_p50_ms": round(fig.emulated.cct_us.p50 / 1000, 1)}
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

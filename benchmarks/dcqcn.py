@@ -116,25 +116,25 @@ def _rows(path: str) -> List[dict]:
         return list(csv.DictReader(f))
 
 
-def figures(results: dict, run_dir: str) -> dict:
-    p = results["policies"]["lossless"]
-    m = p["modelled"]
-    line_bps = results["scenario"]["topology"]["host_rate_mbit"] * 1e6
-    peaks = [v for port in p["switch_queues"].get("max_backlog", {}).values()
+def figures(run) -> dict:
+    """The figures compared, of a run (``testbed.results.model.RunResult``; modelled time)."""
+    p = run.policy("lossless")
+    line_bps = run.scenario.topology.host_rate_mbit * 1e6
+    peaks = [v for port in (p.switch_queues or {}).get("max_backlog", {}).values()
              for v in port.values()]
-    p99, mean = queue_over_time(run_dir)
-    return {"cct_us": m["cct_us"]["p50"],
-            "cct_iterations_us": [round(c) for c in m["cct_us"]["per_iteration"]],
-            "pauses": p["pfc_pause_events"], "timeouts": p["rto_timeouts"],
-            "paused_ms": m.get("pfc_paused_ms"), "peak_kb": max(peaks, default=0) / 1000,
+    p99, mean = queue_over_time(run.run_dir)
+    return {"cct_us": p.cct_us.p50,
+            "cct_iterations_us": [round(c) for c in p.cct_us.per_iteration],
+            "pauses": p.pfc_pause_events, "timeouts": p.rto_timeouts,
+            "paused_ms": p.pfc_paused_ms, "peak_kb": max(peaks, default=0) / 1000,
             "queue_p99_kb": p99 / 1000, "queue_mean_kb": mean / 1000,
-            "latency_p99_us": m["latency_us"]["p99"],
-            "min_rate_share": (p["dcqcn_min_rate_mbit"] * 1e6 / line_bps
-                               if p.get("dcqcn_min_rate_mbit") else None),
-            "slow_starts": slow_starts(run_dir, line_bps),
-            "fidelity": p["fidelity"]["verdict"],
-            "idle_path": p["fidelity"]["checks"]["idle_path_latency"],
-            "problems": p["fidelity"].get("problems", [])}
+            "latency_p99_us": p.latency_us.p99,
+            "min_rate_share": (p.dcqcn_min_rate_mbit * 1e6 / line_bps
+                               if p.dcqcn_min_rate_mbit else None),
+            "slow_starts": slow_starts(run.run_dir, line_bps),
+            "fidelity": p.fidelity.verdict,
+            "idle_path": p.fidelity.checks["idle_path_latency"],
+            "problems": list(p.fidelity.problems)}
 
 
 COLUMNS = [("CCT p50 (us)", "cct_us"), ("pauses", "pauses"), ("paused (ms)", "paused_ms"),
@@ -161,10 +161,9 @@ def main() -> int:
         for r in range(args.rounds):
             for cc in runs:
                 print(f"[round {r + 1}/{args.rounds}] congestion control {cc}", file=sys.stderr)
-                results, run_dir = runner.run(scenarios[cc],
-                                              out_root=os.path.join(out, f"{cc}-{r}"),
-                                              progress=lambda s: None)
-                runs[cc].append(figures(results, run_dir))
+                run = runner.run(scenarios[cc], out_root=os.path.join(out, f"{cc}-{r}"),
+                                 progress=lambda s: None)
+                runs[cc].append(figures(run))
     finally:
         if not args.out:
             shutil.rmtree(out, ignore_errors=True)

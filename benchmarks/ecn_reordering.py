@@ -78,16 +78,16 @@ def one_run(method: str, out_root: str, load: bool) -> dict:
         for p in loaders:
             p.start()
     try:
-        results, run_dir = runner.run(scenario(), out_root=out_root, caps=caps)
+        run = runner.run(scenario(), out_root=out_root, caps=caps)
     finally:
         for p in loaders:
             p.terminate()
             p.join()
-    r = results["policies"]["lossless"]
-    assert r["ecn_marking_via"] == method, r["ecn_marking_via"]
-    return {"reordered": reordered(run_dir), "naks": r["naks"],
-            "retransmitted": r["retransmitted_packets"], "drops": r["drops"],
-            "ce_marked": r["ecn_marked_packets"], "cct_p50_ms": r["cct_us"]["p50"] / 1e3}
+    r = run.policy("lossless").emulated
+    assert r.ecn_marking_via == method, r.ecn_marking_via
+    return {"reordered": reordered(run.run_dir), "naks": r.naks,
+            "retransmitted": r.retransmitted_packets, "drops": r.drops,
+            "ce_marked": r.ecn_marked_packets, "cct_p50_ms": r.cct_us.p50 / 1e3}
 
 
 def main() -> int:

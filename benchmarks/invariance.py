@@ -29,12 +29,13 @@ from testbed.run import runner
 from testbed.results.report import sig, table  # noqa: E402
 
 
-def modelled_cct_ms(results: dict) -> dict:
+def modelled_cct_ms(run) -> dict:
+    """Per policy of a ``RunResult``: its modelled CCT p50 (ms) and fidelity verdict."""
     out = {}
-    for name, p in results["policies"].items():
-        cct = (p.get("modelled") or {}).get("cct_us") or {}
-        out[name] = {"cct_ms": cct["p50"] / 1000 if cct.get("p50") else None,
-                     "fidelity": (p.get("fidelity") or {}).get("verdict")}
+    for name, p in run.policies.items():
+        cct = p.cct_us.p50 if p.cct_us else None
+        out[name] = {"cct_ms": cct / 1000 if cct else None,
+                     "fidelity": p.fidelity.verdict if p.fidelity else None}
     return out
 
 
@@ -55,10 +56,9 @@ def spread(by_factor: dict) -> dict:
 
 
 def run_at(scenario, rate: float, out: str) -> dict:
-    results, _ = runner.run(scenario.with_host_rate(rate), out_root=out,
-                            progress=lambda s: print(s, file=sys.stderr) if "done:" in s
-                            else None)
-    return modelled_cct_ms(results)
+    run = runner.run(scenario.with_host_rate(rate), out_root=out,
+                     progress=lambda s: print(s, file=sys.stderr) if "done:" in s else None)
+    return modelled_cct_ms(run)
 
 
 def main() -> int:

@@ -130,8 +130,8 @@ def main(argv=None) -> int:
         while time.monotonic() < deadline and run < args.max_runs:
             run += 1
             t0 = time.monotonic()
-            results, _run_dir = runner.run(scenario, out_root=out)
-            rows.append(sample(run, time.monotonic() - t0, results["status"]))
+            result = runner.run(scenario, out_root=out)
+            rows.append(sample(run, time.monotonic() - t0, result.status))
             print("  ".join(f"{str(rows[-1][c]):>12}" for c in COLUMNS), flush=True)
     except KeyboardInterrupt:  # the run tore itself down; judge what was measured
         print("interrupted: judging the runs so far", flush=True)

@@ -69,6 +69,5 @@ def run_scenario(spec: ScenarioLike, policies=None, out_root: str = "results",
     """Run a scenario on real fabrics (root and Open vSwitch needed) and return its result."""
     from .run import runner
 
-    results, run_dir = runner.run(scenario_of(spec, policies, **overrides), out_root=out_root,
-                                  progress=progress)
-    return RunResult.from_json(run_dir, results)
+    return runner.run(scenario_of(spec, policies, **overrides), out_root=out_root,
+                      progress=progress)

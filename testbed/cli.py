@@ -58,7 +58,6 @@ def cmd_run(args) -> int:
     from .scenario.catalog import find
     from .scenario.config import parse_sizes
     from .results import nccltests
-    from .results.model import RunResult
     from .results.report import summary_table
 
     # without a scenario, options that shape one collective start from the ring
@@ -82,11 +81,11 @@ def cmd_run(args) -> int:
         if not names:
             raise ConfigError("--policy: give at least one policy name, or all")
         scenario = scenario.with_policies(ALL_POLICIES if names == ["all"] else names)
-    results, run_dir = runner.run(scenario, out_root=args.out,
-                                  progress=_progress(args.quiet or args.json))
-    run = RunResult.from_json(run_dir, results)
-    if args.json:
-        json.dump(results, sys.stdout, indent=2)
+    run = runner.run(scenario, out_root=args.out, progress=_progress(args.quiet or args.json))
+    run_dir = run.run_dir
+    if args.json:  # results.json as written
+        with open(os.path.join(run_dir, "results.json")) as f:
+            json.dump(json.load(f), sys.stdout, indent=2)
         print()
     elif args.format == "nccl-tests-json":
         json.dump(nccltests.as_json(run), sys.stdout, indent=2)

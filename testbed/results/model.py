@@ -507,14 +507,23 @@ class RunResult:
     schema: Optional[str] = None
     error: Optional[str] = None
     time_scale_choice: Optional[Dict[str, Any]] = None  # docs/results.md, top level
+    time_scale_not_scaled: Tuple[str, ...] = ()
     capabilities: Optional[Dict[str, Any]] = None
     link_emulation: Optional[Dict[str, Any]] = None
+    cluster: Optional[Dict[str, Any]] = None
     cpu_wakeup: Optional[Dict[str, Any]] = None
+    teardown_leftovers_removed: Tuple[str, ...] = ()
+    superseded: Optional[str] = None  # in a rejected attempt's copy: why it was run again
     # with scenario.repeat > 1: each policy's later runs (policies holds the first), and the
     # headline figures over all of them {figure: {median, min, max, values}}, modelled
     repeats: Dict[str, Tuple[PolicyResult, ...]] = field(default_factory=dict)
     spread: Dict[str, Dict[str, Dict[str, Any]]] = field(default_factory=dict)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    # the run-level keys of results.json besides scenario, status, policies and repeats
+    TOP = ("run_id", "started", "finished", "version", "schema", "error", "time_scale_choice",
+           "time_scale_not_scaled", "capabilities", "link_emulation", "cluster", "cpu_wakeup",
+           "teardown_leftovers_removed", "superseded")
 
     def runs(self, name: str) -> Tuple[PolicyResult, ...]:
         """Every run of a policy (``repeat``), the first first."""
@@ -526,22 +535,29 @@ class RunResult:
         return self.policies[name]
 
     @classmethod
-    def from_json(cls, run_dir: str, d: Mapping[str, Any]) -> "RunResult":
-        policies = {n: PolicyResult.from_json(p, f"policies.{n}", name=n)
-                    for n, p in (d.get("policies") or {}).items()}
-        repeats = {n: tuple(PolicyResult.from_json(p, f"repeats.{n}[{k}]", name=n)
-                            for k, p in enumerate(runs))
-                   for n, runs in (d.get("repeats") or {}).items()}
+    def of(cls, run_dir: str, d: Mapping[str, Any], policies: Mapping[str, PolicyResult],
+           repeats: Mapping[str, Tuple[PolicyResult, ...]]) -> "RunResult":
+        """The run of results.json's run-level keys ``d`` and its policies as run: in modelled
+        time when every policy has modelled figures."""
         scale = d.get("time_scale") or 1.0
         modelled = bool(policies) and all(p.modelled for p in policies.values())
         if modelled:
             policies = {n: p.in_modelled_time(scale) for n, p in policies.items()}
             repeats = {n: tuple(p.in_modelled_time(scale) for p in runs)
                        for n, runs in repeats.items()}
-        top = {f.name: d.get(f.name) for f in dataclasses.fields(cls)
-               if f.name in ("run_id", "started", "finished", "version", "schema", "error",
-                             "time_scale_choice", "capabilities", "link_emulation",
-                             "cpu_wakeup")}
+        top = {k: d[k] for k in cls.TOP if d.get(k) is not None}
+        for k in ("time_scale_not_scaled", "teardown_leftovers_removed"):
+            if k in top:
+                top[k] = tuple(top[k])
         return cls(run_dir, d.get("status", "unknown"), Scenario.from_dict(d["scenario"]),
-                   policies, scale, modelled, repeats=repeats, spread=d.get("spread") or {},
-                   raw=dict(d), **top)
+                   dict(policies), scale, modelled, repeats=dict(repeats),
+                   spread=d.get("spread") or {}, raw=dict(d), **top)
+
+    @classmethod
+    def from_json(cls, run_dir: str, d: Mapping[str, Any]) -> "RunResult":
+        policies = {n: PolicyResult.from_json(p, f"policies.{n}", name=n)
+                    for n, p in (d.get("policies") or {}).items()}
+        repeats = {n: tuple(PolicyResult.from_json(p, f"repeats.{n}[{k}]", name=n)
+                            for k, p in enumerate(runs))
+                   for n, runs in (d.get("repeats") or {}).items()}
+        return cls.of(run_dir, d, policies, repeats)

@@ -22,7 +22,7 @@ import platform
 import shutil
 import tempfile
 import time
-from typing import Callable, Dict, Optional
+from typing import TYPE_CHECKING, Callable, Dict, Optional
 
 from ..base.atomic import write_json_atomic
 from ..base.errors import TestbedError
@@ -30,6 +30,9 @@ from ..job.plan import switch_hops
 from ..scenario import timescale
 from ..scenario.timescale import CALIBRATION_VERSION, REFERENCE_RATE_MBIT, Calibration
 from .fidelity import busy_between, cpu_counters
+
+if TYPE_CHECKING:
+    from ..results.model import RunResult
 
 MACHINE_DIR = "/var/lib/ai-fabric-testbed"
 
@@ -98,11 +101,11 @@ def measure(progress: Callable[[str], None] = lambda s: None, path: str = "") ->
     for _ in range(ROUNDS):
         work = tempfile.mkdtemp(prefix="testbed-calibration-")
         try:
-            results, _ = runner.run(scenario, out_root=work, progress=_outcomes(progress),
-                                    calibrated=False)
+            result = runner.run(scenario, out_root=work, progress=_outcomes(progress),
+                                calibrated=False)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        for name, (share, delay, tolerance, ovs_share) in round_figures(results).items():
+        for name, (share, delay, tolerance, ovs_share) in round_figures(result).items():
             busy[name] = min(busy.get(name, share), share)
             noise[name] = min(noise.get(name, delay), delay)
             ovs[name] = max(ovs.get(name, ovs_share), ovs_share)
@@ -118,19 +121,19 @@ def measure(progress: Callable[[str], None] = lambda s: None, path: str = "") ->
     return cal
 
 
-def round_figures(results: dict) -> dict:
+def round_figures(run: RunResult) -> dict:
     """Per policy of one reference run (pure): (CPU busy share, the machine's delay - the
     larger of agent timer lag p95 and idle-path overhead, us -, the tolerance both had, Open
     vSwitch's share of the run's CPU time)."""
     out = {}
-    for name, p in results["policies"].items():
-        share = (p.get("emulation_cost") or {}).get("busy_share")
+    for name, p in run.policies.items():
+        cost = p.emulation_cost or {}
+        share = cost.get("busy_share")
         if not share:
             raise TestbedError(f"calibration: the {name} run measured no CPU share")
-        checks = (p.get("fidelity") or {}).get("checks") or {}
+        checks = (p.fidelity.checks if p.fidelity else None) or {}
         lag, idle = checks.get("agent_loop_lag") or {}, checks.get("idle_path_latency") or {}
         delay = max(lag.get("p95_us") or 0.0, idle.get("overhead_us") or 0.0)
-        cost = p["emulation_cost"]
         ovs = cost["cpu_s"].get("open_vswitch", 0.0) / max(cost["total_cpu_s"], 1e-9)
         out[name] = (float(share), delay,
                      lag.get("allowed_p95_us") or idle.get("allowed_overhead_us") or 0.0,

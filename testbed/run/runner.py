@@ -22,7 +22,7 @@ import signal
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .. import __version__
 from ..base.atomic import write_json_atomic
@@ -45,7 +45,7 @@ from ..results import breakdown, htmlreport, trace
 from ..results.collect import (RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled,
                                timeline)
 from ..results.latency import expected_latency_us, latency_parts
-from ..results.model import PolicyResult
+from ..results.model import Fidelity, PolicyResult, RunResult
 from ..results.spread import spread
 from ..scenario import capacity, timescale
 from ..scenario.config import Scenario
@@ -99,10 +99,32 @@ def _keep_traceback(run_dir: str, e: Exception) -> str:
     return f"unexpected {type(e).__name__}: {e} (traceback.txt)"
 
 
+@dataclass
+class Kept:
+    """What one attempt measured, typed: each policy's first run, its later runs (``repeat``)
+    and their spread; results.json is written from it."""
+    policies: Dict[str, PolicyResult] = field(default_factory=dict)
+    repeats: Dict[str, List[PolicyResult]] = field(default_factory=dict)
+    spread: Dict[str, dict] = field(default_factory=dict)
+
+    def runs(self, name: str) -> List[PolicyResult]:
+        """Every run of a policy, the first first."""
+        return [self.policies[name]] + self.repeats.get(name, [])
+
+    def to_json(self) -> dict:
+        out = {"policies": {n: p.to_json() for n, p in self.policies.items()}}
+        if self.repeats:
+            out["repeats"] = {n: [p.to_json() for p in runs] for n, runs in self.repeats.items()}
+        if self.spread:
+            out["spread"] = self.spread
+        return out
+
+
 def run(scenario: Scenario, out_root: str = "results", progress: Say = lambda s: None,
-        caps: Optional[Capabilities] = None, calibrated: bool = True):
-    """Run every policy of ``scenario``; returns (results dict, run directory). ``calibrated``:
-    choose (``auto``) or check the GPU NIC rate against this machine's calibration first."""
+        caps: Optional[Capabilities] = None, calibrated: bool = True) -> RunResult:
+    """Run every policy of ``scenario``; returns the run as results.json holds it (its
+    ``run_dir`` the run directory). ``calibrated``: choose (``auto``) or check the GPU NIC
+    rate against this machine's calibration first."""
     plan = check_scenario(scenario, capacity.mem_available_mb())
     caps = caps or detect()
     caps.require_run()
@@ -118,17 +140,18 @@ def run(scenario: Scenario, out_root: str = "results", progress: Say = lambda s:
     run_id = new_run_id()
     run_dir = os.path.abspath(os.path.join(out_root, run_id))
     os.makedirs(run_dir, mode=0o755)
-    results = {
+    results = {  # the run-level keys of results.json; the policies' are ``kept``'s
         "schema": RESULTS_SCHEMA, "version": __version__, "run_id": run_id,
         "status": "running", "started": _now(), "finished": None,
         "scenario": scenario.to_dict(), "time_scale": round(scenario.time_scale, 1),
-        "capabilities": caps.to_dict(), "policies": {},
+        "capabilities": caps.to_dict(),
     }
+    kept = Kept()
     if choice is not None:
         results["time_scale_choice"] = choice.to_dict()
     results["time_scale_not_scaled"] = unscaled
     path = os.path.join(run_dir, "results.json")
-    write_json_atomic(path, results)
+    write_json_atomic(path, dict(results, **kept.to_json()))
     ledger = Ledger(run_id)
     try:
         ledger.acquire(run_dir)
@@ -143,7 +166,8 @@ def run(scenario: Scenario, out_root: str = "results", progress: Say = lambda s:
                                         "servers"]))
             results["cpu_wakeup"] = wakeup
             progress(wakeup_text(wakeup))
-            _attempts(asked, scenario, choice, plan, caps, run_dir, ledger, results, progress)
+            kept = _attempts(asked, scenario, choice, plan, caps, run_dir, ledger, results,
+                             progress)
         results["status"] = "complete"
     except KeyboardInterrupt:
         results["status"] = "incomplete"
@@ -160,7 +184,7 @@ def run(scenario: Scenario, out_root: str = "results", progress: Say = lambda s:
                 results["teardown_leftovers_removed"] = leftovers
             ledger.close()
             results["finished"] = _now()
-            write_json_atomic(path, results)
+            write_json_atomic(path, dict(results, **kept.to_json()))
         try:
             _write_report(run_dir, progress)  # also for a failed or interrupted run
         except KeyboardInterrupt:
@@ -170,9 +194,10 @@ def run(scenario: Scenario, out_root: str = "results", progress: Say = lambda s:
                     results["error"] = ("interrupted while writing report.html; the "
                                         "measurements are complete: python -m testbed report "
                                         f"{run_dir} draws it")
-                    write_json_atomic(path, results)
+                    write_json_atomic(path, dict(results, **kept.to_json()))
             raise
-    return results, run_dir
+    return RunResult.of(run_dir, dict(results, spread=kept.spread), kept.policies,
+                        {n: tuple(runs) for n, runs in kept.repeats.items()})
 
 
 def _say_unscaled(scenario: Scenario, progress: Say) -> List[str]:
@@ -184,26 +209,27 @@ def _say_unscaled(scenario: Scenario, progress: Say) -> List[str]:
 
 def _attempts(asked: Scenario, scenario: Scenario, choice: Optional[timescale.Choice],
               plan: FabricPlan, caps: Capabilities, run_dir: str, ledger: Ledger,
-              results: dict, progress: Say) -> None:
+              results: dict, progress: Say) -> Kept:
     """Every policy at the chosen rate (``_policies``); while the fidelity monitor rejects
-    some and ``auto`` may go slower, the attempt is set aside and every policy runs again."""
+    some and ``auto`` may go slower, the attempt is set aside and every policy runs again.
+    Returns what the last attempt measured."""
     while True:
-        _policies(scenario, plan, caps, run_dir, ledger, results, progress)
-        again = run_again(asked, scenario, choice, results, run_dir, progress)
+        kept = Kept()
+        _policies(scenario, plan, caps, run_dir, ledger, results, kept, progress)
+        again = run_again(asked, scenario, choice, results, kept, run_dir, progress)
         if again is None:
-            return
+            return kept
         scenario, choice = again
-        results.pop("repeats", None)
-        results.pop("spread", None)
-        results.update({"scenario": scenario.to_dict(), "policies": {},
+        results.update({"scenario": scenario.to_dict(),
                         "time_scale": round(scenario.time_scale, 1),
                         "time_scale_choice": choice.to_dict(),
                         "time_scale_not_scaled": _say_unscaled(scenario, progress)})
-        write_json_atomic(os.path.join(run_dir, "results.json"), results)
+        write_json_atomic(os.path.join(run_dir, "results.json"),
+                          dict(results, **Kept().to_json()))
 
 
 def _policies(scenario: Scenario, plan: FabricPlan, caps: Capabilities, run_dir: str,
-              ledger: Ledger, results: dict, progress: Say) -> None:
+              ledger: Ledger, results: dict, kept: Kept, progress: Say) -> None:
     """Each policy of one attempt on a fresh fabric, ``repeat`` times in rounds over the
     policies (the machine's drift is shared alike); results.json and operations.csv are
     written after each, so an interrupted run keeps what finished. The first run of a policy
@@ -217,17 +243,14 @@ def _policies(scenario: Scenario, plan: FabricPlan, caps: Capabilities, run_dir:
         if "cluster" in notes:
             results["cluster"] = notes["cluster"]
         if run.repetition == 1:
-            results["policies"][run.title] = result.to_json()
+            kept.policies[run.title] = result
         else:
-            results.setdefault("repeats", {}).setdefault(run.title, []).append(result.to_json())
+            kept.repeats.setdefault(run.title, []).append(result)
         if rounds > 1:
-            later = results.get("repeats", {}).get(run.title, [])
-            runs = [results["policies"][run.title]] + later
-            results.setdefault("spread", {})[run.title] = spread(
-                [PolicyResult.from_json(r, name=run.title).in_modelled_time(run.time_scale)
-                 for r in runs])
-        write_json_atomic(path, results)
-        breakdown.write(run_dir, {n: p["operations"] for n, p in results["policies"].items()})
+            kept.spread[run.title] = spread([r.in_modelled_time(run.time_scale)
+                                             for r in kept.runs(run.title)])
+        write_json_atomic(path, dict(results, **kept.to_json()))
+        breakdown.write(run_dir, {n: p.operations for n, p in kept.policies.items()})
 
     runs = {name: decide(name, plan, scenario, caps) for name in scenario.policies}
     for k in range(1, rounds + 1):
@@ -239,7 +262,7 @@ def _policies(scenario: Scenario, plan: FabricPlan, caps: Capabilities, run_dir:
 
 
 def run_again(asked_scenario: Scenario, scenario: Scenario,
-              choice: Optional[timescale.Choice], results: dict, run_dir: str,
+              choice: Optional[timescale.Choice], results: dict, kept: Kept, run_dir: str,
               progress: Say) -> Optional[Tuple[Scenario, timescale.Choice]]:
     """After all policies ran at a rate chosen by ``auto``: keep what the attempt taught on
     this machine (``calibrate.remember``) and, if the fidelity monitor rejected some policies
@@ -248,9 +271,8 @@ def run_again(asked_scenario: Scenario, scenario: Scenario,
     if choice is None or choice.chosen_by != "auto":
         return None
     rate = scenario.topology.host_rate_mbit
-    fidelity = {name: rejected_first([p] + results.get("repeats", {}).get(name, []))
-                for name, p in results["policies"].items()}
-    wants = {name: timescale.retry_rate(rate, {name: section})
+    fidelity = {name: rejected_first(kept.runs(name)) for name in kept.policies}
+    wants = {name: timescale.retry_rate(rate, {name: section.checks or {}})
              for name, section in fidelity.items()}
     calibrate.remember(asked_scenario, choice.calibration, wants, first=not choice.attempts,
                        capped=rate == choice.learned_cap_mbit)
@@ -259,22 +281,23 @@ def run_again(asked_scenario: Scenario, scenario: Scenario,
         return None
     slower = min(asks.values())
     attempt = timescale.Attempt(
-        rate, {name: list(fidelity[name].get("problems") or []) for name in asks},
+        rate, {name: list(fidelity[name].problems) for name in asks},
         kept_in=os.path.join("rejected", f"{len(choice.attempts) + 1}-at-{rate:g}-mbit"))
     keep_attempt(run_dir, attempt.kept_in, dict(
-        results, superseded=(f"the fidelity monitor rejected this run; it ran again at "
-                             f"{slower:g} Mbit/s (the run directory's results.json)")))
+        results, **kept.to_json(),
+        superseded=(f"the fidelity monitor rejected this run; it ran again at "
+                    f"{slower:g} Mbit/s (the run directory's results.json)")))
     progress(timescale.retry_text(attempt, slower))
     choice = timescale.retried(choice, slower, attempt, scenario.base_policies,
                                scenario.topology.gpus)
     return asked_scenario.with_host_rate(slower), choice
 
 
-def rejected_first(runs: List[dict]) -> dict:
+def rejected_first(runs: List[PolicyResult]) -> Fidelity:
     """The fidelity section of a policy's runs (``repeat``) that decides whether it runs
     again: the first the monitor rejected, else the first run's."""
-    sections = [r.get("fidelity") or {} for r in runs]
-    return next((f for f in sections if f.get("verdict") not in (None, "ok")), sections[0])
+    sections = [r.fidelity or Fidelity() for r in runs]
+    return next((f for f in sections if f.verdict not in (None, "ok")), sections[0])
 
 
 def keep_attempt(run_dir: str, rel: str, results: dict) -> None:

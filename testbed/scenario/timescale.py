@@ -228,19 +228,18 @@ def learned_cap(entries: Mapping[str, Mapping], policies: Tuple[str, ...]) -> Op
     return min(caps) if caps else None
 
 
-def retry_rate(rate_mbit: float, fidelity: Mapping[str, dict]) -> Optional[float]:
+def retry_rate(rate_mbit: float, checks: Mapping[str, Mapping[str, dict]]) -> Optional[float]:
     """The rate to run again at after the monitor rejected some of the policies run at
-    ``rate_mbit`` (``fidelity``: each policy's fidelity section), or None when it rejected
+    ``rate_mbit`` (``checks``: each policy's fidelity checks), or None when it rejected
     none or no slower step is left. A failed delay check asks for the rate whose tolerance
     holds the delay it measured (taken as this machine's, absolute; part of it is the load's
     and shrinks at the slower rate, which is the margin: oversubscribed under lossless, timer
     lag p95 631 us at 40 Mbit/s, 316 at 8); any other failed check (CPU, pacing, drops: the
     load) asks for half the rate - and so does a delay measured on saturated CPUs."""
     wanted = []
-    for section in fidelity.values():  # only failed checks ask for a rate
-        checks = section.get("checks") or {}
-        saturated = (checks.get("cpu") or {}).get("ok") is False
-        for name, check in checks.items():
+    for mine in checks.values():  # only failed checks ask for a rate
+        saturated = (mine.get("cpu") or {}).get("ok") is False
+        for name, check in mine.items():
             if check.get("ok") is not False:
                 continue
             measured, allowed = (check.get(k) for k in DELAY_CHECKS.get(name, ("", "")))

@@ -61,9 +61,9 @@ def _faithful_run(run: Run, out_dir: str, prefix: str, say):
     for attempt in (1, 2):
         say(f"{prefix} {run.label}: {', '.join(scenario.policies)}"
             + (" (again at half the rate)" if attempt == 2 else ""))
-        raw, where = runner.run(scenario, out_root=out_dir,
-                                progress=lambda line: say(f"{prefix} {line}"))
-        result = RunResult.from_json(where, raw)
+        result = runner.run(scenario, out_root=out_dir,
+                            progress=lambda line: say(f"{prefix} {line}"))
+        where = result.run_dir
         rejected = faithful(result)
         if not rejected:
             return result, where

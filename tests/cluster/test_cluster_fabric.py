@@ -78,9 +78,9 @@ def test_a_run_across_two_servers_reports_the_split_and_both_emulators(tmp_path,
                      "fabric_rate_mbit": 20},
         "workload": {"iterations": 2, "size_bytes": 256 * 1024},
         "cluster": {"servers": ["localhost", server.address], "link": link}})
-    results, run_dir = runner.run(scenario, out_root=str(tmp_path))
-    assert results["status"] == "complete"
-    split = results["cluster"]
+    result = runner.run(scenario, out_root=str(tmp_path))
+    assert result.status == "complete"
+    split = result.cluster
     assert split["servers"] == ["localhost", server.address]
     assert split["link"].lower().startswith(link)
     assert split["placement"][server.address] == ["lf2", "gpu3", "gpu4"]
@@ -88,16 +88,17 @@ def test_a_run_across_two_servers_reports_the_split_and_both_emulators(tmp_path,
     clock = split["clock_offsets"][server.address]
     assert abs(clock["offset_us"]) <= clock["uncertainty_us"] + 50  # one machine: one clock
     for name in ("enterprise", "hyperscale"):
-        p = results["policies"][name]
-        assert p["agents_reporting"] == 4
-        assert p["packets_received"] + p["drops"] == p["packets_sent"]
-        assert p["unexplained_drops"] == 0
-        assert p["switch_queues"]["servers"] == 2  # both emulators reported
-        paths = p["latency_us_by_path"]  # same-server and cross-server latency apart
+        p = result.policy(name).emulated
+        assert p.agents_reporting == 4
+        assert p.packets_received + p.drops == p.packets_sent
+        assert p.unexplained_drops == 0
+        assert p.switch_queues["servers"] == 2  # both emulators reported
+        paths = p.latency_us_by_path  # same-server and cross-server latency apart
         assert paths["same_server"]["count"] + paths["cross_server"]["count"] == \
-            p["latency_us"]["count"]
+            p.latency_us.count
         assert paths["cross_server"]["count"] > 0 and paths["same_server"]["count"] > 0
-        assert os.path.exists(os.path.join(run_dir, f"switchq-{name}@{server.address}.json"))
+        assert os.path.exists(os.path.join(result.run_dir,
+                                           f"switchq-{name}@{server.address}.json"))
     assert wait_clean() == []
     assert glob.glob("/var/tmp/ai-fabric-testbed-*") == []
 
@@ -123,14 +124,14 @@ def test_lossless_pauses_across_servers_and_loses_nothing(tmp_path, server):
                                        "ecn_kmax_bytes": 48_000, "other_buffer_bytes": 48_000}},
         # one spine per server: every downlink's feeders include a queue on the other server
         "cluster": {"servers": ["localhost", server.address], "placement": "spread"}})
-    results, _run_dir = runner.run(scenario, out_root=str(tmp_path))
-    assert results["status"] == "complete"
-    ll = results["policies"]["lossless"]
-    q = ll["switch_queues"]
+    result = runner.run(scenario, out_root=str(tmp_path))
+    assert result.status == "complete"
+    ll = result.policy("lossless")
+    q = ll.switch_queues
     assert q["servers"] == 2
-    assert ll["pfc_pause_events"] > 0, q
+    assert ll.pfc_pause_events > 0, q
     assert q["counters"]["relayed_out"] > 0 and q["counters"]["relayed_in"] > 0, q["counters"]
-    assert ll["switch_queue_drops"] == 0 and ll["drops"] == 0, ll["drops_by_port"]
+    assert ll.switch_queue_drops == 0 and ll.drops == 0, ll.drops_by_port
     assert wait_clean() == []
 
 
@@ -142,16 +143,16 @@ def test_the_default_scenario_runs_every_policy_across_two_servers(tmp_path, ser
 
     scenario = DEFAULT.override({"workload": {"iterations": 2},
                                  "cluster": {"servers": ["localhost", server.address]}})
-    results, run_dir = runner.run(scenario, out_root=str(tmp_path))
-    assert results["status"] == "complete"
-    split = results["cluster"]
+    result = runner.run(scenario, out_root=str(tmp_path))
+    assert result.status == "complete"
+    split = result.cluster
     assert len(split["cross_links"]) == 4 and split["link"].startswith("VXLAN")
     for name in ("enterprise", "hyperscale", "lossless"):
-        p = results["policies"][name]
-        assert p["agents_reporting"] == 8, name
-        assert delivered_bytes(run_dir, name) == expected_bytes(scenario), name
-        assert p["unexplained_drops"] == 0, name
-    assert results["policies"]["lossless"]["switch_queue_drops"] == 0
+        p = result.policy(name)
+        assert p.agents_reporting == 8, name
+        assert delivered_bytes(result.run_dir, name) == expected_bytes(scenario), name
+        assert p.unexplained_drops == 0, name
+    assert result.policy("lossless").switch_queue_drops == 0
     assert wait_clean() == []
     assert server.ssh("ovs-vsctl list-br; ls /var/tmp | grep ai-fabric || true").stdout == ""
 

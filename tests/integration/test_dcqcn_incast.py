@@ -35,8 +35,8 @@ def got(tmp_path_factory):
     runs = {"none": [], "dcqcn": []}
     for r in range(ROUNDS):
         for cc in runs:
-            results, run_dir = runner.run(scenario(cc, 10.0, ITERATIONS), out_root=str(out / f"{cc}-{r}"))
-            runs[cc].append(figures(results, run_dir))
+            run = runner.run(scenario(cc, 10.0, ITERATIONS), out_root=str(out / f"{cc}-{r}"))
+            runs[cc].append(figures(run))
             print(cc, runs[cc][-1])  # shown with a failure, or with -s
     return runs
 
@@ -65,13 +65,13 @@ def test_the_same_run_beside_a_cpu_hog_is_rejected(tmp_path):
     hogs = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", "while True: pass"])
             for cpu in sorted(os.sched_getaffinity(0))]
     try:
-        results, run_dir = runner.run(scenario("none", 10.0, [("workload.iterations", "2")]),
-                                      out_root=str(tmp_path))
+        run = runner.run(scenario("none", 10.0, [("workload.iterations", "2")]),
+                         out_root=str(tmp_path))
     finally:
         for h in hogs:
             h.kill()
             h.wait()
-    f = figures(results, run_dir)
+    f = figures(run)
     assert f["fidelity"] != "ok", f
     assert any("CPUs were saturated" in p for p in f["problems"]), f
 

@@ -10,7 +10,7 @@ from statistics import median
 
 import pytest
 
-from testbed.api import PolicyResult
+from testbed.api import Cct, PolicyResult
 from testbed.job.bytescale import BUFFER_REGIME
 from testbed.job.plan import plan_job
 from testbed.results.collect import COLLECTIVE_FIGURES
@@ -28,9 +28,9 @@ DP_JOB = {"model": "custom", "layers": 4, "hidden": 2048, "heads": 16, "seq_len"
 
 def run(tmp_path, policies, **changes):
     scenario = DEFAULT.override(dict(changes, policies=policies))
-    results, run_dir = runner.run(scenario, out_root=str(tmp_path))
-    assert results["status"] == "complete"
-    return scenario, results, run_dir
+    result = runner.run(scenario, out_root=str(tmp_path))
+    assert result.status == "complete"
+    return scenario, result, result.run_dir
 
 
 def _rows(run_dir, policy, kind):
@@ -43,30 +43,29 @@ def _rows(run_dir, policy, kind):
 
 def _faithful(p):
     """The monitor accepted the run; a rejection names the checks that failed, with values."""
-    assert p["fidelity"]["verdict"] == "ok", p["fidelity"]["problems"]
+    assert p.fidelity.verdict == "ok", p.fidelity.problems
 
 
 def _delivered_every_byte(p):
-    moved = p["job"]["bytes_sent_per_rank"]
+    moved = p.job["bytes_sent_per_rank"]
     assert moved["measured"] == moved["expected"]
-    assert p["rx_unexpected_messages"] == 0 and p["rx_invalid"] == 0
+    assert p.rx_unexpected_messages == 0 and p.rx_invalid == 0
 
 
 def test_a_data_parallel_job_overlaps_its_buckets_with_the_backward_pass(tmp_path):
     scenario, results, run_dir = run(tmp_path, ["hyperscale"],
                                      workload={"iterations": 2, "job": DP_JOB})
-    p = results["policies"]["hyperscale"]
+    p = results.policy("hyperscale")  # modelled time
     _faithful(p)
     _delivered_every_byte(p)
     # every job figure is written and declared by the API (jobs: with several only)
     declared = PolicyResult.json_keys()
     expected = declared - {"latency_us_by_path", "jobs"} - set(COLLECTIVE_FIGURES)
-    assert set(p) == expected, set(p) ^ expected
-    assert p["collectives"] == []
-    m = p["modelled"]
-    assert 0 < m["ideal_iteration_us"] < m["iteration_us"]["p50"]
-    assert m["exposed_comm_us"]["dp"] > 0 and 0 < p["job"]["exposed_share"] < 1
-    assert m["pipeline_bubble_us"] == 0
+    assert set(p.to_json()) == expected, set(p.to_json()) ^ expected
+    assert p.collectives == ()
+    assert 0 < p.ideal_iteration_us < p.iteration_us.p50
+    assert p.exposed_comm_us["dp"] > 0 and 0 < p.job["exposed_share"] < 1
+    assert p.pipeline_bubble_us == 0
     # on the wire: rank 0's first bucket all-reduce began before its backward pass ended
     spans = [s for s in _rows(run_dir, "hyperscale", "spans")
              if s["rank"] == "0" and s["iteration"] == "0"]
@@ -83,14 +82,14 @@ def test_a_data_parallel_job_overlaps_its_buckets_with_the_backward_pass(tmp_pat
     samples = scenario.workload.iterations * scenario.topology.gpus
     waits = [e for e in t["traceEvents"] if e["ph"] == "X" and e["cat"] == "wait"]
     assert {e["args"]["kind"] for e in waits} >= {"dp"}
-    total = m["exposed_comm_us"]["total"]
+    total = p.exposed_comm_us["total"]
     assert sum(e["dur"] for e in waits) / samples == pytest.approx(total, rel=0.01)
     with open(os.path.join(run_dir, "operations.csv")) as f:
         ops = list(csv.DictReader(f))
     assert {r["policy"] for r in ops} == {"hyperscale"}
     assert {r["layer"] for r in ops} >= {f"L{i}" for i in range(DP_JOB["layers"])}
     assert sum(float(r["exposed_us"]) for r in ops) == pytest.approx(total, rel=0.01)
-    assert sum(float(r["compute_us"]) for r in ops) == pytest.approx(m["job_compute_us"],
+    assert sum(float(r["compute_us"]) for r in ops) == pytest.approx(p.job_compute_us,
                                                                      rel=0.01)
 
 
@@ -99,16 +98,15 @@ def test_a_server_s_gpus_talk_over_scale_up_and_never_over_the_fabric(tmp_path):
     scenario, results, run_dir = run(tmp_path, ["lossless"], workload={
         "iterations": 2, "job": job}, topology={"gpus_per_server": 2,
                                                 "layout": "rail-optimized"})
-    p = results["policies"]["lossless"]
+    p = results.policy("lossless")
     _faithful(p)
     _delivered_every_byte(p)
-    split = p["job"]["bytes_per_iteration"]
+    split = p.job["bytes_per_iteration"]
     assert set(split["scale_up"]) == {"tp"} and set(split["fabric"]) == {"dp", "pp"}
     server = {r: r // 2 for r in range(8)}
     packets = _rows(run_dir, "lossless", "packets")
     assert packets and all(server[int(r["src"])] != server[int(r["dst"])] for r in packets)
-    m = p["modelled"]
-    assert m["pipeline_bubble_us"] > 0 and m["exposed_comm_us"]["pp"] > 0
+    assert p.pipeline_bubble_us > 0 and p.exposed_comm_us["pp"] > 0
 
 
 # one 2,048-wide layer, tensor parallel 2, data parallel 4 over the fabric in one bucket on 4
@@ -134,18 +132,17 @@ def test_a_job_s_full_size_iteration_holds_over_a_factor_of_4_in_byte_scale(tmp_
     largest = math.floor(plan_job(job.for_checks()).regime["full_size_ratio"] / BUFFER_REGIME)
     full, share = [], []
     for scale, repeat in ((largest, 3), (largest / 4, 1)):
-        results, _ = runner.run(job.override({"repeat": repeat, "workload": {
+        result = runner.run(job.override({"repeat": repeat, "workload": {
             "job": dict(ONE_LAYER, byte_scale=scale)}}), out_root=str(tmp_path / str(scale)))
-        assert results["status"] == "complete"
-        runs = [results["policies"]["hyperscale"]] + results.get("repeats", {}).get(
-            "hyperscale", [])
+        assert result.status == "complete"
+        runs = result.runs("hyperscale")
         assert len(runs) == repeat
         for p in runs:
-            assert not p["job_failed"], p["job_failed"]
+            assert not p.job_failed, p.job_failed
             _faithful(p)
-            assert p["job"]["buffer_regime"]["kept"], p["job"]["buffer_regime"]
-        full.append(median(p["job"]["full_size_iteration_ms_modelled"] for p in runs))
-        share.append(median(p["job"]["exposed_share"] for p in runs))
+            assert p.job["buffer_regime"]["kept"], p.job["buffer_regime"]
+        full.append(median(p.job["full_size_iteration_ms_modelled"] for p in runs))
+        share.append(median(p.job["exposed_share"] for p in runs))
     assert full[1] == pytest.approx(full[0], rel=0.15), full
     assert share[1] == pytest.approx(share[0], rel=0.10), share
 
@@ -164,13 +161,13 @@ def test_a_chakra_trace_written_to_the_published_layout_runs_on_the_fabric(tmp_p
             K.node(5, "bwd", K.COMP, data_deps=[4], duration_micros=40)])
     _, results, _ = run(tmp_path, ["hyperscale"], workload={
         "iterations": 2, "job": {"file": prefix, "byte_scale": 1}})
-    p = results["policies"]["hyperscale"]
+    p = results.policy("hyperscale")  # modelled time
     _faithful(p)
     _delivered_every_byte(p)
-    assert {(o["collective"], o["bytes"]) for o in p["job"]["operations"]} == {
+    assert {(o["collective"], o["bytes"]) for o in p.job["operations"]} == {
         ("ring", 2 << 20), ("send_recv", 512 << 10)}
-    assert p["modelled"]["ideal_iteration_us"] == pytest.approx(60, abs=0.5)
-    assert p["modelled"]["iteration_us"]["p50"] > 60
+    assert p.ideal_iteration_us == pytest.approx(60, abs=0.5)
+    assert p.iteration_us.p50 > 60
 
 
 def test_an_aicb_workload_written_to_the_published_layout_runs_on_the_fabric(tmp_path):
@@ -187,27 +184,28 @@ def test_an_aicb_workload_written_to_the_published_layout_runs_on_the_fabric(tmp
     _, results, _ = run(tmp_path, ["lossless"], topology={"gpus_per_server": 2,
                                                           "host_rate_mbit": 32},
                         workload={"iterations": 2, "job": {"file": path, "byte_scale": 1}})
-    p = results["policies"]["lossless"]
+    p = results.policy("lossless")  # modelled time
     _faithful(p)
-    assert not p["job"]["byte_scale_warning"]
+    assert not p.job["byte_scale_warning"]
     _delivered_every_byte(p)
-    split = p["job"]["bytes_per_iteration"]
+    split = p.job["bytes_per_iteration"]
     assert set(split["scale_up"]) == {"tp"} and set(split["fabric"]) == {"dp", "ep"}
-    assert p["modelled"]["exposed_comm_us"]["ep"] > 0
+    assert p.exposed_comm_us["ep"] > 0
 
 
 def test_two_jobs_share_the_fabric_each_on_its_own_gpus(tmp_path):
     jobs = [dict(DP_JOB, ranks=[0, 1, 4, 5]), dict(DP_JOB, ranks=[2, 3, 6, 7])]
     _, results, run_dir = run(tmp_path, ["hyperscale"], workload={"iterations": 2,
                                                                  "jobs": jobs})
-    p = results["policies"]["hyperscale"]
+    p = results.policy("hyperscale").emulated  # as run
     _faithful(p)
-    assert [j["job"]["gpus"] for j in p["jobs"]] == [[0, 1, 4, 5], [2, 3, 6, 7]]
-    for j in p["jobs"]:
+    assert [j["job"]["gpus"] for j in p.jobs] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    for j in p.jobs:
         moved = j["job"]["bytes_sent_per_rank"]
         assert moved["measured"] == moved["expected"] and sum(moved["expected"].values()) > 0
         assert j["modelled"]["iteration_us"]["p50"] > j["modelled"]["ideal_iteration_us"] > 0
-    assert p["iteration_us"] == p["jobs"][0]["iteration_us"]  # the first job's at the top
+    # the first job's at the top
+    assert p.iteration_us == Cct.from_json(p.jobs[0]["iteration_us"])
     # each job's packets stay among its own GPUs
     first = {0, 1, 4, 5}
     packets = _rows(run_dir, "hyperscale", "packets")
@@ -224,10 +222,10 @@ def _on_rail_servers(tmp_path, **workload):
     _, results, run_dir = run(tmp_path, ["hyperscale"], workload=dict(workload, iterations=2),
                               topology={"gpus_per_server": 2, "layout": "rail-optimized",
                                         "host_rate_mbit": 20})
-    p = results["policies"]["hyperscale"]
-    (c,) = p["collectives"]
+    p = results.policy("hyperscale")
+    (c,) = p.collectives
     _faithful(p)
-    moved = c["bytes_sent_per_rank"]
+    moved = c.bytes_sent_per_rank
     assert moved["measured"] == moved["expected"]
     return c, _rows(run_dir, "hyperscale", "packets")
 
@@ -238,11 +236,11 @@ def test_the_hierarchical_all_reduce_reduces_inside_each_server_first(tmp_path):
     smaller collectives meet the agents' known delay-timer lag."""
     size = 1 << 20
     c, packets = _on_rail_servers(tmp_path, collective="hierarchical", size_bytes=size)
-    moved = c["bytes_sent_per_rank"]
+    moved = c.bytes_sent_per_rank
     n = 8  # per rail (4 servers), a ring all-reduce of S/2: 2 x 3/4 x S/2 over the fabric
     assert set(moved["expected"].values()) == {2 * 3 * (size // 2) // 4}
     # inside each server: reduce-scatter and all-gather, S/2 from each rank in each
-    assert c["scale_up_bytes_per_iteration"] == n * size
+    assert c.scale_up_bytes_per_iteration == n * size
     assert all(int(r["src"]) // 2 != int(r["dst"]) // 2 for r in packets)
     assert all(int(r["src"]) % 2 == int(r["dst"]) % 2 for r in packets)  # one rail each
 
@@ -253,11 +251,11 @@ def test_pxn_keeps_an_all_to_all_on_the_rails(tmp_path):
     rails over the fabric, and every block still arrives."""
     size = 1 << 20
     c, packets = _on_rail_servers(tmp_path, collective="all_to_all", size_bytes=size, pxn=True)
-    moved = c["bytes_sent_per_rank"]
+    moved = c.bytes_sent_per_rank
     block = size // 8
     # per GPU over the fabric: its own block to its rail-mate on each of 3 other servers,
     # and the 3 blocks its server-mate relays to those
     assert set(moved["expected"].values()) == {6 * block}
     # over scale-up: the block for its server-mate, and one to relay per other server
-    assert c["scale_up_bytes_per_iteration"] == 8 * 4 * block
+    assert c.scale_up_bytes_per_iteration == 8 * 4 * block
     assert packets and all(int(r["src"]) % 2 == int(r["dst"]) % 2 for r in packets)

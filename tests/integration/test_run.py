@@ -29,18 +29,27 @@ SMALL = DEFAULT.override({"topology": {"spines": 2, "leaves": 2, "gpus_per_leaf"
 
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
-    """One run of every policy, shared by the tests of this module: (results, dir, progress)."""
+    """One run of every policy, shared by the tests of this module: (run, dir, progress)."""
     messages = []
-    results, run_dir = runner.run(SMALL, out_root=str(tmp_path_factory.mktemp("run")),
-                                  progress=messages.append)
-    return results, run_dir, messages
+    run = runner.run(SMALL, out_root=str(tmp_path_factory.mktemp("run")),
+                     progress=messages.append)
+    return run, run.run_dir, messages
 
 
 def test_ring_all_reduce_on_a_real_fabric(small_run):
-    results, run_dir, messages = small_run
-    assert results["status"] == "complete"
+    run, run_dir, messages = small_run
+    assert run.status == "complete"
     on_disk = json.load(open(os.path.join(run_dir, "results.json")))
     assert on_disk["schema"] == RESULTS_SCHEMA and on_disk["status"] == "complete"
+    # every run-level key is declared by the API, and the run returned is the file's
+    declared = set(RunResult.TOP) | {"scenario", "status", "time_scale", "policies",
+                                     "repeats", "spread"}
+    assert set(on_disk) <= declared, set(on_disk) - declared
+    read = RunResult.from_json(run_dir, on_disk)
+    assert (run.run_id, run.status, run.finished, run.capabilities, run.link_emulation) == (
+        read.run_id, read.status, read.finished, read.capabilities, read.link_emulation)
+    assert json.loads(json.dumps({n: p.to_json() for n, p in run.policies.items()})) == \
+        on_disk["policies"]
     assert on_disk["capabilities"]["datapath"] in ("user", "kernel")
     assert on_disk["link_emulation"]["egress_queue"].startswith("htb")
     # the PM QoS request was held for the run where the kernel offers it, and said so
@@ -103,7 +112,7 @@ def test_ring_all_reduce_on_a_real_fabric(small_run):
 def test_every_policy_writes_a_trace_perfetto_loads_in_modelled_time(small_run):
     """timeline-<policy>.json: loadable (tracecheck), a process per GPU with its compute and
     stream tracks, every op of every iteration, switch counters, and modelled time."""
-    results, run_dir, _messages = small_run
+    run, run_dir, _messages = small_run
     n, w = 4, SMALL.workload
     for name in SMALL.policies:
         with open(os.path.join(run_dir, f"timeline-{name}.json")) as f:
@@ -118,7 +127,7 @@ def test_every_policy_writes_a_trace_perfetto_loads_in_modelled_time(small_run):
         assert {e["args"]["bytes"] for e in ops} == {w.size_bytes}
         assert phases["C"] > 0, "no switch queue counters"
         # modelled time: the trace's span of the run, times the time scale, is the emulated one
-        scale = results["time_scale"]
+        scale = run.time_scale
         assert t["otherData"]["time_scale"] == pytest.approx(scale, rel=1e-3)
         rows = [r for path in glob.glob(os.path.join(run_dir, "records", name,
                                                      "*.iterations.csv"))
@@ -131,7 +140,7 @@ def test_every_policy_writes_a_trace_perfetto_loads_in_modelled_time(small_run):
         # each iteration's all-reduce, first rank's start to last rank's end, is its CCT (the
         # ops begin when the iteration's start op ended, up to the agents' lag after the
         # collective's start that the CCT counts from)
-        cct = results["policies"][name]["modelled"]["cct_us"]["per_iteration"]
+        cct = run.policy(name).cct_us.per_iteration  # modelled
         spans = [[e for e in ops if e["args"]["iteration"] == i] for i in range(w.iterations)]
         assert [max(e["ts"] + e["dur"] for e in s) - min(e["ts"] for e in s)
                 for s in spans] == pytest.approx(cct, rel=0.01)
@@ -140,8 +149,7 @@ def test_every_policy_writes_a_trace_perfetto_loads_in_modelled_time(small_run):
 def test_the_apis_times_are_the_printed_tables(small_run):
     """A scenario test written against the printed table reads the same numbers from the API:
     modelled time by default, emulated one step away."""
-    results, run_dir, _messages = small_run
-    run = RunResult.from_json(run_dir, results)
+    run, _run_dir, _messages = small_run
     text, emulated = summary_table(run), summary_table(run, emulated=True)
     for k, name in enumerate(SMALL.policies, 1):
         p = run.policy(name)
@@ -151,7 +159,7 @@ def test_the_apis_times_are_the_printed_tables(small_run):
         assert lat.split()[-len(SMALL.policies) - 1 + k] == sig(p.latency_us.p99)
         cct = next(line for line in emulated.splitlines() if line.startswith("CCT p50 (ms)"))
         assert cct.split()[-len(SMALL.policies) - 1 + k] == fmt(p.emulated.cct_us.p50 / 1000)
-        assert p.cct_us.p50 == pytest.approx(p.emulated.cct_us.p50 / results["time_scale"],
+        assert p.cct_us.p50 == pytest.approx(p.emulated.cct_us.p50 / run.time_scale,
                                              rel=1e-6)
 
 
@@ -175,14 +183,14 @@ def test_the_report_renders_in_headless_chromium(small_run, tmp_path):
 
     from testbed.results.plots import KIND_COLOURS, POLICY_COLOURS
 
-    results, run_dir, messages = small_run
+    run, run_dir, messages = small_run
     url = "file://" + os.path.join(run_dir, "report.html")
     assert any("writing report.html" in m for m in messages)
     dom = _chromium(tmp_path, "--dump-dom", url).stdout
     table = re.search(r'<table id="comparison">(.*?)</table>', dom, re.S)
     assert table, "no comparison table in the rendered page"
     header = re.findall(r"<th>(.*?)</th>", table.group(1).split("</thead>")[0])
-    assert header[1:] == list(results["policies"]) == list(SMALL.policies)
+    assert header[1:] == list(run.policies) == list(SMALL.policies)
     assert len(re.findall(r"<img src=\"data:image/png;base64,", dom)) >= 4
     for name in SMALL.policies:  # each policy's Gantt, and the trace it links to
         assert f'href="plots/gantt-{name}.png"' in dom and f'href="timeline-{name}.json"' in dom

@@ -19,24 +19,24 @@ FOUR_GPUS = {"topology": {"leaves": 2}}
 
 def run(tmp_path, policies, **changes):
     scenario = DEFAULT.override(dict(changes, policies=policies))
-    results, run_dir = runner.run(scenario, out_root=str(tmp_path))
-    assert results["status"] == "complete"
-    return scenario, results, run_dir
+    result = runner.run(scenario, out_root=str(tmp_path))
+    assert result.status == "complete"
+    return scenario, result
 
 
 @pytest.mark.parametrize("collective", ["ring", "halving_doubling", "double_binary_tree",
                                         "hierarchical", "all_to_all"])
 def test_each_collective_moves_the_bytes_the_literature_says(tmp_path, collective):
     size = 128 * 1024
-    scenario, results, _ = run(tmp_path, ["hyperscale"], workload={
+    scenario, result = run(tmp_path, ["hyperscale"], workload={
         "collective": collective, "size_bytes": size, "iterations": 2})
-    hs = results["policies"]["hyperscale"]
+    hs = result.policy("hyperscale")
     n = scenario.topology.gpus  # the default fabric: 8 GPUs on 4 leaves
-    (c,) = hs["collectives"]
-    assert c["collective"] == collective and c["iterations"] == 2
-    assert len(c["cct_us"]["per_iteration"]) == 2 and c["busbw_gbps_emulated"] > 0
+    (c,) = hs.collectives
+    assert c.collective == collective and c.iterations == 2
+    assert len(c.cct_us.per_iteration) == 2 and c.busbw_gbps_emulated > 0
     # payload delivered in order per sender and iteration, from the receivers' packet records
-    measured = {int(r): b for r, b in c["bytes_sent_per_rank"]["measured"].items()}
+    measured = {int(r): b for r, b in c.bytes_sent_per_rank["measured"].items()}
     coll = build(collective, n, size, scenario.workload.chunks, scenario.topology.gpus_per_leaf)
     assert measured == {r: coll.bytes_sent(r) for r in range(n)}
     if collective == "all_to_all":
@@ -46,14 +46,14 @@ def test_each_collective_moves_the_bytes_the_literature_says(tmp_path, collectiv
     else:  # 2 (n - 1) S / n per rank
         assert set(measured.values()) == {2 * (n - 1) * size // n}
     # (drops on the shallow buffers are recovered by go-back-N: the bytes above are exact)
-    assert hs["rx_unexpected_messages"] == 0 and hs["rx_invalid"] == 0
+    assert hs.rx_unexpected_messages == 0 and hs.rx_invalid == 0
     # The fidelity section is there, with a verdict and every check.
-    f = hs["fidelity"]
-    assert f["verdict"] in ("ok", "outside tolerance")
-    assert set(f["checks"]) == {"inter_dequeue", "idle_path_latency", "cpu", "agent_loop_lag",
-                                "emulator_drops"}
-    assert f["checks"]["inter_dequeue"]["busy_gaps"] > 0
-    assert f["checks"]["cpu"]["samples"] > 0
+    f = hs.fidelity
+    assert f.verdict in ("ok", "outside tolerance")
+    assert set(f.checks) == {"inter_dequeue", "idle_path_latency", "cpu", "agent_loop_lag",
+                             "emulator_drops"}
+    assert f.checks["inter_dequeue"]["busy_gaps"] > 0
+    assert f.checks["cpu"]["samples"] > 0
 
 
 def test_an_injected_straggler_shows_up_in_straggler_idle(tmp_path):
@@ -63,29 +63,29 @@ def test_an_injected_straggler_shows_up_in_straggler_idle(tmp_path):
     delay_us, iterations = 40.0, 8
     workload = {"size_bytes": 16384, "chunks": 1, "iterations": iterations, "compute_us": 4}
 
-    def later_idle(results):
-        idle = results["policies"]["hyperscale"]["collectives"][0]["straggler_idle_us"][
-            "per_iteration"]
+    def later_idle(result):  # emulated, as run
+        idle = result.policy("hyperscale").emulated.collectives[0].straggler_idle_us \
+            .per_iteration
         assert len(idle) == iterations
         later = idle[1:]  # iteration 0 also holds the ranks' first-start skew
         return sum(later) / len(later)
 
     # Without a straggler the ranks already wait a little: they finish a ring at different
     # times (3.7 ms per iteration here, against the 300 ms the straggler adds).
-    _s, plain, _ = run(tmp_path / "plain", ["hyperscale"], workload=workload, **FOUR_GPUS)
-    scenario, results, _ = run(tmp_path / "late", ["hyperscale"], workload=dict(
+    _s, plain = run(tmp_path / "plain", ["hyperscale"], workload=workload, **FOUR_GPUS)
+    scenario, result = run(tmp_path / "late", ["hyperscale"], workload=dict(
         workload, stragglers={"ranks": [1], "delay_us": delay_us}), **FOUR_GPUS)
-    c = results["policies"]["hyperscale"]["collectives"][0]
+    c = result.policy("hyperscale").emulated.collectives[0]
     n = 4
     # Each of the other n - 1 ranks waits for the late one: (n - 1) x 100 ms more per iteration.
     expected_us = (n - 1) * delay_us * scenario.time_scale
-    assert later_idle(results) - later_idle(plain) == pytest.approx(expected_us, rel=0.10)
-    idle = c["straggler_idle_us"]["per_iteration"]
-    assert c["straggler_idle_us"]["total"] == pytest.approx(sum(idle), abs=1)
-    e = c["extrapolation"]
+    assert later_idle(result) - later_idle(plain) == pytest.approx(expected_us, rel=0.10)
+    idle = c.straggler_idle_us.per_iteration
+    assert c.straggler_idle_us.total == pytest.approx(sum(idle), abs=1)
+    e = c.extrapolation
     assert e["gpus"] == 10_000
     assert e["gpu_seconds_per_step_emulated"] == pytest.approx(
-        9_999 * c["straggler_idle_us"]["mean"] / (n - 1) / 1e6, rel=1e-3)
+        9_999 * c.straggler_idle_us.mean / (n - 1) / 1e6, rel=1e-3)
 
 
 def test_the_sweep_built_in_prints_an_nccl_tests_log_with_the_results_busbw(tmp_path):
@@ -145,24 +145,23 @@ def test_a_sweep_prints_busbw_rising_with_size(tmp_path):
 
 
 def test_noisy_neighbours_and_incast_share_the_fabric(tmp_path):
-    _s, results, run_dir = run(
+    _s, result = run(
         tmp_path, ["enterprise", "lossless"],
         workload={"size_bytes": 256 * 1024, "iterations": 3},
         topology={"leaves": 2, "neighbours_per_leaf": 1},
         background={"noisy_neighbour": {"rate_gbit": 25},
                     "incast": {"period_us": 20, "burst_bytes": 16000}})
     for name in ("enterprise", "lossless"):
-        bg = results["policies"][name]["background"]
+        bg = result.policy(name).background
         flows = bg["noisy_neighbour"]["flows"]
         assert [(f["src"], f["dst"]) for f in flows] == [("nb1", "nb2"), ("nb2", "nb1")]
         assert all(f["sent"] > 0 and f["received"] > 0 for f in flows), flows
         assert bg["incast"]["target"] == "gpu4" and bg["incast"]["packets_sent"] > 0
-        assert os.path.isdir(os.path.join(run_dir, "background", name))
+        assert os.path.isdir(os.path.join(result.run_dir, "background", name))
     # Enterprise isolates tenants: the neighbours' incast never reaches the GPU tenant;
     # the lossless fabric delivers every packet of it to the target GPU.
-    ent = results["policies"]["enterprise"]["background"]["incast"]
-    ll = results["policies"]["lossless"]["background"]["incast"]
+    ent = result.policy("enterprise").background["incast"]
+    ll = result.policy("lossless").background["incast"]
     assert ent["packets_received"] == 0
     assert ll["packets_received"] == ll["packets_sent"]
-    assert results["policies"]["lossless"]["per_gpu"]["gpu4"]["rx_foreign_qp"] == ll[
-        "packets_sent"]
+    assert result.policy("lossless").per_gpu["gpu4"]["rx_foreign_qp"] == ll["packets_sent"]

@@ -7,6 +7,7 @@ from testbed.run import calibrate, runner
 from testbed.scenario import timescale
 from testbed.scenario.config import Scenario
 from testbed.base.errors import ConfigError
+from testbed.results.model import PolicyResult, RunResult
 from testbed.scenario.timescale import AUTO, Calibration, choose, warning
 
 POLICIES = ("enterprise", "hyperscale", "lossless")
@@ -198,11 +199,13 @@ def test_each_calibration_round_gives_busy_share_and_delay_per_policy():
                 "fidelity": {"checks": {"agent_loop_lag": {"p95_us": lag,
                                                            "allowed_p95_us": 208.6},
                                         "idle_path_latency": {"overhead_us": idle}}}}
-    got = calibrate.round_figures({"policies": {"hyperscale": policy(0.61, 31.6, 83.2, 10.0),
-                                                "lossless": policy(0.66, 250.0, 90.0, 9.0)}})
+    def run(policies):
+        return RunResult.from_json("run", {"scenario": {}, "policies": policies})
+    got = calibrate.round_figures(run({"hyperscale": policy(0.61, 31.6, 83.2, 10.0),
+                                       "lossless": policy(0.66, 250.0, 90.0, 9.0)}))
     assert got == {"hyperscale": (0.61, 83.2, 208.6, 0.5), "lossless": (0.66, 250.0, 208.6, 0.45)}
     with pytest.raises(Exception, match="no CPU share"):
-        calibrate.round_figures({"policies": {"lossless": {"emulation_cost": {}}}})
+        calibrate.round_figures(run({"lossless": {"emulation_cost": {}}}))
 
 
 def test_calibrate_if_missing_keeps_the_machines_calibration(tmp_path, monkeypatch, capsys):
@@ -225,22 +228,24 @@ def _fidelity(**failed):
 def test_a_rejected_run_asks_for_the_rate_its_own_figures_say_fits():
     idle = _fidelity(idle_path_latency={"overhead_us": 487.0, "allowed_overhead_us": 208.6})
     # the machine's delay is absolute: 40 x 208.6 / 487 = 17.1 -> step 16
-    assert timescale.retry_rate(40.0, {"hyperscale": idle}) == 16.0
+    assert timescale.retry_rate(40.0, {"hyperscale": idle["checks"]}) == 16.0
     lag = _fidelity(agent_loop_lag={"p95_us": 631.0, "allowed_p95_us": 208.6})
-    assert timescale.retry_rate(40.0, {"lossless": lag}) == 10.0  # 13.2
+    assert timescale.retry_rate(40.0, {"lossless": lag["checks"]}) == 10.0  # 13.2
     cpu = _fidelity(cpu={"busy_p90": 0.95, "allowed_busy_p90": 0.9})
-    assert timescale.retry_rate(40.0, {"lossless": cpu}) == 20.0  # the load: half
-    assert timescale.retry_rate(40.0, {"a": lag, "b": cpu}) == 10.0  # the slowest asked
+    assert timescale.retry_rate(40.0, {"lossless": cpu["checks"]}) == 20.0  # the load: half
+    # the slowest asked
+    assert timescale.retry_rate(40.0, {"a": lag["checks"], "b": cpu["checks"]}) == 10.0
     # delays measured on saturated CPUs are the load's: half the rate, not 40 x 208.6 / 1,900
     both = _fidelity(cpu={"busy_p90": 1.0}, agent_loop_lag={"p95_us": 1259.0,
                                                              "allowed_p95_us": 208.6})
-    assert timescale.retry_rate(40.0, {"lossless": both}) == 20.0
+    assert timescale.retry_rate(40.0, {"lossless": both["checks"]}) == 20.0
     # a delay just over the tolerance still asks for a slower step, never the same rate
     near = _fidelity(agent_loop_lag={"p95_us": 210.0, "allowed_p95_us": 208.6})
-    assert timescale.retry_rate(40.0, {"x": near}) == 32.0
-    assert timescale.retry_rate(40.0, {"x": _fidelity()}) is None  # nothing rejected
-    assert timescale.retry_rate(timescale.RATE_STEPS[0], {"x": cpu}) is None  # no slower step
-    assert timescale.retry_rate(1.0, {"x": lag}) == timescale.RATE_STEPS[0]
+    assert timescale.retry_rate(40.0, {"x": near["checks"]}) == 32.0
+    assert timescale.retry_rate(40.0, {"x": _fidelity()["checks"]}) is None  # nothing rejected
+    # no slower step
+    assert timescale.retry_rate(timescale.RATE_STEPS[0], {"x": cpu["checks"]}) is None
+    assert timescale.retry_rate(1.0, {"x": lag["checks"]}) == timescale.RATE_STEPS[0]
 
 
 def test_a_rate_is_learned_once_a_scenario_was_rejected_in_two_runs():
@@ -308,8 +313,10 @@ def test_what_runs_taught_is_kept_per_scenario_and_policy_until_the_next_calibra
 
 
 def _rejected_results(rate, fidelity):
-    return {"policies": {name: {"fidelity": f} for name, f in fidelity.items()},
-            "scenario": {}, "status": "running"}
+    """A run's run-level keys, and what its attempt kept: each policy's fidelity section."""
+    return ({"scenario": {}, "status": "running"},
+            runner.Kept({name: PolicyResult.from_json({"fidelity": f}, name=name)
+                         for name, f in fidelity.items()}))
 
 
 def test_a_run_at_auto_that_the_monitor_rejected_goes_again_slower(tmp_path, monkeypatch):
@@ -324,7 +331,7 @@ def test_a_run_at_auto_that_the_monitor_rejected_goes_again_slower(tmp_path, mon
     (run_dir / "results.json").write_text("{}")
     lag = _fidelity(agent_loop_lag={"p95_us": 501.0, "allowed_p95_us": 208.6})
     results = _rejected_results(40.0, {"hyperscale": _fidelity(), "lossless": lag})
-    scenario2, choice2 = runner.run_again(asked, scenario, choice, results, str(run_dir),
+    scenario2, choice2 = runner.run_again(asked, scenario, choice, *results, str(run_dir),
                                           said.append)
     assert scenario2.topology.host_rate_mbit == 16.0 and choice2.host_rate_mbit == 16.0
     kept = run_dir / "rejected" / "1-at-40-mbit"
@@ -334,13 +341,13 @@ def test_a_run_at_auto_that_the_monitor_rejected_goes_again_slower(tmp_path, mon
         "superseded"]
     assert said[-1].startswith("time scale: the fidelity monitor rejected the run at 40")
     # passing at 16: done, and once is not yet a lesson
-    assert runner.run_again(asked, scenario2, choice2, _rejected_results(
+    assert runner.run_again(asked, scenario2, choice2, *_rejected_results(
         16.0, {"lossless": _fidelity()}), str(run_dir), said.append) is None
     _, next_choice = runner.choose_time_scale(asked, said.append,
                                               calibration=choice.calibration)
     assert next_choice.host_rate_mbit == 40.0 and next_choice.learned_cap_mbit is None
     # rejected in a second run: the next run starts at what the rejections asked for
-    assert runner.run_again(asked, scenario, next_choice, results, str(tmp_path / "run2"),
+    assert runner.run_again(asked, scenario, next_choice, *results, str(tmp_path / "run2"),
                             said.append) is not None
     _, third = runner.choose_time_scale(asked, said.append, calibration=choice.calibration)
     assert third.host_rate_mbit == 16.0 and third.learned_cap_mbit == 16.0
@@ -349,7 +356,7 @@ def test_a_run_at_auto_that_the_monitor_rejected_goes_again_slower(tmp_path, mon
     for _ in range(timescale.MAX_ATTEMPTS - 2):
         last = timescale.retried(last, 8.0, last.attempts[0], asked.policies, 8)
     cpu = _fidelity(cpu={"busy_p90": 0.95, "allowed_busy_p90": 0.9})
-    assert runner.run_again(asked, asked.with_host_rate(8.0), last, _rejected_results(
+    assert runner.run_again(asked, asked.with_host_rate(8.0), last, *_rejected_results(
         8.0, {"lossless": cpu}), str(run_dir), said.append) is None
     assert calibrate.learned(asked, choice.calibration)["lossless"]["cap_mbit"] == 4.0
 
@@ -359,6 +366,6 @@ def test_an_explicit_rate_is_never_run_again(tmp_path, monkeypatch):
     fast = Scenario.from_dict({"topology": {"host_rate_mbit": 200}})
     _, choice = runner.choose_time_scale(fast, lambda s: None, calibration=cal())
     cpu = _fidelity(cpu={"busy_p90": 0.99, "allowed_busy_p90": 0.9})
-    assert runner.run_again(fast, fast, choice, _rejected_results(200.0, {"lossless": cpu}),
+    assert runner.run_again(fast, fast, choice, *_rejected_results(200.0, {"lossless": cpu}),
                             str(tmp_path), lambda s: None) is None
     assert not (tmp_path / "rejected").exists()
