@@ -1,14 +1,15 @@
 """What the runner tells an agent process: the GPUs it serves and where it writes their
-records. Frozen dataclasses, JSON on the wire (``to_dict`` / ``from_dict``: the one contract
-mechanism, ``testbed.base.contract``); built by pure functions in the runner
+records; and what an agent tells the runner of each GPU at the end (``AgentSummary``). Frozen
+dataclasses, JSON on the wire (``to_dict`` / ``from_dict``: the one contract mechanism,
+``testbed.base.contract``); built by pure functions in the runner
 (``testbed.run.agent_processes.agent_configs``), read by ``traffic.agent``.
 
 Times are emulated nanoseconds (the runner has applied the time scale); rates bit/s.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple, Union
 
 from testbed.base.contract import Contract
 
@@ -173,3 +174,26 @@ class FlowConfig(Contract):
     rate_mbit: float = 0.0  # udp with duration_s: the rate
     start_ns: int = 0  # 0: now
     bursts: Optional[Bursts] = None
+
+
+@dataclass(frozen=True)
+class AgentSummary(Contract):
+    """What an agent writes of each GPU when its iterations are done (``<host>.summary.json``,
+    ``traffic.records``; read by ``testbed.results.collect``)."""
+    rank: int
+    host: str
+    # the GPU's counters and its RNIC's, its QPs' summed (req_*, resp_*): a counter never
+    # incremented is absent (``counter``)
+    counters: Dict[str, int] = field(default_factory=dict)
+    rx_packets: int = 0  # data packets received
+    # how late the loop acted on its timers, all kinds together and per kind
+    # (``traffic.metrics.LagHistogram.to_dict``: count, p50_us, p95_us, p99_us, max_us, counts)
+    loop_lag: Optional[Dict[str, Any]] = None
+    loop_lag_by_timer: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    first_start_lag_us: Optional[float] = None  # its first compute phase's timer, us late
+    scheduling: str = "normal"  # how the agent process got the CPU (traffic.agent.on_time)
+    # per peer rank: data frames, their bytes, control frames, their bytes sent
+    frames_to: Dict[str, Tuple[int, ...]] = field(default_factory=dict)
+
+    def counter(self, name: str) -> int:
+        return self.counters.get(name, 0)

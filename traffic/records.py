@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Dict, List
 from testbed.base.atomic import atomic_file
 
 from . import ratelimit
+from .contract import AgentSummary
 
 if TYPE_CHECKING:
     from .gpu import Gpu
@@ -111,14 +112,15 @@ def write(gpu: Gpu, out_dir: str) -> None:
             rows.append((qp.qpn, qp.peer, t, round(rate), sent))
     rows.sort(key=lambda r: (r[0], r[2]))
     write_csv(base + ".qps.csv", QP_FIELDS, rows)
-    summary = {"rank": gpu.rank, "host": gpu.host, "counters": counters(gpu),
-               "rx_packets": len(nic.packets), "loop_lag": gpu.lag.to_dict(),
-               "loop_lag_by_timer": {k: h.to_dict() for k, h in gpu.lag_by.items()},
-               "first_start_lag_us": round(gpu.first_start_lag_ns / 1000.0, 3),
-               "scheduling": gpu.loop.scheduling,
-               "frames_to": frames_to(nic)}
+    summary = AgentSummary(
+        rank=gpu.rank, host=gpu.host, counters=counters(gpu), rx_packets=len(nic.packets),
+        loop_lag=gpu.lag.to_dict(),
+        loop_lag_by_timer={k: h.to_dict() for k, h in gpu.lag_by.items()},
+        first_start_lag_us=round(gpu.first_start_lag_ns / 1000.0, 3),
+        scheduling=gpu.loop.scheduling,
+        frames_to={k: tuple(v) for k, v in frames_to(nic).items()})
     with atomic_file(base + ".summary.json", sync=False) as f:
-        json.dump(summary, f)
+        json.dump(summary.to_dict(), f)
 
 
 def write_csv(path: str, header, rows) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 
 from traffic import collectives, metrics
 from traffic.jobgraph import collective_graph, collective_of, same_server
-from traffic.contract import WorkloadSpec
+from traffic.contract import AgentSummary, WorkloadSpec
 
 from . import breakdown, trace
 from .fanin import fan_in
@@ -85,10 +85,10 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
     iterations = _rows(records_dir, summaries, "iterations")
     counters: Dict[str, int] = {}
     for summary in summaries:
-        for key, value in summary["counters"].items():
+        for key, value in summary.counters.items():
             counters[key] = counters.get(key, 0) + value
     rates = [float(r["rate_bps"]) for s in summaries
-             for r in rows_if_any(os.path.join(records_dir, f"{s['host']}.qps.csv"))]
+             for r in rows_if_any(os.path.join(records_dir, f"{s.host}.qps.csv"))]
     sent = counters.get("tx_packets", 0) + counters.get("retransmitted", 0)
     received = int(packets.src.size)
     m = ctx.mechanisms
@@ -198,16 +198,16 @@ def timeline(records_dir: str, ctx: RunContext, queue_csvs: Sequence[str]) -> di
                                   int(row["compute_start_ns"]), int(row["end_ns"]))
         waits[(r, it)] = [(w.start, w.end, waited_for(ops, w),
                            ops[w.blocker]["name"] if w.blocker in ops else "") for w in ws]
-    events = {s["rank"]: rows_if_any(os.path.join(records_dir, f"{s['host']}.events.csv"))
+    events = {s.rank: rows_if_any(os.path.join(records_dir, f"{s.host}.events.csv"))
               for s in summaries}
-    return trace.build({s["rank"]: s["host"] for s in summaries}, spans, iterations, waits,
+    return trace.build({s.rank: s.host for s in summaries}, spans, iterations, waits,
                        events, [read_csv(p) for p in queue_csvs], ctx.time_scale)
 
 
-def _rows(records_dir: str, summaries: List[dict], kind: str) -> List[dict]:
+def _rows(records_dir: str, summaries: List[AgentSummary], kind: str) -> List[dict]:
     """Every GPU's rows of one record file (``<host>.<kind>.csv``)."""
     return [r for s in summaries
-            for r in rows_if_any(os.path.join(records_dir, f"{s['host']}.{kind}.csv"))]
+            for r in rows_if_any(os.path.join(records_dir, f"{s.host}.{kind}.csv"))]
 
 
 def _workload_figures(index: int, spec: WorkloadSpec, ctx: RunContext, packets: Packets,
@@ -283,21 +283,21 @@ def _fan_in(ctx: RunContext, spans: List[dict], packets: Packets) -> dict:
     return fan_in(ctx.job.graph, spans, d.src, d.dst, rx_ns, d.payload, ctx.time_scale)
 
 
-def _pooled_lag(summaries: List[dict]) -> Optional[dict]:
+def _pooled_lag(summaries: List[AgentSummary]) -> Optional[dict]:
     """How late the agents woke for their timers, over all agents; ``by_timer``: the same per
     kind of timer (compute ends, RTOs, DCQCN events, pacing, NAKs), to show which ones lag."""
-    pooled = _pool([(s.get("loop_lag") or {}).get("counts") for s in summaries])
+    pooled = _pool([(s.loop_lag or {}).get("counts") for s in summaries])
     if pooled is None:
         return None
     d = pooled.to_dict()
     del d["counts"]
-    first = [s["first_start_lag_us"] for s in summaries if "first_start_lag_us" in s]
+    first = [s.first_start_lag_us for s in summaries if s.first_start_lag_us is not None]
     d["first_start_lag_us_max"] = max(first) if first else None
-    d["scheduling"] = ", ".join(sorted({s.get("scheduling", "normal") for s in summaries}))
-    kinds = sorted({k for s in summaries for k in s.get("loop_lag_by_timer") or {}})
+    d["scheduling"] = ", ".join(sorted({s.scheduling for s in summaries}))
+    kinds = sorted({k for s in summaries for k in s.loop_lag_by_timer})
     d["by_timer"] = {}
     for kind in kinds:
-        hist = _pool([((s.get("loop_lag_by_timer") or {}).get(kind) or {}).get("counts")
+        hist = _pool([(s.loop_lag_by_timer.get(kind) or {}).get("counts")
                       for s in summaries])
         if hist is not None:
             k = hist.to_dict()

@@ -12,6 +12,10 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from traffic import metrics
+from traffic.contract import AgentSummary
+
+from ..base.contract import ContractError, load
+from ..base.errors import ResultsError
 
 
 def read_csv(path: str) -> List[dict]:
@@ -69,11 +73,16 @@ class Packets:
                 "tail_ratio_p99_p50": metrics.tail_ratio(latency)}
 
 
-def read_summaries(records_dir: str) -> List[dict]:
+def read_summaries(records_dir: str) -> List[AgentSummary]:
+    """Every GPU's summary the agents wrote (a process contract: a key it does not declare
+    is an error naming the file)."""
     out = []
     for path in sorted(glob.glob(os.path.join(records_dir, "*.summary.json"))):
         with open(path, encoding="utf-8") as f:
-            out.append(json.load(f))
+            try:
+                out.append(load(AgentSummary, json.load(f), os.path.basename(path)))
+            except ContractError as e:
+                raise ResultsError(f"agent records: {e}") from None
     return out
 
 
@@ -82,13 +91,13 @@ def load_packets(records_dir: str) -> Packets:
     return packets_and_gpus(records_dir, read_summaries(records_dir))[0]
 
 
-def packets_and_gpus(records_dir: str, summaries: List[dict]):
-    tx_times = {s["rank"]: load_tx_times(records_dir, s["host"]) for s in summaries}
+def packets_and_gpus(records_dir: str, summaries: List[AgentSummary]):
+    tx_times = {s.rank: load_tx_times(records_dir, s.host) for s in summaries}
     cols: Dict[str, list] = {k: [] for k in Packets.COLUMNS}
     per_gpu: Dict[str, dict] = {}
     app_clock = 0
     for summary in summaries:
-        host = summary["host"]
+        host = summary.host
         rows = read_csv(os.path.join(records_dir, f"{host}.packets.csv"))
         sent_at, rx = [], []
         for r in rows:
@@ -111,13 +120,13 @@ def packets_and_gpus(records_dir: str, summaries: List[dict]):
         cols["ce"].append(np.asarray([int(r.get("ecn") or 0) == 3 for r in rows],
                                      dtype=np.int64))
         lat = metrics.percentiles(latency) or {}
-        mine = summary["counters"]
-        per_gpu[host] = {"rank": summary["rank"],
-                         "packets_sent": mine.get("tx_packets", 0) + mine.get("retransmitted", 0),
+        count = summary.counter
+        per_gpu[host] = {"rank": summary.rank,
+                         "packets_sent": count("tx_packets") + count("retransmitted"),
                          "packets_received": len(rows),
                          "latency_us_p50": lat.get("p50"), "latency_us_p99": lat.get("p99"),
-                         "loop_lag_us_p99": (summary.get("loop_lag") or {}).get("p99_us"),
-                         "rx_foreign_qp": mine.get("rx_foreign_qp", 0)}
+                         "loop_lag_us_p99": (summary.loop_lag or {}).get("p99_us"),
+                         "rx_foreign_qp": count("rx_foreign_qp")}
     joined = {k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64))
               for k, v in cols.items()}
     joined["latency"] = joined["latency"].astype(float)

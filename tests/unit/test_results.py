@@ -43,7 +43,7 @@ def _agent(d, host, rank, packets, iterations, tx_packets, lag=None):
           for it, w, size, start, end in iterations])
     with open(os.path.join(d, f"{host}.summary.json"), "w") as f:
         json.dump({"rank": rank, "host": host, "counters": {"tx_packets": tx_packets},
-                   "rx_packets": len(packets), "loop_lag_us": lag}, f)
+                   "rx_packets": len(packets), "loop_lag": lag}, f)
 
 
 def _two_gpus(d):
@@ -277,10 +277,15 @@ def test_pooled_timer_lag_is_split_by_kind_of_timer():
         for u in us:
             h.add(int(u * 1000))
         return h.to_dict()
-    a = {"loop_lag": hist(5, 400), "loop_lag_by_timer": {"compute": hist(5), "dcqcn": hist(400)}}
-    b = {"loop_lag": hist(6, 300), "loop_lag_by_timer": {"rto": hist(6), "dcqcn": hist(300)}}
-    old = {"loop_lag": hist(7)}  # an agent without the split still counts in the total
-    d = _pooled_lag([a, b, old])
+    from traffic.contract import AgentSummary
+
+    a = AgentSummary(0, "gpu1", loop_lag=hist(5, 400),
+                     loop_lag_by_timer={"compute": hist(5), "dcqcn": hist(400)})
+    b = AgentSummary(1, "gpu2", loop_lag=hist(6, 300),
+                     loop_lag_by_timer={"rto": hist(6), "dcqcn": hist(300)})
+    # an agent whose timers of no kind acted late still counts in the total
+    other = AgentSummary(2, "gpu3", loop_lag=hist(7))
+    d = _pooled_lag([a, b, other])
     assert d["count"] == 5
     assert set(d["by_timer"]) == {"compute", "dcqcn", "rto"}
     assert d["by_timer"]["dcqcn"]["count"] == 2 and d["by_timer"]["dcqcn"]["p95_us"] >= 400
@@ -311,3 +316,26 @@ def test_a_policy_run_several_times_shows_its_headline_figures_median_and_range(
     assert cct.split()[-2:] == ["0.4000", "[0.3800-0.4500]"]
     drops = next(line for line in lines if line.startswith("drops"))
     assert drops.split()[-1] == "0"  # the same in every run: no range
+
+
+def test_an_agent_summary_is_a_contract_and_a_key_it_does_not_declare_names_its_file(tmp_path):
+    """What an agent writes of each GPU (traffic.contract.AgentSummary) is read back as the
+    contract: declared fields, counters never incremented read as 0; an undeclared key (a
+    writer's bug, or a file of another version) is refused, naming the file."""
+    from testbed.base.errors import ResultsError
+    from testbed.results.packets import read_summaries
+    from traffic.contract import AgentSummary
+
+    d = str(tmp_path)
+    _two_gpus(d)
+    (s,) = [x for x in read_summaries(d) if x.host == "gpu2"]
+    assert (s.rank, s.counter("tx_packets"), s.counter("naks_sent"), s.loop_lag) == (
+        1, 3, 0, None)
+    written = AgentSummary(rank=0, host="gpu1", counters={"tx_packets": 4}, rx_packets=2,
+                           loop_lag={"count": 1, "counts": [0, 1]}, first_start_lag_us=1.5,
+                           scheduling="nice -20", frames_to={"1": (4, 4096, 1, 58)})
+    assert AgentSummary.from_dict(json.loads(json.dumps(written.to_dict()))) == written
+    path = tmp_path / "gpu2.summary.json"
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), queue_us=1)))
+    with pytest.raises(ResultsError, match=r"gpu2\.summary\.json: queue_us: not declared"):
+        read_summaries(d)
