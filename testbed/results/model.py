@@ -383,7 +383,8 @@ class PolicyResult(Record):
         "(the latter include the servers' clock offset)", unit="us, emulated")
     spine_load_packets: Optional[Dict[str, int]] = figure("packets each spine forwarded")
     switch_queues: Optional[Dict[str, Any]] = figure(
-        "the switch-queue emulator's report: the RoCE lane's per-queue pauses (pfc) or credit "
+        "the switch-queue emulator's report (servers: the emulators reporting, one per server "
+        "of a split fabric): the RoCE lane's per-queue pauses (pfc) or credit "
         "waits (credit); per lossless lane (lanes: RoCE's, and under credits the CNPs' own) "
         "its flow control, threshold, buffer, holds and held_ms; marking time per port, "
         "largest backlog per port and class, sampling cost; forwarding_us: the switches' "

@@ -49,6 +49,7 @@ from ..results.model import Fidelity, PolicyResult, RunResult
 from ..results.spread import spread
 from ..scenario import capacity, timescale
 from ..scenario.config import Scenario
+from ..switchq.contract import EmulatorReport
 from ..switchq.handle import EmulatorProcess, Emulators
 from . import calibrate, cost
 from .agent_processes import (AgentGroup, budget_text, expected_duration_s, finish_timeout_s,
@@ -425,19 +426,25 @@ def rxe_warnings(report: Optional[dict]) -> List[str]:
     return [f"rxe: {t['error']}" for t in report["tests"].values() if t.get("error")]
 
 
+@dataclass
+class QueueReport:
+    """The switch-queue emulators' report, once they stopped."""
+    report: EmulatorReport = field(default_factory=lambda: EmulatorReport(servers=0))
+
+
 @contextlib.contextmanager
 def queue_emulation(run: PolicyRun, session: Session, run_dir: str, ledger: Ledger):
-    """The switch-queue emulator running beside the fabric; yields a dict that receives its
-    report when it stops."""
+    """The switch-queue emulator running beside the fabric; yields it and a ``QueueReport``
+    that receives its report when it stops."""
     emu = Emulators([EmulatorProcess(run, session, run_dir, ledger.private_dir, ledger, server)
                      for server in session.fabric.servers])
-    report: dict = {}
+    stopped = QueueReport()
     try:
         emu.start()
-        yield emu, report
+        yield emu, stopped
     finally:
         with shielded():
-            report.update(emu.stop() or {})
+            stopped.report = emu.stop()
 
 
 @dataclass
@@ -503,7 +510,7 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
             end = FabricEnd(egress_stats(session.fabric), session.fabric.link_losses(),
                             session.fabric.hop_delays())
             say("tearing down the fabric")
-        figures = _figures(run, records, run_dir, replay, end, queues, session.warnings,
+        figures = _figures(run, records, run_dir, replay, end, queues.report, session.warnings,
                            time.monotonic() - t0)
         say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "
             f"received, {figures['drops']:,} dropped, {_count(figures['ecn_marked_packets'])} "
@@ -613,7 +620,7 @@ def _replay(run: PolicyRun, session: "Session", emu, rxe, records: str, run_dir:
 
 
 def _figures(run: PolicyRun, records: str, run_dir: str, replay: Replay, end: FabricEnd,
-             queues: dict, warnings: List[str], duration_s: float) -> dict:
+             queues: EmulatorReport, warnings: List[str], duration_s: float) -> dict:
     """Every figure of one policy's run, from the agents' records, what the traffic phase
     and the fabric reported, and the queue emulator's report (``queues``)."""
     policy, scenario, plan, name = run.policy, run.scenario, run.plan, run.name
@@ -646,9 +653,11 @@ def _figures(run: PolicyRun, records: str, run_dir: str, replay: Replay, end: Fa
         incast["packets_received"] = figures["per_gpu"][incast["target"]]["rx_foreign_qp"]
     stats, losses = end.stats, end.losses
     switch_drops, nic_drops, per_port = queue_drops(plan, stats)
-    nic_pauses = queues.pop("gpu_pauses_ns", {})  # for the monitor, not for results.json
-    forwarding = forwarding_summary(queues.pop("forwarding_histogram", None))
-    queues["forwarding_us"] = forwarding
+    nic_pauses = queues.gpu_pauses_ns  # for the monitor, not for results.json
+    forwarding = forwarding_summary(queues.forwarding_histogram)
+    switch_queues = {k: v for k, v in queues.to_dict().items()
+                     if k not in ("gpu_pauses_ns", "forwarding_histogram")}
+    switch_queues["forwarding_us"] = forwarding
     pfc, credit = ctx.mechanisms.pfc, ctx.mechanisms.credit
     figures.update({
         "gpus": len(plan.gpus),
@@ -667,11 +676,11 @@ def _figures(run: PolicyRun, records: str, run_dir: str, replay: Replay, end: Fa
                                  - sum(v["data"] for v in losses.values())
                                  - figures["rx_socket_drops"] - replay.in_flight),
         "spine_load_packets": spine_load(plan, stats),
-        "pfc_pause_events": queues.get("pfc_pause_events", 0) if pfc else None,
-        "pfc_paused_ms": queues.get("pfc_paused_ms", 0.0) if pfc else None,
-        "credit_waits": queues.get("credit_waits", 0) if credit else None,
-        "credit_wait_ms": queues.get("credit_wait_ms", 0.0) if credit else None,
-        "switch_queues": queues,
+        "pfc_pause_events": queues.pfc_pause_events if pfc else None,
+        "pfc_paused_ms": queues.pfc_paused_ms if pfc else None,
+        "credit_waits": queues.credit_waits if credit else None,
+        "credit_wait_ms": queues.credit_wait_ms if credit else None,
+        "switch_queues": switch_queues,
         "ecn_marking": run.marking,
         "ecn_marking_via": run.marking_via,
         "red_marked_by_port": ({k: v["marked"] for k, v in sorted(stats.items()) if v["marked"]}

@@ -61,7 +61,7 @@ from ..fabric.bpfforward import ForwardingClock
 from ..fabric.bpfmark import Marker
 from ..fabric.bpfqueue import QueueCounters
 from ..fabric.shaping import KICK_ETHERTYPE, gate_handle, gate_params, gate_parent
-from .contract import EmulatorConfig
+from .contract import EmulatorConfig, EmulatorReport
 from .decide import QUIET_SPACING, SwitchQueues, low_water, roles
 from .messages import Outbox, PfcRelay
 from .pfc import PfcState, Queue
@@ -361,7 +361,7 @@ class Emulator:
             cost = took if not cost else (15 * cost + took) // 16
             time.sleep(max(next_at - time.monotonic_ns(), cost) / 1e9)
 
-    def finish(self) -> dict:
+    def finish(self) -> EmulatorReport:
         now = time.time_ns()
         core = self.core
         for minor, state in core.held.items():
@@ -374,38 +374,37 @@ class Emulator:
         if self.relay:
             self.relay.flush()  # the resumes above, to the other servers
             self.counters.update(self.relay.counters)
-        return {
-            "interval_us": self.tick_ns / 1000,
-            "acting_classes": [c.name for c in self.acting],
-            "acting_backlog_from": self.counting,
-            "quiet_below_bytes": core.low_water,
-            "quiet_samples_skipped": self.counters["quiet"],
-            "counter_error_bytes": spread(self.counter_errors) if self.counters_bpf else None,
-            "all_classes_every_us": self.full_ns / 1000,
-            "scheduling": self.scheduling,
-            "counters": self.counters,
-            "sample_ms": self.cost.report(self.tick_ns),
-            "max_backlog": peaks(self.max_backlog,
-                                 {c.minor << 16: c.name for c in self.classes}),
-            "ecn": {intf: {"toggles": core.toggles[intf],
-                           "marking_ms": round(core.marking_ns.get(intf, 0) / 1e6, 3)}
-                    for intf in sorted(core.toggles)},
-            "pfc": pfc,
-            "pfc_pause_events": sum(v["events"] for v in pfc.values()),
-            "pfc_paused_ms": round(sum(v["paused_ms"] for v in pfc.values()), 3),
-            "credit": waits,
-            "credit_buffer_bytes": lead.rule.buffer if credit else None,
-            "credit_waits": sum(v["waits"] for v in waits.values()),
-            "credit_wait_ms": round(sum(v["waited_ms"] for v in waits.values()), 3),
-            "lanes": {c.name: lane_report(c, core.held[c.minor]) for c in self.lanes},
+        return EmulatorReport(
+            interval_us=self.tick_ns / 1000,
+            acting_classes=tuple(c.name for c in self.acting),
+            acting_backlog_from=self.counting,
+            quiet_below_bytes=core.low_water,
+            quiet_samples_skipped=self.counters["quiet"],
+            counter_error_bytes=spread(self.counter_errors) if self.counters_bpf else None,
+            all_classes_every_us=self.full_ns / 1000,
+            scheduling=self.scheduling,
+            counters=dict(self.counters),
+            sample_ms=self.cost.report(self.tick_ns),
+            max_backlog=peaks(self.max_backlog, {c.minor << 16: c.name for c in self.classes}),
+            ecn={intf: {"toggles": core.toggles[intf],
+                        "marking_ms": round(core.marking_ns.get(intf, 0) / 1e6, 3)}
+                 for intf in sorted(core.toggles)},
+            pfc=pfc,
+            pfc_pause_events=sum(v["events"] for v in pfc.values()),
+            pfc_paused_ms=round(sum(v["paused_ms"] for v in pfc.values()), 3),
+            credit=waits,
+            credit_buffer_bytes=lead.rule.buffer if credit else None,
+            credit_waits=sum(v["waits"] for v in waits.values()),
+            credit_wait_ms=round(sum(v["waited_ms"] for v in waits.values()), 3),
+            lanes={c.name: lane_report(c, core.held[c.minor]) for c in self.lanes},
             # each switch hop's forwarding time: {bucket: packets}, BUCKET_NS wide (emulated)
-            "forwarding_histogram": ({str(i): c for i, c in enumerate(self.clock.histogram())
-                                      if c} if self.clock else None),
-            "forwarding_note": self.clock_note or None,
+            forwarding_histogram=({str(i): c for i, c in enumerate(self.clock.histogram())
+                                   if c} if self.clock else None),
+            forwarding_note=self.clock_note or None,
             # for the fidelity monitor, which leaves a paused NIC's silence out of its pacing
-            "gpu_pauses_ns": (lead.spans_of({g.name for g in self.plan.gpus})
-                              if lead else {}),
-        }
+            gpu_pauses_ns=({g: tuple(spans) for g, spans in
+                            lead.spans_of({g.name for g in self.plan.gpus}).items()}
+                           if lead else {}))
 
     def close(self) -> None:
         if self.marker:  # nothing marks once the emulator is gone (also after an error)
@@ -464,7 +463,7 @@ def main(argv=None) -> int:
         gc.freeze()
         gc.disable()
         emu.run(lambda: bool(stopping))
-        write_json_atomic(cfg.out, emu.finish())
+        write_json_atomic(cfg.out, emu.finish().to_dict())
         if cfg.timeline:
             emu.timeline.write(cfg.timeline)
     finally:

@@ -8,52 +8,60 @@ import json
 import os
 import subprocess
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from ..base.errors import FabricError
 from ..base.ledger import Ledger
 from ..base.procutil import log_tail, read_line, stop_process
 from ..fabric.servers import Server
 from ..plan.policyrun import PolicyRun
-from .contract import EmulatorConfig
+from .contract import EmulatorConfig, EmulatorReport
 
 
-def merge_reports(reports: List[dict]) -> dict:
+def merge_reports(reports: List[Optional[EmulatorReport]]) -> EmulatorReport:
     """One report from the emulators of a split fabric (one per server, each with its own
-    ports): counters and pause figures add up, per-port figures join, sampling cost is the
-    worst server's (pure)."""
-    reports = [r for r in reports if r]
+    ports; None: one wrote none): counters and pause figures add up, per-port figures join,
+    sampling cost is the worst server's (pure)."""
+    reports = [r for r in reports if r is not None]
     if len(reports) <= 1:
-        return reports[0] if reports else {}
-    out = {"interval_us": reports[0]["interval_us"], "counters": {}, "max_backlog": {},
-           "ecn": {}, "pfc": {}, "pfc_pause_events": 0, "pfc_paused_ms": 0.0,
-           "credit": {}, "credit_waits": 0, "credit_wait_ms": 0.0,
-           "credit_buffer_bytes": reports[0].get("credit_buffer_bytes"), "gpu_pauses_ns": {},
-           "sample_ms": {k: max(r["sample_ms"].get(k, 0.0) for r in reports)
-                         for k in ("mean", "p99", "max", "max_gap")},
-           "scheduling": ", ".join(sorted({r.get("scheduling", "normal") for r in reports})),
-           "servers": len(reports)}
+        return reports[0] if reports else EmulatorReport(servers=0)
+    first = reports[0]
+    counters: Dict[str, int] = {}
+    lanes: Dict[str, dict] = {}
+    histogram: Dict[str, int] = {}
     for r in reports:
-        for k, v in r["counters"].items():
-            out["counters"][k] = out["counters"].get(k, 0) + v
-        for key in ("max_backlog", "ecn", "pfc", "credit", "gpu_pauses_ns"):
-            out[key].update(r.get(key) or {})
-        for events, held in (("pfc_pause_events", "pfc_paused_ms"),
-                             ("credit_waits", "credit_wait_ms")):
-            out[events] += r.get(events, 0)
-            out[held] = round(out[held] + r.get(held, 0.0), 3)
-        for name, lane in (r.get("lanes") or {}).items():
-            into = out.setdefault("lanes", {}).setdefault(name, dict(lane, holds=0,
-                                                                      held_ms=0.0))
+        for k, v in r.counters.items():
+            counters[k] = counters.get(k, 0) + v
+        for name, lane in r.lanes.items():
+            into = lanes.setdefault(name, dict(lane, holds=0, held_ms=0.0))
             into["holds"] += lane["holds"]
             into["held_ms"] = round(into["held_ms"] + lane["held_ms"], 3)
-        if r.get("forwarding_histogram") is not None:
-            into = out.setdefault("forwarding_histogram", {})
-            for bucket, count in r["forwarding_histogram"].items():
-                into[bucket] = into.get(bucket, 0) + count
-        if r.get("forwarding_note"):
-            out["forwarding_note"] = r["forwarding_note"]
-    return out
+        for bucket, count in (r.forwarding_histogram or {}).items():
+            histogram[bucket] = histogram.get(bucket, 0) + count
+
+    def joined(key: str) -> dict:
+        out: dict = {}
+        for r in reports:
+            out.update(getattr(r, key))
+        return out
+
+    def total(key: str, digits: Optional[int] = None):
+        value = sum(getattr(r, key) for r in reports)
+        return value if digits is None else round(value, digits)
+
+    return dataclasses.replace(
+        first, counters=counters, max_backlog=joined("max_backlog"), ecn=joined("ecn"),
+        pfc=joined("pfc"), credit=joined("credit"), gpu_pauses_ns=joined("gpu_pauses_ns"),
+        pfc_pause_events=total("pfc_pause_events"), pfc_paused_ms=total("pfc_paused_ms", 3),
+        credit_waits=total("credit_waits"), credit_wait_ms=total("credit_wait_ms", 3),
+        sample_ms={k: max(r.sample_ms.get(k, 0.0) for r in reports)
+                   for k in ("mean", "p99", "max", "max_gap")},
+        scheduling=", ".join(sorted({r.scheduling for r in reports})),
+        lanes=lanes, forwarding_histogram=histogram if any(
+            r.forwarding_histogram is not None for r in reports) else None,
+        forwarding_note=next((r.forwarding_note for r in reversed(reports)
+                              if r.forwarding_note), None),
+        servers=len(reports))
 
 
 class EmulatorProcess:
@@ -133,7 +141,7 @@ class EmulatorProcess:
     def tail(self) -> str:
         return log_tail(self.log_path)
 
-    def stop(self) -> Optional[dict]:
+    def stop(self) -> Optional[EmulatorReport]:
         """Stop it; returns its report (None if it wrote none)."""
         if self.proc is None:
             return None
@@ -148,9 +156,10 @@ class EmulatorProcess:
             return None
         try:
             with open(self.report_path, encoding="utf-8") as f:
-                return json.load(f)
+                data = json.load(f)
         except (OSError, ValueError):
             return None
+        return EmulatorReport.from_dict(data)
 
 
 class Emulators:
@@ -179,5 +188,5 @@ class Emulators:
         """The emulators running on this machine (for the cost meter)."""
         return [p.proc.pid for p in self.procs if p.proc is not None and p.server.local]
 
-    def stop(self) -> dict:
-        return merge_reports([p.stop() or {} for p in self.procs])
+    def stop(self) -> EmulatorReport:
+        return merge_reports([p.stop() for p in self.procs])

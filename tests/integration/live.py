@@ -78,9 +78,9 @@ class Live:
         return {intf: v["packets"] for intf, v in egress_stats(self.session.fabric).items()}
 
     def stop_queues(self):
-        """Stop the switch-queue emulator; returns its report."""
-        self.queues.update(self.emu.stop() or {})
-        return self.queues
+        """Stop the switch-queue emulator; returns its report (``EmulatorReport``)."""
+        self.queues.report = self.emu.stop()
+        return self.queues.report
 
 
 class Flow:

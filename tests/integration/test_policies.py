@@ -40,8 +40,8 @@ def test_hyperscale_incast_overflows_the_shallow_buffer(tmp_path):
     assert got["packets"] < sent, "an incast into a 64 KB tail-drop buffer must lose packets"
     # the default marks above K (DCQCN senders would slow down); these raw senders do not
     assert got["ce"] > 0
-    assert report["pfc_pause_events"] == 0
-    assert max(report["max_backlog"]["lf4-eth2"].values()) > 50_000  # the buffer filled
+    assert report.pfc_pause_events == 0
+    assert max(report.max_backlog["lf4-eth2"].values()) > 50_000  # the buffer filled
     assert drops  # counters were readable
 
 
@@ -63,14 +63,14 @@ def test_lossless_incast_loses_nothing_pauses_and_marks(tmp_path):
     openflow = fabric.policy.context.openflow_marking
     assert openflow == (not CAPS.bpf_marking and not CAPS.red)
     assert ("nw_ecn" in flows) == openflow
-    assert report["pfc_pause_events"] > 0 and report["pfc_paused_ms"] > 0
-    paused = report["pfc"]
+    assert report.pfc_pause_events > 0 and report.pfc_paused_ms > 0
+    paused = report.pfc
     assert any(q.startswith("gpu") for q in paused)  # backpressure reached the GPU NICs
     assert any(not q.startswith("gpu") for q in paused)  # ... hop by hop, via switch queues
     # the queues feeding the victim's leaf grew: the spines' ports towards lf4
-    assert max(max(report["max_backlog"].get(p, {"roce": 0}).values())
+    assert max(max(report.max_backlog.get(p, {"roce": 0}).values())
                for p in ("sp1-eth4", "sp2-eth4")) > 10_000
-    victim = report["max_backlog"]["lf4-eth2"]["roce"]
+    victim = report.max_backlog["lf4-eth2"]["roce"]
     roce_buffer = fabric.policy.traffic_classes()[1].buffer_bytes
     assert victim <= roce_buffer
 
@@ -106,7 +106,7 @@ def test_enterprise_isolates_tenants_uses_one_spine_and_prioritises_interactive(
                for s in ("sp1", "sp2")}
     crossed = to_a["packets"] + roce["packets"] + interactive["packets"]  # all inter-leaf
     assert carried["sp2"] == 0 and carried["sp1"] >= crossed
-    assert report["max_backlog"]["lf1-eth3"]["best-effort"] > 50_000  # RoCE did queue
+    assert report.max_backlog["lf1-eth3"]["best-effort"] > 50_000  # RoCE did queue
     assert interactive["packets"] == 100
     roce_p50 = percentile(roce["latency_us"], 0.5)
     # p90: of 100 probes the p99 is the slowest one, which a scheduling hiccup of a loaded
