@@ -194,7 +194,7 @@ def main() -> int:
             print(f"[{name}] floor: the same frames through a fresh fabric", file=sys.stderr)
             floor = run_floor(scenario, name, os.path.join(run.run_dir, "records", name),
                               os.path.join(work, f"floor-{name}"))
-            rows[name] = {"run": fig.emulation_cost, "floor": floor,
+            rows[name] = {"run": fig.emulation_cost.to_json(), "floor": floor,
                           "fidelity": fig.fidelity.verdict,
                           "cct_p50_ms": round(fig.emulated.cct_us.p50 / 1000, 1)}
     if args.json:

@@ -151,6 +151,22 @@ class Fidelity(Record):
         return self.verdict == "ok"
 
 
+@dataclass(frozen=True)
+class EmulationCost(Record):
+    """Where the machine's CPU went while the traffic ran (``testbed.run.cost.cost_report``):
+    per component (agents, open_vswitch, emulator, controller, runner, kernel, other)."""
+    window_s: Optional[float] = None  # the traffic's wall time
+    frames_delivered: Optional[int] = None
+    cpus: Optional[int] = None
+    busy_share: Optional[float] = None  # CPU seconds / (window x CPUs)
+    cpu_s: Dict[str, float] = field(default_factory=dict)
+    in_kernel_s: Dict[str, float] = field(default_factory=dict)  # the system time of cpu_s
+    us_per_frame: Dict[str, Optional[float]] = field(default_factory=dict)  # per delivered frame
+    total_cpu_s: Optional[float] = None
+    total_us_per_frame: Optional[float] = None  # None: no frame delivered
+    agents_start_cpu_s: Optional[float] = None  # the agents' CPU before the traffic started
+
+
 # the figures only a run of a training job writes (jobs: only with several jobs)
 JOB_FIGURES = frozenset({"iteration_us", "job_compute_us", "exposed_comm_us",
                          "ideal_iteration_us", "pipeline_bubble_us", "network_cost_us",
@@ -404,7 +420,7 @@ class PolicyResult(Record):
         "modelled and the part netem applied, applied (false: off), path_us_applied (the fixed "
         "path delay without the frame's transmission), transmission (whether each frame's own "
         "transmission was added), and measured_min_us {same_leaf, cross_leaf}")
-    emulation_cost: Optional[Dict[str, Any]] = figure(
+    emulation_cost: Optional[EmulationCost] = figure(
         "CPU per delivered frame by component (agents, Open vSwitch, emulator, controller, "
         "runner, kernel) and the CPUs' busy share while the traffic ran (testbed.run.cost)")
     fidelity: Optional[Fidelity] = figure(

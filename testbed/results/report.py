@@ -108,7 +108,8 @@ ROWS = [
     ("rxe ib_write_lat typical (us)", lambda p: _rxe(p, "ib_write_lat", "t_typical_usec")),
     ("rxe ib_write_bw average (MB/s)", lambda p: _rxe(p, "ib_write_bw", "bw_average_mb_per_sec")),
     ("fidelity", lambda p: _at(p.fidelity, "verdict")),
-    ("CPU per delivered frame (us)", lambda p: _of(p.emulation_cost, "total_us_per_frame")),
+    ("CPU per delivered frame (us)",
+     lambda p: p.emulation_cost.total_us_per_frame if p.emulation_cost else None),
     ("  agents / OVS / kernel / rest", lambda p: _cost_split(p.emulation_cost)),
     ("spine load (packets)", lambda p: " / ".join(
         f"{v:,}" for v in (p.spine_load_packets or {}).values()) or None),
@@ -180,11 +181,11 @@ def _hop(h):
 
 def _cost_split(c):
     """Where the machine went, per delivered frame: the three big shares and the rest."""
-    if not c or c.get("total_us_per_frame") is None:
+    if not c or c.total_us_per_frame is None:
         return None
-    us = c["us_per_frame"]
+    us = c.us_per_frame
     big = ("agents", "open_vswitch", "kernel")
-    rest = c["total_us_per_frame"] - sum(us[k] for k in big)
+    rest = c.total_us_per_frame - sum(us[k] for k in big)
     return " / ".join(f"{v:,.0f}" for v in [us[k] for k in big] + [rest])
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from .model import RunResult
+from .model import EmulationCost, RunResult
 
 OUTCOMES = {"retry-exceeded": "failed: QP error", "stalled": "stalled"}
 
@@ -32,13 +32,12 @@ def fidelity_warnings(results: RunResult) -> List[str]:
     return out
 
 
-def cost_text(cost: dict) -> str:
+def cost_text(cost: Optional[EmulationCost]) -> str:
     """One line: where the machine went (the report's line beside the fidelity verdict)."""
     if not cost:
         return "not measured"
-    us = cost["us_per_frame"]
-    if cost["total_us_per_frame"] is None:
+    if cost.total_us_per_frame is None:
         return "no frames delivered"
-    parts = [f"{name.replace('_', ' ')} {v:,.0f}" for name, v in us.items() if v]
-    return (f"{cost['total_us_per_frame']:,.0f} us CPU per frame ("
-            + ", ".join(parts) + f"); CPUs {cost['busy_share']:.0%} busy")
+    parts = [f"{name.replace('_', ' ')} {v:,.0f}" for name, v in cost.us_per_frame.items() if v]
+    return (f"{cost.total_us_per_frame:,.0f} us CPU per frame ("
+            + ", ".join(parts) + f"); CPUs {cost.busy_share:.0%} busy")

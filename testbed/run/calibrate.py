@@ -127,14 +127,14 @@ def round_figures(run: RunResult) -> dict:
     vSwitch's share of the run's CPU time)."""
     out = {}
     for name, p in run.policies.items():
-        cost = p.emulation_cost or {}
-        share = cost.get("busy_share")
+        cost = p.emulation_cost
+        share = cost.busy_share if cost else None
         if not share:
             raise TestbedError(f"calibration: the {name} run measured no CPU share")
         checks = (p.fidelity.checks if p.fidelity else None) or {}
         lag, idle = checks.get("agent_loop_lag") or {}, checks.get("idle_path_latency") or {}
         delay = max(lag.get("p95_us") or 0.0, idle.get("overhead_us") or 0.0)
-        ovs = cost["cpu_s"].get("open_vswitch", 0.0) / max(cost["total_cpu_s"], 1e-9)
+        ovs = cost.cpu_s.get("open_vswitch", 0.0) / max(cost.total_cpu_s or 0.0, 1e-9)
         out[name] = (float(share), delay,
                      lag.get("allowed_p95_us") or idle.get("allowed_overhead_us") or 0.0,
                      round(ovs, 3))

@@ -1,4 +1,5 @@
 """The emulation cost: CPU per component between two snapshots (pure)."""
+from testbed.results.model import EmulationCost
 from testbed.results.verdicts import cost_text
 from testbed.run.cost import COMPONENTS, Snapshot, breakdown, cost_report
 
@@ -35,6 +36,8 @@ def test_report_per_frame_and_busy_share():
     assert list(r["cpu_s"]) == list(COMPONENTS)
     assert r["us_per_frame"]["agents"] == 1000.0 and r["total_cpu_s"] == 2.2
     assert r["busy_share"] == 0.55 and r["total_us_per_frame"] == 2200.0
-    assert "2,200 us CPU per frame" in cost_text(r) and "agents 1,000" in cost_text(r)
+    text = cost_text(EmulationCost.from_json(r, strict=True))  # as results.json is read
+    assert "2,200 us CPU per frame" in text and "agents 1,000" in text
     none = cost_report(before, after, frames=0, cpus=2)
-    assert none["total_us_per_frame"] is None and cost_text(none) == "no frames delivered"
+    assert none["total_us_per_frame"] is None
+    assert cost_text(EmulationCost.from_json(none, strict=True)) == "no frames delivered"
