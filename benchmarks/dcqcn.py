@@ -133,7 +133,7 @@ def figures(run) -> dict:
                                if p.dcqcn_min_rate_mbit else None),
             "slow_starts": slow_starts(run.run_dir, line_bps),
             "fidelity": p.fidelity.verdict,
-            "idle_path": p.fidelity.checks["idle_path_latency"],
+            "idle_path": p.fidelity.checks.idle_path_latency.to_json(),
             "problems": list(p.fidelity.problems)}
 
 

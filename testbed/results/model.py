@@ -138,11 +138,109 @@ class Modelled(Record):
 
 
 @dataclass(frozen=True)
+class Check(Record):
+    """One check of the fidelity monitor (``testbed.run.fidelity``): ok (None: nothing to
+    judge, ``note`` says why) and what it measured, with its tolerance. A figure the check
+    could not measure is left out of results.json."""
+    ok: Optional[bool] = None
+    note: Optional[str] = None
+
+    @classmethod
+    def _measured(cls) -> FrozenSet[str]:
+        return frozenset(f.name for f in dataclasses.fields(cls) if f.name != "ok")
+
+
+@dataclass(frozen=True)
+class InterDequeueCheck(Check):
+    """Busy NICs pace frames one serialization time apart (deviations in frame times)."""
+    busy_gaps: Optional[int] = None
+    share_within_tolerance: Optional[float] = None
+    tolerance: Optional[float] = None
+    required_share: Optional[float] = None
+    deviation_p10: Optional[float] = None
+    deviation_p50: Optional[float] = None
+    deviation_p90: Optional[float] = None
+    paused_gaps_left_out: Optional[int] = None
+    shaper_burst_bytes: Optional[int] = None
+    shaper_run_ahead_us_max: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class IdlePathCheck(Check):
+    """What the emulator adds to a path apart from the queues it models (us)."""
+    paths: Optional[int] = None
+    destinations: Optional[int] = None
+    overhead_from: Optional[str] = None  # forwarding (timed in the kernel) or latency floor
+    overhead_us: Optional[float] = None
+    allowed_overhead_us: Optional[float] = None
+    forwarding_us: Optional[Dict[str, Any]] = None
+    hops: Optional[int] = None
+    min_latency_us_median: Optional[float] = None
+    min_latency_us_worst: Optional[float] = None
+    floor_overhead_us: Optional[float] = None
+    overhead_us_worst: Optional[float] = None
+    overhead_us_lowest: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class CpuCheck(Check):
+    """The machine's CPUs, sampled while the traffic ran (busy shares)."""
+    samples: Optional[int] = None
+    busy_mean: Optional[float] = None
+    busy_p90: Optional[float] = None
+    busy_max: Optional[float] = None
+    allowed_busy_p90: Optional[float] = None
+    headroom_p90: Optional[float] = None
+    cpus: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class LagCheck(Check):
+    """How late the agents acted on their timers (us); by_timer per kind of timer."""
+    p50_us: Optional[float] = None
+    p95_us: Optional[float] = None
+    p99_us: Optional[float] = None
+    max_us: Optional[float] = None
+    samples: Optional[int] = None
+    allowed_p95_us: Optional[float] = None
+    first_start_lag_us_max: Optional[float] = None
+    scheduling: Optional[str] = None
+    by_timer: Optional[Dict[str, Dict[str, Any]]] = None
+
+
+@dataclass(frozen=True)
+class DropsCheck(Check):
+    """Packets lost outside every emulated buffer."""
+    unexplained_drops: Optional[int] = None
+
+
+for _check in (InterDequeueCheck, IdlePathCheck, CpuCheck, LagCheck, DropsCheck):
+    _check.OMITTED_WHEN_EMPTY = _check._measured()
+
+
+@dataclass(frozen=True)
+class FidelityChecks(Record):
+    inter_dequeue: Optional[InterDequeueCheck] = None
+    idle_path_latency: Optional[IdlePathCheck] = None
+    cpu: Optional[CpuCheck] = None
+    agent_loop_lag: Optional[LagCheck] = None
+    emulator_drops: Optional[DropsCheck] = None
+
+    OMITTED_WHEN_EMPTY = frozenset({"inter_dequeue", "idle_path_latency", "cpu",
+                                    "agent_loop_lag", "emulator_drops"})
+
+    def items(self):
+        """(name, check) of every check the run made."""
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None]
+
+
+@dataclass(frozen=True)
 class Fidelity(Record):
     verdict: Optional[str] = None
     problems: Tuple[str, ...] = ()
     advice: Optional[str] = None
-    checks: Optional[Dict[str, dict]] = None
+    checks: Optional[FidelityChecks] = None
 
     OMITTED_WHEN_EMPTY = frozenset({"advice"})
 

@@ -22,17 +22,16 @@ import platform
 import shutil
 import tempfile
 import time
-from typing import TYPE_CHECKING, Callable, Dict, Optional
+from typing import Callable, Dict, Optional
 
 from ..base.atomic import write_json_atomic
 from ..base.errors import TestbedError
 from ..job.plan import switch_hops
+from ..results.model import FidelityChecks, IdlePathCheck, LagCheck, RunResult
 from ..scenario import timescale
 from ..scenario.timescale import CALIBRATION_VERSION, REFERENCE_RATE_MBIT, Calibration
 from .fidelity import busy_between, cpu_counters
 
-if TYPE_CHECKING:
-    from ..results.model import RunResult
 
 MACHINE_DIR = "/var/lib/ai-fabric-testbed"
 
@@ -131,12 +130,12 @@ def round_figures(run: RunResult) -> dict:
         share = cost.busy_share if cost else None
         if not share:
             raise TestbedError(f"calibration: the {name} run measured no CPU share")
-        checks = (p.fidelity.checks if p.fidelity else None) or {}
-        lag, idle = checks.get("agent_loop_lag") or {}, checks.get("idle_path_latency") or {}
-        delay = max(lag.get("p95_us") or 0.0, idle.get("overhead_us") or 0.0)
+        checks = (p.fidelity.checks if p.fidelity else None) or FidelityChecks()
+        lag = checks.agent_loop_lag or LagCheck()
+        idle = checks.idle_path_latency or IdlePathCheck()
+        delay = max(lag.p95_us or 0.0, idle.overhead_us or 0.0)
         ovs = cost.cpu_s.get("open_vswitch", 0.0) / max(cost.total_cpu_s or 0.0, 1e-9)
-        out[name] = (float(share), delay,
-                     lag.get("allowed_p95_us") or idle.get("allowed_overhead_us") or 0.0,
+        out[name] = (float(share), delay, lag.allowed_p95_us or idle.allowed_overhead_us or 0.0,
                      round(ovs, 3))
     return out
 

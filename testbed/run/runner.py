@@ -273,7 +273,8 @@ def run_again(asked_scenario: Scenario, scenario: Scenario,
         return None
     rate = scenario.topology.host_rate_mbit
     fidelity = {name: rejected_first(kept.runs(name)) for name in kept.policies}
-    wants = {name: timescale.retry_rate(rate, {name: section.checks or {}})
+    wants = {name: timescale.retry_rate(
+        rate, {name: section.checks.to_json() if section.checks else {}})
              for name, section in fidelity.items()}
     calibrate.remember(asked_scenario, choice.calibration, wants, first=not choice.attempts,
                        capped=rate == choice.learned_cap_mbit)

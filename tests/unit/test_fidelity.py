@@ -196,3 +196,39 @@ def test_a_late_run_names_the_kind_of_timer_with_the_latest_tail():
     assert not check["ok"] and check["by_timer"] == lag["by_timer"]
     v = F.verdict({"agent_loop_lag": check}, host_rate_mbit=40.0)
     assert "latest: dcqcn timers (p95 400 us of 2)" in v["problems"][0]
+
+
+def test_the_monitors_checks_are_declared_records_that_round_trip_through_json():
+    """What evaluate writes (testbed.run.fidelity) is what results.json's readers declare
+    (testbed.results.model): every figure of every check loads strictly, reads as an
+    attribute, and is written back as it was; a figure the check could not measure (None)
+    is left out."""
+    import json
+
+    from testbed.results.model import Fidelity
+    from testbed.run import fidelity as F
+
+    inter = dict(F.inter_dequeue_check([0.01, -0.02, 0.5], 0.1, 0.5), paused_gaps_left_out=0,
+                 shaper_burst_bytes=3000, shaper_run_ahead_us_max=12.0)
+    lag = {"count": 3, "p50_us": 1.0, "p95_us": 2.0, "p99_us": 3.0, "max_us": 4.0,
+           "by_timer": {"rto": {"count": 1, "p50_us": 1.0, "p95_us": 2.0, "max_us": 2.0}}}
+    checks = {"inter_dequeue": inter,
+              "idle_path_latency": F.idle_path_check({(0, 1): 10.0}, {(0, 1): 1.0}, 50.0,
+                                                     {"p10_us": 2.0, "hops": 9}, 3),
+              "cpu": F.cpu_check([0.2, 0.95, 0.97], 0.9),
+              "agent_loop_lag": F.lag_check(lag, 50.0),
+              "emulator_drops": F.drops_check(0)}
+    section = json.loads(json.dumps(F.verdict(checks, 40.0)))
+    typed = Fidelity.from_json(section, "fidelity", strict=True)
+    assert not typed.ok and typed.checks.cpu.ok is False and len(typed.problems) == 1
+    assert typed.checks.cpu.busy_p90 == section["checks"]["cpu"]["busy_p90"]
+    assert typed.checks.idle_path_latency.overhead_us == 6.0  # the hop floor x 3 hops
+    assert typed.checks.agent_loop_lag.by_timer["rto"]["count"] == 1
+    written = json.loads(json.dumps(typed.to_json()))
+    for name, check in section["checks"].items():
+        assert written["checks"][name] == {k: v for k, v in check.items()
+                                           if v is not None or k == "ok"}, name
+    unmeasured = Fidelity.from_json(json.loads(json.dumps(F.verdict(
+        {"cpu": F.cpu_check([], 0.9)}, 40.0))), strict=True)
+    assert unmeasured.checks.cpu.ok is None and unmeasured.checks.cpu.samples == 0
+    assert [name for name, _c in unmeasured.checks.items()] == ["cpu"]
