@@ -250,6 +250,35 @@ class Fidelity(Record):
 
 
 @dataclass(frozen=True)
+class Extrapolation(Record):
+    """The straggler's cost on ``gpus`` GPUs (``traffic.metrics.extrapolate_idle``): each of
+    the other gpus - 1 waits as long as a rank waited here on average, per step."""
+    gpus: Optional[int] = None
+    mean_lag_us_emulated: Optional[float] = None
+    mean_lag_us_modelled: Optional[float] = None
+    gpu_seconds_per_step_emulated: Optional[float] = None
+    gpu_seconds_per_step_modelled: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class PerHopLatency(Record):
+    """The per-hop latency model of a policy and what applied it
+    (``testbed.fabric.network.Fabric.hop_delays``, ``testbed.base.hops``)."""
+    forwarding: Optional[str] = None  # store_and_forward or cut_through
+    pipeline_ns: Optional[float] = None
+    cable_m: Optional[float] = None
+    extra_us: Optional[float] = None
+    time_scale: Optional[float] = None
+    mechanism: Optional[str] = None  # netem, nic (the receiving RNIC's delay line) or off
+    delay_us_modelled: Dict[str, float] = field(default_factory=dict)  # per port kind
+    delay_us_netem: Dict[str, float] = field(default_factory=dict)  # the part netem applied
+    applied: Optional[bool] = None  # false: off
+    path_us_applied: Dict[str, float] = field(default_factory=dict)  # same_leaf, cross_leaf
+    transmission: Optional[bool] = None  # each frame's own transmission added
+    measured_min_us: Dict[str, Optional[float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class EmulationCost(Record):
     """Where the machine's CPU went while the traffic ran (``testbed.run.cost.cost_report``):
     per component (agents, open_vswitch, emulator, controller, runner, kernel, other)."""
@@ -306,7 +335,7 @@ class CollectiveResult(Record):
     straggler_idle_us: Optional[StragglerIdle] = figure(
         "sum over ranks of (the slowest rank's finish - the rank's own finish) {per_iteration, "
         "total, mean}, a rank's finish being the end of its own work", unit="us, emulated")
-    extrapolation: Optional[Dict[str, Any]] = figure(
+    extrapolation: Optional[Extrapolation] = figure(
         "the same mean lag on extrapolate_gpus GPUs: (N - 1) x lag GPU-seconds per step, "
         "emulated and modelled")
     bytes_sent_per_rank: Optional[Dict[str, Any]] = figure(
@@ -420,7 +449,7 @@ class PolicyResult(Record):
     busbw_gbps_modelled: Optional[float] = figure("busbw x time scale", unit="Gbit/s")
     straggler_idle_us: Optional[StragglerIdle] = figure(
         "idle time the slowest rank caused {per_iteration, total, mean}", unit="us, emulated")
-    extrapolation: Optional[Dict[str, Any]] = figure(
+    extrapolation: Optional[Extrapolation] = figure(
         "the straggler's cost on extrapolate_gpus GPUs, GPU-seconds per step")
     collectives: Tuple[CollectiveResult, ...] = figure(
         "one entry per collective and size (below); empty when a job ran", default=())
@@ -512,7 +541,7 @@ class PolicyResult(Record):
     ecn_marking_via: Optional[str] = figure(
         "sampled marking applied by bpf (the tc program) or openflow (marking groups)")
     red_marked_by_port: Optional[Dict[str, int]] = figure("with RED: the CE marks each port set")
-    per_hop_latency: Optional[Dict[str, Any]] = figure(
+    per_hop_latency: Optional[PerHopLatency] = figure(
         "the per-hop model (forwarding, pipeline_ns, cable_m, time_scale), the mechanism that "
         "applied it (netem, nic: the receiving RNIC's delay line, off), the delay per port kind "
         "modelled and the part netem applied, applied (false: off), path_us_applied (the fixed "

@@ -175,8 +175,8 @@ def _hop(h):
     """What applied the modelled path delay, and the forwarding mode it models."""
     if not h:
         return None
-    how = h.get("mechanism")  # as emulation.path_delay names it
-    return f"{how}, {h['forwarding'].replace('_', '-')}" if h.get("applied") else how
+    how = h.mechanism  # as emulation.path_delay names it
+    return f"{how}, {h.forwarding.replace('_', '-')}" if h.applied else how
 
 
 def _cost_split(c):
@@ -391,7 +391,7 @@ def _idle_on_n(on_n):
 def _gpu_s(extrapolation):
     if not extrapolation:
         return None
-    return f"{extrapolation['gpu_seconds_per_step_modelled']:.3g} @ {extrapolation['gpus']:,}"
+    return f"{extrapolation.gpu_seconds_per_step_modelled:.3g} @ {extrapolation.gpus:,}"
 
 
 def sweep(policy: str, entries: Sequence[CollectiveResult], emulated: bool = False

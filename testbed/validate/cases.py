@@ -38,7 +38,7 @@ def _straggler_judge(results: Dict[str, RunResult]) -> Verdict:
     later = c.straggler_idle_us.per_iteration[1:]  # the first iteration's start is uneven
     idle = sum(later) / len(later)
     expected = (STRAGGLER_RANKS - 1) * STRAGGLER_US
-    per_step = c.extrapolation["gpu_seconds_per_step_modelled"]
+    per_step = c.extrapolation.gpu_seconds_per_step_modelled
     seed = 9_999 * 20e-6  # the seed's example: 20 us late on 10,000 GPUs
     scaled = per_step * 20.0 / STRAGGLER_US
     ok = abs(idle - expected) <= 0.10 * expected and abs(scaled - seed) <= 0.10 * seed

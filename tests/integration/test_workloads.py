@@ -83,8 +83,8 @@ def test_an_injected_straggler_shows_up_in_straggler_idle(tmp_path):
     idle = c.straggler_idle_us.per_iteration
     assert c.straggler_idle_us.total == pytest.approx(sum(idle), abs=1)
     e = c.extrapolation
-    assert e["gpus"] == 10_000
-    assert e["gpu_seconds_per_step_emulated"] == pytest.approx(
+    assert e.gpus == 10_000
+    assert e.gpu_seconds_per_step_emulated == pytest.approx(
         9_999 * c.straggler_idle_us.mean / (n - 1) / 1e6, rel=1e-3)
 
 

@@ -44,9 +44,9 @@ def test_a_straggler_idles_the_other_ranks(testbed_run):
     c = result.policy("hyperscale").collective()
     later = c.modelled.straggler_idle_us.per_iteration[1:]  # the modelled fabric's time
     assert sum(later) / len(later) == pytest.approx(3 * 40.0, rel=0.15)  # 3 ranks x 40 us
-    assert c.extrapolation["gpus"] == 10_000
+    assert c.extrapolation.gpus == 10_000
     # each of 9,999 others waits about 40 us of modelled time per step (80% of it at least)
-    assert c.extrapolation["gpu_seconds_per_step_modelled"] > 9_999 * 32e-6
+    assert c.extrapolation.gpu_seconds_per_step_modelled > 9_999 * 32e-6
 
 
 def test_an_incast_from_a_neighbouring_job_reaches_every_byte_and_slows_its_senders(
@@ -91,9 +91,8 @@ def test_a_latency_bound_ring_takes_the_modelled_path_delay_per_step(testbed_run
         model[name] = 14 * (fixed + 2 * frame_us) + fixed + ack_us
         cct[name] = p.collective().modelled.cct_us.p50
         assert cct[name] == pytest.approx(model[name], rel=0.15), name
-    assert result.policy("lossless").per_hop_latency["forwarding"] == "cut_through"
-    assert result.policy("hyperscale").per_hop_latency["forwarding"] == \
-        "store_and_forward"
+    assert result.policy("lossless").per_hop_latency.forwarding == "cut_through"
+    assert result.policy("hyperscale").per_hop_latency.forwarding == "store_and_forward"
     # cut-through's advantage is the model's: 14 + 1 paths' worth of store-and-forward
     margin = cct["hyperscale"] - cct["lossless"]
     assert margin == pytest.approx(model["hyperscale"] - model["lossless"], rel=0.15)
