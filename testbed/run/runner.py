@@ -102,8 +102,9 @@ def _keep_traceback(run_dir: str, e: Exception) -> str:
 
 @dataclass
 class Kept:
-    """What one attempt measured, typed: each policy's first run, its later runs (``repeat``)
-    and their spread; results.json is written from it."""
+    """What the current attempt measured so far, typed: each policy's first run, its later
+    runs (``repeat``) and their spread; results.json is written from it, also when the run
+    is interrupted or fails part way."""
     policies: Dict[str, PolicyResult] = field(default_factory=dict)
     repeats: Dict[str, List[PolicyResult]] = field(default_factory=dict)
     spread: Dict[str, dict] = field(default_factory=dict)
@@ -111,6 +112,12 @@ class Kept:
     def runs(self, name: str) -> List[PolicyResult]:
         """Every run of a policy, the first first."""
         return [self.policies[name]] + self.repeats.get(name, [])
+
+    def clear(self) -> None:
+        """A new attempt: the one before was set aside (``keep_attempt``)."""
+        self.policies.clear()
+        self.repeats.clear()
+        self.spread.clear()
 
     def to_json(self) -> dict:
         out = {"policies": {n: p.to_json() for n, p in self.policies.items()}}
@@ -167,8 +174,8 @@ def run(scenario: Scenario, out_root: str = "results", progress: Say = lambda s:
                                         "servers"]))
             results["cpu_wakeup"] = wakeup
             progress(wakeup_text(wakeup))
-            kept = _attempts(asked, scenario, choice, plan, caps, run_dir, ledger, results,
-                             progress)
+            _attempts(asked, scenario, choice, plan, caps, run_dir, ledger, results, kept,
+                      progress)
         results["status"] = "complete"
     except KeyboardInterrupt:
         results["status"] = "incomplete"
@@ -210,23 +217,23 @@ def _say_unscaled(scenario: Scenario, progress: Say) -> List[str]:
 
 def _attempts(asked: Scenario, scenario: Scenario, choice: Optional[timescale.Choice],
               plan: FabricPlan, caps: Capabilities, run_dir: str, ledger: Ledger,
-              results: dict, progress: Say) -> Kept:
-    """Every policy at the chosen rate (``_policies``); while the fidelity monitor rejects
-    some and ``auto`` may go slower, the attempt is set aside and every policy runs again.
-    Returns what the last attempt measured."""
+              results: dict, kept: Kept, progress: Say) -> None:
+    """Every policy at the chosen rate (``_policies``), into ``kept`` as each one finishes;
+    while the fidelity monitor rejects some and ``auto`` may go slower, the attempt is set
+    aside and every policy runs again."""
     while True:
-        kept = Kept()
         _policies(scenario, plan, caps, run_dir, ledger, results, kept, progress)
         again = run_again(asked, scenario, choice, results, kept, run_dir, progress)
         if again is None:
-            return kept
+            return
         scenario, choice = again
+        kept.clear()
         results.update({"scenario": scenario.to_dict(),
                         "time_scale": round(scenario.time_scale, 1),
                         "time_scale_choice": choice.to_dict(),
                         "time_scale_not_scaled": _say_unscaled(scenario, progress)})
         write_json_atomic(os.path.join(run_dir, "results.json"),
-                          dict(results, **Kept().to_json()))
+                          dict(results, **kept.to_json()))
 
 
 def _policies(scenario: Scenario, plan: FabricPlan, caps: Capabilities, run_dir: str,
