@@ -39,7 +39,7 @@ from os_ken.lib import hub
 from os_ken.lib.packet import ethernet, packet
 from os_ken.ofproto import ofproto_v1_3
 
-from .contract import ControllerConfig
+from .contract import ControllerConfig, ControllerEvent
 from .ofp import to_ofp
 
 LOG = logging.getLogger(__name__)
@@ -118,9 +118,9 @@ class FabricController(app_manager.OSKenApp):
         hub.spawn(self._watch)
 
     def _state(self, **event) -> None:
-        event["time"] = time.time()
+        line = ControllerEvent(time=time.time(), **event).to_dict()
         with open(self.state_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(event) + "\n")
+            f.write(json.dumps(line) + "\n")
 
     def _send(self, dpid, messages) -> None:
         dp = self.datapaths.get(dpid)

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Callable, Iterable, List, Set
 
-from controllers.contract import ControllerConfig
+from controllers.contract import ControllerConfig, ControllerEvent
 
 from ..base.errors import ControllerError
 from ..base.ledger import Ledger
@@ -69,24 +69,22 @@ class ControllerProcess:
         with open(self.state_path, encoding="utf-8") as f:
             for line in f:
                 try:
-                    event = json.loads(line)
-                except ValueError:
+                    e = ControllerEvent.from_dict(json.loads(line))
+                except ValueError:  # a line the controller is still writing
                     continue
-                if event.get("event") == "error":
+                name = self.policy.name
+                if e.event == "error":
                     raise ControllerError(
-                        f"switch {event.get('dpid', 0):016x} rejected a message of the "
-                        f"{self.policy.name} policy (OpenFlow error type {event.get('type')} "
-                        f"code {event.get('code')}; see {self.log_path})")
-                if event.get("event") == "failed":
-                    raise ControllerError(f"the {self.policy.name} controller could not program "
-                                          f"switch {event.get('dpid', 0):016x}: "
-                                          f"{event.get('error')}")
-                if event.get("event") == "handler_failed":
-                    raise ControllerError(f"the {self.policy.name} controller's "
-                                          f"{event.get('handler')} failed: {event.get('error')} "
-                                          f"(see {self.log_path})")
-                if event.get("event") == "programmed":
-                    done.add(event["dpid"])
+                        f"switch {e.dpid or 0:016x} rejected a message of the {name} policy "
+                        f"(OpenFlow error type {e.type} code {e.code}; see {self.log_path})")
+                if e.event == "failed":
+                    raise ControllerError(f"the {name} controller could not program switch "
+                                          f"{e.dpid or 0:016x}: {e.error}")
+                if e.event == "handler_failed":
+                    raise ControllerError(f"the {name} controller's {e.handler} failed: "
+                                          f"{e.error} (see {self.log_path})")
+                if e.event == "programmed":
+                    done.add(e.dpid)
         return done
 
     def wait_programmed(self, dpids: Iterable[int], timeout: float = 60.0,

@@ -130,3 +130,27 @@ def test_the_contract_loader_turns_json_back_into_types():
         load(Read, {"n": 1, "later": 2})
     with pytest.raises(ContractError, match=r"Read: own: not declared"):
         load(Read, {"own": "y"})  # the object's own field is never read from JSON
+
+
+def test_the_runner_reads_the_controllers_state_file_as_events(tmp_path):
+    from testbed.base.errors import ControllerError
+    from testbed.run.controller_process import ControllerProcess
+    from controllers.contract import ControllerEvent
+
+    class Policy:
+        name, plan = "hyperscale", None
+    proc = ControllerProcess(Policy(), str(tmp_path), str(tmp_path), ledger=None)
+    lines = [ControllerEvent("programmed", 1.0, dpid=1, switch="lf1").to_dict(),
+             ControllerEvent("programmed", 2.0, dpid=2, switch="lf2").to_dict()]
+    with open(proc.state_path, "w") as f:
+        f.write("".join(json.dumps(e) + "\n" for e in lines) + '{"event": "progr')
+    assert proc.programmed() == {1, 2}  # a line still being written is skipped
+    with open(proc.state_path, "a") as f:
+        f.write("\n" + json.dumps(ControllerEvent("error", 3.0, dpid=3, type=5, code=2)
+                                  .to_dict()) + "\n")
+    with pytest.raises(ControllerError, match="switch 0000000000000003 rejected.*type 5 code 2"):
+        proc.programmed()
+    with open(proc.state_path, "w") as f:
+        f.write(json.dumps({"event": "programmed", "time": 1.0, "dpid": 1, "port": 4}) + "\n")
+    with pytest.raises(ContractError, match="port"):  # a key the contract lacks: a bug, loud
+        proc.programmed()
