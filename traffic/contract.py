@@ -9,7 +9,7 @@ Times are emulated nanoseconds (the runner has applied the time scale); rates bi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 from testbed.base.contract import Contract
 
@@ -177,6 +177,18 @@ class FlowConfig(Contract):
 
 
 @dataclass(frozen=True)
+class LagSummary(Contract):
+    """How late a loop acted on its timers (``traffic.metrics.LagHistogram.summary``): each
+    quantile's upper bound, and the histogram's counts, which pool over agents."""
+    count: int = 0
+    p50_us: Optional[float] = None
+    p95_us: Optional[float] = None
+    p99_us: Optional[float] = None
+    max_us: Optional[float] = None
+    counts: Tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class AgentSummary(Contract):
     """What an agent writes of each GPU when its iterations are done (``<host>.summary.json``,
     ``traffic.records``; read by ``testbed.results.collect``)."""
@@ -187,9 +199,8 @@ class AgentSummary(Contract):
     counters: Dict[str, int] = field(default_factory=dict)
     rx_packets: int = 0  # data packets received
     # how late the loop acted on its timers, all kinds together and per kind
-    # (``traffic.metrics.LagHistogram.to_dict``: count, p50_us, p95_us, p99_us, max_us, counts)
-    loop_lag: Optional[Dict[str, Any]] = None
-    loop_lag_by_timer: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    loop_lag: Optional[LagSummary] = None
+    loop_lag_by_timer: Dict[str, LagSummary] = field(default_factory=dict)
     first_start_lag_us: Optional[float] = None  # its first compute phase's timer, us late
     scheduling: str = "normal"  # how the agent process got the CPU (traffic.agent.on_time)
     # per peer rank: data frames, their bytes, control frames, their bytes sent

@@ -18,6 +18,8 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from .contract import LagSummary
+
 
 def percentiles(values_us: Sequence[float]) -> Optional[Dict[str, float]]:
     """p50, p99, p99.9, max and mean of a sample (None when it is empty)."""
@@ -157,7 +159,8 @@ class LagHistogram:
     def merge(self, other: "LagHistogram") -> "LagHistogram":
         return LagHistogram([a + b for a, b in zip(self.counts, other.counts)])
 
-    def to_dict(self) -> dict:
-        return {"count": sum(self.counts), "p50_us": self.quantile_us(0.5),
-                "p95_us": self.quantile_us(0.95), "p99_us": self.quantile_us(0.99),
-                "max_us": self.quantile_us(1.0), "counts": self.counts}
+    def summary(self) -> LagSummary:
+        """The histogram as the agents report it (``traffic.contract.LagSummary``)."""
+        return LagSummary(count=sum(self.counts), p50_us=self.quantile_us(0.5),
+                          p95_us=self.quantile_us(0.95), p99_us=self.quantile_us(0.99),
+                          max_us=self.quantile_us(1.0), counts=tuple(self.counts))

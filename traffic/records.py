@@ -114,8 +114,8 @@ def write(gpu: Gpu, out_dir: str) -> None:
     write_csv(base + ".qps.csv", QP_FIELDS, rows)
     summary = AgentSummary(
         rank=gpu.rank, host=gpu.host, counters=counters(gpu), rx_packets=len(nic.packets),
-        loop_lag=gpu.lag.to_dict(),
-        loop_lag_by_timer={k: h.to_dict() for k, h in gpu.lag_by.items()},
+        loop_lag=gpu.lag.summary(),
+        loop_lag_by_timer={k: h.summary() for k, h in gpu.lag_by.items()},
         first_start_lag_us=round(gpu.first_start_lag_ns / 1000.0, 3),
         scheduling=gpu.loop.scheduling,
         frames_to={k: tuple(v) for k, v in frames_to(nic).items()})

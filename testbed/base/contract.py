@@ -2,11 +2,11 @@
 
 Every process the runner starts - the GPU agents, the switch-queue emulator, the controller,
 the background flows - reads its configuration as JSON and builds it with ``load``: declared
-fields only (an unknown key is refused, with its path), nested dataclasses, ``Optional``,
-``Tuple[X, ...]``, ``Dict[K, V]`` (JSON's string keys turned back into ``K``) and types that
-build themselves from a mapping (a ``from_dict`` classmethod, e.g. ``FabricPlan``). ``dump``
-turns a contract back into plain JSON values; ``Contract`` gives a dataclass both as
-``to_dict`` / ``from_dict``. Scenario files have their own, richer checks
+fields only (an unknown key is refused, with its path), nested dataclasses (or instances of
+them, as built), ``Optional``, ``Tuple[X, ...]``, ``Dict[K, V]`` (JSON's string keys turned
+back into ``K``) and types that build themselves from a mapping (a ``from_dict``
+classmethod, e.g. ``FabricPlan``). ``dump`` turns a contract back into plain JSON values;
+``Contract`` gives a dataclass both as ``to_dict`` / ``from_dict``. Scenario files have their own, richer checks
 (``testbed.base.schema``: ranges, choices, user-facing errors); this is for what one part of
 the testbed tells another.
 
@@ -62,6 +62,8 @@ def load(tp: Any, value: Any, path: str = "", strict: bool = True) -> Any:
         return {(key(k) if key in (int, float) else k): load(item, v, f"{where}.{k}", strict)
                 for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):  # built as a record where it was made
+            return value
         return _load_fields(tp, value, where, strict)
     if isinstance(tp, type) and hasattr(tp, "from_dict"):
         return tp.from_dict(value)

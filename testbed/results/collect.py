@@ -24,7 +24,7 @@ of it.
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 import os
 import dataclasses
 from dataclasses import dataclass, field
@@ -40,7 +40,7 @@ from . import breakdown, trace
 from .fanin import fan_in
 from .jobfigures import (compute_waits, fabric_bytes_sent, job_figures, ops_by_rank_iteration,
                          waited_for)
-from .model import Modelled
+from .model import AgentLoopLag, Modelled, TimerLag
 from .packets import (Packets, packets_and_gpus, read_csv, read_summaries,
                       rows_if_any)
 
@@ -83,13 +83,10 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
     summaries = read_summaries(records_dir)
     packets, per_gpu, app_clock = packets_and_gpus(records_dir, summaries)
     iterations = _rows(records_dir, summaries, "iterations")
-    counters: Dict[str, int] = {}
-    for summary in summaries:
-        for key, value in summary.counters.items():
-            counters[key] = counters.get(key, 0) + value
+    counters: Counter = sum((Counter(s.counters) for s in summaries), Counter())
     rates = [float(r["rate_bps"]) for s in summaries
              for r in rows_if_any(os.path.join(records_dir, f"{s.host}.qps.csv"))]
-    sent = counters.get("tx_packets", 0) + counters.get("retransmitted", 0)
+    sent = counters["tx_packets"] + counters["retransmitted"]
     received = int(packets.src.size)
     m = ctx.mechanisms
     figures = {
@@ -99,22 +96,22 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
         "packets_sent": sent,
         "packets_received": received,
         "drops": sent - received,
-        "retransmitted_packets": counters.get("retransmitted", 0),
-        "naks": counters.get("naks_sent", 0),
-        "rto_timeouts": counters.get("timeouts", 0),
-        "out_of_order_dropped": counters.get("resp_out_of_order_dropped", 0),
-        "new_flowlets": counters.get("flowlets", 0),
-        "ecn_marked_packets": counters.get("rx_ce", 0) if m.ecn else None,
-        "cnps_sent": counters.get("cnps_sent", 0) if m.cnp else None,
-        "cnps_received": counters.get("cnps_received", 0) if m.cnp else None,
+        "retransmitted_packets": counters["retransmitted"],
+        "naks": counters["naks_sent"],
+        "rto_timeouts": counters["timeouts"],
+        "out_of_order_dropped": counters["resp_out_of_order_dropped"],
+        "new_flowlets": counters["flowlets"],
+        "ecn_marked_packets": counters["rx_ce"] if m.ecn else None,
+        "cnps_sent": counters["cnps_sent"] if m.cnp else None,
+        "cnps_received": counters["cnps_received"] if m.cnp else None,
         "dcqcn_min_rate_mbit": round(min(rates) / 1e6, 3) if rates else None,
-        "rx_socket_drops": counters.get("rx_socket_drops", 0),
-        "rx_invalid": counters.get("rx_invalid", 0),
-        "rx_bad_icrc": counters.get("rx_bad_icrc", 0),
-        "rx_unexpected_messages": counters.get("rx_unexpected_messages", 0),
-        "rx_foreign_qp": counters.get("rx_foreign_qp", 0),
-        "rx_no_timestamp": counters.get("rx_no_timestamp", 0),
-        "nic_backpressure_waits": counters.get("tx_blocked", 0),
+        "rx_socket_drops": counters["rx_socket_drops"],
+        "rx_invalid": counters["rx_invalid"],
+        "rx_bad_icrc": counters["rx_bad_icrc"],
+        "rx_unexpected_messages": counters["rx_unexpected_messages"],
+        "rx_foreign_qp": counters["rx_foreign_qp"],
+        "rx_no_timestamp": counters["rx_no_timestamp"],
+        "nic_backpressure_waits": counters["tx_blocked"],
         "agent_loop_lag_us": _pooled_lag(summaries),
         "collectives": [_workload_figures(i, spec, ctx, packets, iterations)
                         for i, spec in enumerate(ctx.workloads)],
@@ -283,30 +280,28 @@ def _fan_in(ctx: RunContext, spans: List[dict], packets: Packets) -> dict:
     return fan_in(ctx.job.graph, spans, d.src, d.dst, rx_ns, d.payload, ctx.time_scale)
 
 
-def _pooled_lag(summaries: List[AgentSummary]) -> Optional[dict]:
+def _pooled_lag(summaries: List[AgentSummary]) -> Optional[AgentLoopLag]:
     """How late the agents woke for their timers, over all agents; ``by_timer``: the same per
     kind of timer (compute ends, RTOs, DCQCN events, pacing, NAKs), to show which ones lag."""
-    pooled = _pool([(s.loop_lag or {}).get("counts") for s in summaries])
+    pooled = _pool([s.loop_lag.counts for s in summaries if s.loop_lag])
     if pooled is None:
         return None
-    d = pooled.to_dict()
-    del d["counts"]
-    first = [s.first_start_lag_us for s in summaries if s.first_start_lag_us is not None]
-    d["first_start_lag_us_max"] = max(first) if first else None
-    d["scheduling"] = ", ".join(sorted({s.scheduling for s in summaries}))
-    kinds = sorted({k for s in summaries for k in s.loop_lag_by_timer})
-    d["by_timer"] = {}
-    for kind in kinds:
-        hist = _pool([(s.loop_lag_by_timer.get(kind) or {}).get("counts")
-                      for s in summaries])
+    by_timer = {}
+    for kind in sorted({k for s in summaries for k in s.loop_lag_by_timer}):
+        hist = _pool([s.loop_lag_by_timer[kind].counts for s in summaries
+                      if kind in s.loop_lag_by_timer])
         if hist is not None:
-            k = hist.to_dict()
-            d["by_timer"][kind] = {"count": k["count"], "p50_us": k["p50_us"],
-                                   "p95_us": k["p95_us"], "max_us": k["max_us"]}
-    return d
+            k = hist.summary()
+            by_timer[kind] = TimerLag(k.count, k.p50_us, k.p95_us, k.max_us)
+    first = [s.first_start_lag_us for s in summaries if s.first_start_lag_us is not None]
+    lag = pooled.summary()
+    return AgentLoopLag(lag.count, lag.p50_us, lag.p95_us, lag.p99_us, lag.max_us,
+                        first_start_lag_us_max=max(first) if first else None,
+                        scheduling=", ".join(sorted({s.scheduling for s in summaries})),
+                        by_timer=by_timer)
 
 
-def _pool(counts: List[Optional[List[int]]]) -> Optional[metrics.LagHistogram]:
+def _pool(counts: List[Sequence[int]]) -> Optional[metrics.LagHistogram]:
     hists = [metrics.LagHistogram(c) for c in counts if c]
     if not hists:
         return None

@@ -195,6 +195,29 @@ class CpuCheck(Check):
 
 
 @dataclass(frozen=True)
+class TimerLag(Record):
+    """How late the agents acted on one kind of timer (us)."""
+    count: Optional[int] = None
+    p50_us: Optional[float] = None
+    p95_us: Optional[float] = None
+    max_us: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class AgentLoopLag(Record):
+    """How late the agents acted on their timers, pooled over agents (us): each quantile's
+    upper bound (``traffic.metrics.LagHistogram``), and per kind of timer."""
+    count: Optional[int] = None
+    p50_us: Optional[float] = None
+    p95_us: Optional[float] = None
+    p99_us: Optional[float] = None
+    max_us: Optional[float] = None
+    first_start_lag_us_max: Optional[float] = None  # the very first start, all ranks at once
+    scheduling: Optional[str] = None  # how the agent processes got the CPU
+    by_timer: Dict[str, TimerLag] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class LagCheck(Check):
     """How late the agents acted on their timers (us); by_timer per kind of timer."""
     p50_us: Optional[float] = None
@@ -205,7 +228,7 @@ class LagCheck(Check):
     allowed_p95_us: Optional[float] = None
     first_start_lag_us_max: Optional[float] = None
     scheduling: Optional[str] = None
-    by_timer: Optional[Dict[str, Dict[str, Any]]] = None
+    by_timer: Optional[Dict[str, TimerLag]] = None
 
 
 @dataclass(frozen=True)
@@ -506,7 +529,7 @@ class PolicyResult(Record):
         "and credit_wait_ms included: what the tables show and what compares across time "
         "scales")
     agents_reporting: Optional[int] = figure("agent processes whose records were read")
-    agent_loop_lag_us: Optional[Dict[str, Any]] = figure(
+    agent_loop_lag_us: Optional[AgentLoopLag] = figure(
         "how late the agents acted on their timers, pooled over agents; by_timer splits it by "
         "kind", unit="us")
     nic_backpressure_waits: Optional[int] = figure(

@@ -125,7 +125,7 @@ def packets_and_gpus(records_dir: str, summaries: List[AgentSummary]):
                          "packets_sent": count("tx_packets") + count("retransmitted"),
                          "packets_received": len(rows),
                          "latency_us_p50": lat.get("p50"), "latency_us_p99": lat.get("p99"),
-                         "loop_lag_us_p99": (summary.loop_lag or {}).get("p99_us"),
+                         "loop_lag_us_p99": summary.loop_lag.p99_us if summary.loop_lag else None,
                          "rx_foreign_qp": count("rx_foreign_qp")}
     joined = {k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64))
               for k, v in cols.items()}

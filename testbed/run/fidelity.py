@@ -35,6 +35,8 @@ prints a warning for a run outside tolerance and suggests lower rates.
 """
 from __future__ import annotations
 
+from collections import defaultdict
+from dataclasses import replace
 import os
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -43,6 +45,8 @@ import numpy as np
 
 from ..base.frames import full_frame_bytes
 from ..fabric.shaping import burst_bytes
+from ..results.model import (AgentLoopLag, Check, CpuCheck, DropsCheck, Fidelity,
+                             FidelityChecks, IdlePathCheck, InterDequeueCheck, LagCheck)
 from .cost import machine_cpu_s
 
 VERDICT_OK = "ok"
@@ -94,16 +98,17 @@ def overlaps_a_span(start: np.ndarray, end: np.ndarray,
     return (last >= 0) & (s[np.maximum(last, 0), 1] > start)
 
 
-def inter_dequeue_check(deviations: Sequence[float], tolerance: float, within: float) -> dict:
+def inter_dequeue_check(deviations: Sequence[float], tolerance: float,
+                        within: float) -> InterDequeueCheck:
     d = np.asarray(deviations, dtype=float)
     if d.size == 0:
-        return {"ok": None, "busy_gaps": 0, "note": "no busy gaps measured"}
+        return InterDequeueCheck(ok=None, busy_gaps=0, note="no busy gaps measured")
     share = float(np.mean(np.abs(d) <= tolerance))
     p10, p50, p90 = np.percentile(d, [10, 50, 90])
-    return {"ok": share >= within, "busy_gaps": int(d.size),
-            "share_within_tolerance": round(share, 4), "tolerance": tolerance,
-            "required_share": within, "deviation_p10": round(float(p10), 4),
-            "deviation_p50": round(float(p50), 4), "deviation_p90": round(float(p90), 4)}
+    return InterDequeueCheck(
+        ok=share >= within, busy_gaps=int(d.size), share_within_tolerance=round(share, 4),
+        tolerance=tolerance, required_share=within, deviation_p10=round(float(p10), 4),
+        deviation_p50=round(float(p50), 4), deviation_p90=round(float(p90), 4))
 
 
 # The statistic of a switch hop's forwarding time that stands for the emulator's floor: the
@@ -113,7 +118,7 @@ FORWARDING_FLOOR = "p10_us"
 
 def idle_path_check(minima_us: Dict[tuple, float], excess_us: Dict[tuple, float],
                     allowed_us: float, forwarding: Optional[dict] = None,
-                    hops: int = 3) -> dict:
+                    hops: int = 3) -> IdlePathCheck:
     """The emulator's own cost on a path (``overhead_us``): ``forwarding``'s floor, its hop
     p10 (``testbed.fabric.bpfforward.summary``), times ``hops``, the switches of the longest
     path;
@@ -123,96 +128,92 @@ def idle_path_check(minima_us: Dict[tuple, float], excess_us: Dict[tuple, float]
     senders). It must be small; the lowest excess must not be negative by as much (a delay
     not applied)."""
     if not minima_us:
-        return {"ok": None, "paths": 0, "note": "no packets"}
+        return IdlePathCheck(ok=None, paths=0, note="no packets")
     over = np.asarray([excess_us[k] for k in minima_us], dtype=float)
     minima = np.asarray(list(minima_us.values()), dtype=float)
-    into: Dict[int, float] = {}
+    into: Dict[int, float] = defaultdict(lambda: float("inf"))
     for (_src, dst), excess in zip(minima_us, over.tolist()):
-        into[dst] = min(excess, into.get(dst, excess))
+        into[dst] = min(excess, into[dst])
     floor, lowest = float(np.median(list(into.values()))), float(over.min())
     overhead = forwarding[FORWARDING_FLOOR] * hops if forwarding else floor
-    return {"ok": overhead <= allowed_us and lowest >= -allowed_us, "paths": int(over.size),
-            "destinations": len(into),
-            "overhead_from": "forwarding" if forwarding else "latency floor",
-            "overhead_us": round(overhead, 3), "allowed_overhead_us": round(allowed_us, 3),
-            "forwarding_us": forwarding, "hops": hops,
-            "min_latency_us_median": round(float(np.median(minima)), 3),
-            "min_latency_us_worst": round(float(minima.max()), 3),
-            "floor_overhead_us": round(floor, 3),
-            "overhead_us_worst": round(float(over.max()), 3),
-            "overhead_us_lowest": round(lowest, 3)}
+    return IdlePathCheck(
+        ok=overhead <= allowed_us and lowest >= -allowed_us, paths=int(over.size),
+        destinations=len(into), overhead_from="forwarding" if forwarding else "latency floor",
+        overhead_us=round(overhead, 3), allowed_overhead_us=round(allowed_us, 3),
+        forwarding_us=forwarding, hops=hops,
+        min_latency_us_median=round(float(np.median(minima)), 3),
+        min_latency_us_worst=round(float(minima.max()), 3), floor_overhead_us=round(floor, 3),
+        overhead_us_worst=round(float(over.max()), 3), overhead_us_lowest=round(lowest, 3))
 
 
-def cpu_check(samples: Sequence[float], busy_max: float) -> dict:
+def cpu_check(samples: Sequence[float], busy_max: float) -> CpuCheck:
     a = np.asarray(samples, dtype=float)
     if a.size == 0:
-        return {"ok": None, "samples": 0, "note": "not sampled"}
+        return CpuCheck(ok=None, samples=0, note="not sampled")
     p90 = float(np.percentile(a, 90))
-    return {"ok": p90 <= busy_max, "samples": int(a.size), "busy_mean": round(float(a.mean()), 3),
-            "busy_p90": round(p90, 3), "busy_max": round(float(a.max()), 3),
-            "allowed_busy_p90": busy_max, "headroom_p90": round(1 - p90, 3),
-            "cpus": os.cpu_count()}
+    return CpuCheck(ok=p90 <= busy_max, samples=int(a.size), busy_mean=round(float(a.mean()), 3),
+                    busy_p90=round(p90, 3), busy_max=round(float(a.max()), 3),
+                    allowed_busy_p90=busy_max, headroom_p90=round(1 - p90, 3),
+                    cpus=os.cpu_count())
 
 
-def lag_check(lag: Optional[dict], allowed_us: float) -> dict:
+def lag_check(lag: Optional[AgentLoopLag], allowed_us: float) -> LagCheck:
     """95% of the agents' timed actions (compute-phase ends, pacing, retransmission timers)
     must happen within ``allowed_us`` of their time."""
-    if not lag or not lag.get("count"):
-        return {"ok": None, "note": "no timer wake-ups measured"}
-    return {"ok": lag["p95_us"] <= allowed_us, "p50_us": lag["p50_us"], "p95_us": lag["p95_us"],
-            "p99_us": lag["p99_us"], "max_us": lag["max_us"], "samples": lag["count"],
-            "allowed_p95_us": round(allowed_us, 3),
-            "first_start_lag_us_max": lag.get("first_start_lag_us_max"),
-            "scheduling": lag.get("scheduling"), "by_timer": lag.get("by_timer") or {}}
+    if lag is None or not lag.count:
+        return LagCheck(ok=None, note="no timer wake-ups measured")
+    return LagCheck(ok=lag.p95_us <= allowed_us, p50_us=lag.p50_us, p95_us=lag.p95_us,
+                    p99_us=lag.p99_us, max_us=lag.max_us, samples=lag.count,
+                    allowed_p95_us=round(allowed_us, 3),
+                    first_start_lag_us_max=lag.first_start_lag_us_max,
+                    scheduling=lag.scheduling, by_timer=lag.by_timer)
 
 
-def drops_check(unexplained: int) -> dict:
-    return {"ok": unexplained == 0, "unexplained_drops": unexplained}
+def drops_check(unexplained: int) -> DropsCheck:
+    return DropsCheck(ok=unexplained == 0, unexplained_drops=unexplained)
 
 
-def verdict(checks: Dict[str, dict], host_rate_mbit: float) -> dict:
-    problems = []
-    labels = {"inter_dequeue": "busy NICs did not pace frames at the configured rate",
-              "idle_path_latency": "the emulated paths add more than the model's delay",
-              "cpu": "the CPUs were saturated",
-              "agent_loop_lag": "the traffic agents woke late for their timers",
-              "emulator_drops": "packets were lost outside the emulated buffers"}
-    for name, c in checks.items():
-        if c.get("ok") is False:
-            problems.append(f"{labels.get(name, name)} ({_detail(name, c)})")
-    out = {"verdict": VERDICT_BAD if problems else VERDICT_OK, "problems": problems,
-           "checks": checks}
-    if problems:
-        out["advice"] = ADVICE.format(rate=max(1.0, round(host_rate_mbit / 2, 1)))
-    return out
+LABELS = {"inter_dequeue": "busy NICs did not pace frames at the configured rate",
+          "idle_path_latency": "the emulated paths add more than the model's delay",
+          "cpu": "the CPUs were saturated",
+          "agent_loop_lag": "the traffic agents woke late for their timers",
+          "emulator_drops": "packets were lost outside the emulated buffers"}
 
 
-def _detail(name: str, c: dict) -> str:
-    if name == "inter_dequeue":
-        return (f"{c['share_within_tolerance']:.0%} of {c['busy_gaps']:,} gaps within "
-                f"{c['tolerance']:.0%} of a frame time, need {c['required_share']:.0%}")
-    if name == "idle_path_latency":
-        if c["overhead_us_lowest"] < -c["allowed_overhead_us"]:
-            return (f"a floor {-c['overhead_us_lowest']:,.0f} us below the modelled path delay: "
+def verdict(checks: FidelityChecks, host_rate_mbit: float) -> Fidelity:
+    problems = tuple(f"{LABELS[name]} ({_detail(c)})" for name, c in checks.items()
+                     if c.ok is False)
+    return Fidelity(verdict=VERDICT_BAD if problems else VERDICT_OK, problems=problems,
+                    advice=(ADVICE.format(rate=max(1.0, round(host_rate_mbit / 2, 1)))
+                            if problems else None),
+                    checks=checks)
+
+
+def _detail(c: Check) -> str:
+    if isinstance(c, InterDequeueCheck):
+        return (f"{c.share_within_tolerance:.0%} of {c.busy_gaps:,} gaps within "
+                f"{c.tolerance:.0%} of a frame time, need {c.required_share:.0%}")
+    if isinstance(c, IdlePathCheck):
+        if c.overhead_us_lowest < -c.allowed_overhead_us:
+            return (f"a floor {-c.overhead_us_lowest:,.0f} us below the modelled path delay: "
                     "a delay the model asks for was not applied")
-        if c.get("overhead_from") == "forwarding":
-            return (f"the switches' forwarding adds {c['overhead_us']:,.0f} us to a path of "
-                    f"{c['hops']} hops (a tenth of hops took under "
-                    f"{c['forwarding_us'][FORWARDING_FLOOR]:,.0f} us), "
-                    f"allowed {c['allowed_overhead_us']:,.0f} us")
-        return f"{c['overhead_us']:,.0f} us over idle, allowed {c['allowed_overhead_us']:,.0f} us"
-    if name == "cpu":
-        return f"p90 busy {c['busy_p90']:.0%}, allowed {c['allowed_busy_p90']:.0%}"
-    if name == "agent_loop_lag":
-        text = f"p95 {c['p95_us']:,.0f} us, allowed {c['allowed_p95_us']:,.0f} us"
-        late = {k: v for k, v in (c.get("by_timer") or {}).items()
-                if v.get("p95_us") is not None}
+        if c.overhead_from == "forwarding":
+            return (f"the switches' forwarding adds {c.overhead_us:,.0f} us to a path of "
+                    f"{c.hops} hops (a tenth of hops took under "
+                    f"{c.forwarding_us[FORWARDING_FLOOR]:,.0f} us), "
+                    f"allowed {c.allowed_overhead_us:,.0f} us")
+        return f"{c.overhead_us:,.0f} us over idle, allowed {c.allowed_overhead_us:,.0f} us"
+    if isinstance(c, CpuCheck):
+        return f"p90 busy {c.busy_p90:.0%}, allowed {c.allowed_busy_p90:.0%}"
+    if isinstance(c, LagCheck):
+        text = f"p95 {c.p95_us:,.0f} us, allowed {c.allowed_p95_us:,.0f} us"
+        late = {k: v for k, v in (c.by_timer or {}).items() if v.p95_us is not None}
         if late:  # the kind of timer with the latest tail, and how many of them there were
-            kind, worst = max(late.items(), key=lambda kv: kv[1]["p95_us"])
-            text += f"; latest: {kind} timers (p95 {worst['p95_us']:,.0f} us of {worst['count']:,})"
+            kind, worst = max(late.items(), key=lambda kv: kv[1].p95_us)
+            text += f"; latest: {kind} timers (p95 {worst.p95_us:,.0f} us of {worst.count:,})"
         return text
-    if name == "emulator_drops":
-        return f"{c['unexplained_drops']:,} packets"
+    if isinstance(c, DropsCheck):
+        return f"{c.unexplained_drops:,} packets"
     return ""
 
 
@@ -239,7 +240,7 @@ def read_tx_log(path: str):
 
 def evaluate(records_dir: str, plan, figures: dict, path_minima_us: Dict[tuple, float],
              path_excess_us: Dict[tuple, float], cpu_samples: Sequence[float], scenario,
-             gpu_pauses_ns: Dict[str, list], forwarding: Optional[dict] = None) -> dict:
+             gpu_pauses_ns: Dict[str, list], forwarding: Optional[dict] = None) -> Fidelity:
     """The fidelity section of one policy's results (``path_minima_us``: per GPU pair the
     lowest latency, ``path_excess_us`` the lowest excess over ``expected_latency_us``;
     ``gpu_pauses_ns``: when PFC paused each GPU's NIC, from the queue emulator;
@@ -253,19 +254,17 @@ def evaluate(records_dir: str, plan, figures: dict, path_minima_us: Dict[tuple, 
                                    paused_ns=gpu_pauses_ns.get(h.name, ())) for h in plan.gpus]
     d = np.concatenate([m[0] for m in measured]) if measured else np.zeros(0)
     allowed = f.overhead_share * unit
-    inter = inter_dequeue_check(d, f.inter_dequeue_tolerance, f.inter_dequeue_within)
-    inter["paused_gaps_left_out"] = sum(m[1] for m in measured)
     burst = burst_bytes(t.host_rate_mbit, scenario.workload.mtu, nic=True)
-    inter["shaper_burst_bytes"] = burst
-    inter["shaper_run_ahead_us_max"] = round(float(serialization_us(burst, rate)), 3)
-    checks = {
-        "inter_dequeue": inter,
-        "idle_path_latency": idle_path_check(path_minima_us, path_excess_us, allowed,
-                                             forwarding, 3 if plan.n_leaves > 1 else 1),
-        "cpu": cpu_check(cpu_samples, f.cpu_busy_max),
-        "agent_loop_lag": lag_check(figures.get("agent_loop_lag_us"), allowed),
-        "emulator_drops": drops_check(figures.get("unexplained_drops", 0)),
-    }
+    inter = replace(inter_dequeue_check(d, f.inter_dequeue_tolerance, f.inter_dequeue_within),
+                    paused_gaps_left_out=sum(m[1] for m in measured), shaper_burst_bytes=burst,
+                    shaper_run_ahead_us_max=round(float(serialization_us(burst, rate)), 3))
+    checks = FidelityChecks(
+        inter_dequeue=inter,
+        idle_path_latency=idle_path_check(path_minima_us, path_excess_us, allowed, forwarding,
+                                          3 if plan.n_leaves > 1 else 1),
+        cpu=cpu_check(cpu_samples, f.cpu_busy_max),
+        agent_loop_lag=lag_check(figures["agent_loop_lag_us"], allowed),
+        emulator_drops=drops_check(figures["unexplained_drops"]))
     return verdict(checks, t.host_rate_mbit)
 
 

@@ -276,8 +276,8 @@ def test_pooled_timer_lag_is_split_by_kind_of_timer():
         h = LagHistogram()
         for u in us:
             h.add(int(u * 1000))
-        return h.to_dict()
-    from traffic.contract import AgentSummary
+        return h.summary()
+    from traffic.contract import AgentSummary, LagSummary
 
     a = AgentSummary(0, "gpu1", loop_lag=hist(5, 400),
                      loop_lag_by_timer={"compute": hist(5), "dcqcn": hist(400)})
@@ -286,10 +286,10 @@ def test_pooled_timer_lag_is_split_by_kind_of_timer():
     # an agent whose timers of no kind acted late still counts in the total
     other = AgentSummary(2, "gpu3", loop_lag=hist(7))
     d = _pooled_lag([a, b, other])
-    assert d["count"] == 5
-    assert set(d["by_timer"]) == {"compute", "dcqcn", "rto"}
-    assert d["by_timer"]["dcqcn"]["count"] == 2 and d["by_timer"]["dcqcn"]["p95_us"] >= 400
-    assert d["by_timer"]["compute"]["p95_us"] < 10
+    assert d.count == 5
+    assert set(d.by_timer) == {"compute", "dcqcn", "rto"}
+    assert d.by_timer["dcqcn"].count == 2 and d.by_timer["dcqcn"].p95_us >= 400
+    assert d.by_timer["compute"].p95_us < 10
 
 
 def test_a_policy_run_several_times_shows_its_headline_figures_median_and_range():
@@ -324,7 +324,7 @@ def test_an_agent_summary_is_a_contract_and_a_key_it_does_not_declare_names_its_
     writer's bug, or a file of another version) is refused, naming the file."""
     from testbed.base.errors import ResultsError
     from testbed.results.packets import read_summaries
-    from traffic.contract import AgentSummary
+    from traffic.contract import AgentSummary, LagSummary
 
     d = str(tmp_path)
     _two_gpus(d)
@@ -332,7 +332,7 @@ def test_an_agent_summary_is_a_contract_and_a_key_it_does_not_declare_names_its_
     assert (s.rank, s.counter("tx_packets"), s.counter("naks_sent"), s.loop_lag) == (
         1, 3, 0, None)
     written = AgentSummary(rank=0, host="gpu1", counters={"tx_packets": 4}, rx_packets=2,
-                           loop_lag={"count": 1, "counts": [0, 1]}, first_start_lag_us=1.5,
+                           loop_lag=LagSummary(count=1, counts=(0, 1)), first_start_lag_us=1.5,
                            scheduling="nice -20", frames_to={"1": (4, 4096, 1, 58)})
     assert AgentSummary.from_dict(json.loads(json.dumps(written.to_dict()))) == written
     path = tmp_path / "gpu2.summary.json"
