@@ -6,6 +6,7 @@ chooses among (docs/time-scale.md, "Byte scale").
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import List, NamedTuple, Optional
 
 from ..base.errors import ConfigError
@@ -33,29 +34,54 @@ RECOVERY_REGIME = 4.0
 RECOVERY_STRETCH = 4.0
 
 
+@dataclass(frozen=True)
+class MessageRegime:
+    """How the byte-weighted median of the messages a QP sends stands against a size:
+    ``message_bytes`` scaled, ``ratio`` scaled and ``full_size_ratio`` unscaled (None: nothing
+    to stand against), ``kept`` while the scaled ratio keeps the full-size regime."""
+    kept: bool = True
+    message_bytes: Optional[int] = None
+    ratio: Optional[float] = None
+    full_size_ratio: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class BufferRegime(MessageRegime):
+    buffer_bytes: Optional[int] = None  # the smallest RoCE buffer of a switch port
+
+
+@dataclass(frozen=True)
+class RecoveryRegime(MessageRegime):
+    recovery_bytes: Optional[int] = None  # what a QP sends in one retransmission timeout
+
+
 def message_regime(per_qp: List[float], byte_scale: float, against: Optional[float],
-                   at_least: float) -> dict:
+                   at_least: float) -> MessageRegime:
     """How the byte-weighted median of the messages a QP sends (``per_qp``, full size)
     stands against ``against`` bytes, scaled and at full size; ``kept`` while the scaled ratio
     reaches ``at_least`` or the full-size one, if that is lower (pure)."""
     if not per_qp or not against:
-        return {"kept": True, "message_bytes": None, "ratio": None, "full_size_ratio": None}
+        return MessageRegime()
     full = weighted_median(per_qp)
     ratio, full_ratio = full / byte_scale / against, full / against
-    return {"kept": ratio >= min(at_least, full_ratio) * (1 - 1e-9),
-            "message_bytes": round(full / byte_scale), "ratio": round(ratio, 3),
-            "full_size_ratio": round(full_ratio, 3)}
+    return MessageRegime(kept=ratio >= min(at_least, full_ratio) * (1 - 1e-9),
+                         message_bytes=round(full / byte_scale), ratio=round(ratio, 3),
+                         full_size_ratio=round(full_ratio, 3))
 
 
-def buffer_regime(per_qp: List[float], byte_scale: float, buffer: Optional[int]) -> dict:
+def buffer_regime(per_qp: List[float], byte_scale: float,
+                  buffer: Optional[int]) -> BufferRegime:
     """A QP's messages against the smallest RoCE buffer of a switch port (pure)."""
-    return dict(message_regime(per_qp, byte_scale, buffer, BUFFER_REGIME), buffer_bytes=buffer)
+    regime = message_regime(per_qp, byte_scale, buffer, BUFFER_REGIME)
+    return BufferRegime(**vars(regime), buffer_bytes=buffer)
 
 
-def recovery_regime(per_qp: List[float], byte_scale: float, recovery: Optional[float]) -> dict:
+def recovery_regime(per_qp: List[float], byte_scale: float,
+                    recovery: Optional[float]) -> RecoveryRegime:
     """A QP's messages against what it sends in one retransmission timeout (pure)."""
     regime = message_regime(per_qp, byte_scale, recovery, RECOVERY_REGIME)
-    return dict(regime, recovery_bytes=None if recovery is None else round(recovery))
+    return RecoveryRegime(**vars(regime),
+                          recovery_bytes=None if recovery is None else round(recovery))
 
 
 def weighted_median(sizes: List[float]) -> float:
@@ -141,7 +167,7 @@ def recovery_scale(per_qp: List[float], byte_scale: float, recovery: Optional[fl
                    floor: float = 1.0) -> float:
     """The byte scale, stepped down from ``byte_scale`` but not below ``floor`` (nor 1), at
     which the recovery regime is kept - or the last step that floor allows."""
-    while (byte_scale > 1 and not recovery_regime(per_qp, byte_scale, recovery)["kept"]
+    while (byte_scale > 1 and not recovery_regime(per_qp, byte_scale, recovery).kept
            and step_down(byte_scale) >= floor):
         byte_scale = step_down(byte_scale)
     return byte_scale

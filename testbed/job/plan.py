@@ -18,8 +18,9 @@ from ..base.errors import ConfigError
 from ..base.topology import FabricPlan
 from . import aicb, chakra, graphfile
 from .bytescale import (HONEST_LATENCY_SHARE, MESSAGE_LATENCY_US, RECOVERY_STRETCH,
-                        auto_byte_scale, buffer_regime, latency_share, recovery_bytes,
-                        recovery_regime, recovery_scale, roce_ports, step_down)
+                        BufferRegime, RecoveryRegime, auto_byte_scale, buffer_regime,
+                        latency_share, recovery_bytes, recovery_regime, recovery_scale,
+                        roce_ports, step_down)
 from .build import Parallelism, build, check_parallelism
 from .model import PRESETS, GpuModel, Model
 
@@ -34,8 +35,8 @@ class JobPlan:
     latency_share: float  # per-message latency's share of fabric transfer time at byte_scale
     warning: str = ""  # why the byte scale may change the answer, if it may
     parts: Tuple["JobPart", ...] = ()  # the jobs, each on its GPUs
-    regime: Optional[dict] = None  # messages against the fabric's buffers (``buffer_regime``)
-    recovery: Optional[dict] = None  # ... against a timeout's sending (``recovery_regime``)
+    regime: BufferRegime = BufferRegime()  # messages against the fabric's buffers
+    recovery: RecoveryRegime = RecoveryRegime()  # ... against a timeout's sending
 
     @property
     def model(self) -> Optional[Model]:
@@ -204,7 +205,7 @@ def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
     if chosen:
         byte_scale = auto_byte_scale(full_ns * scenario.time_scale / 1e9, first.iteration_s)
         while byte_scale > 1 and (latency_share(sizes, byte_scale, rate) > HONEST_LATENCY_SHARE
-                                  or not buffer_regime(per_qp, byte_scale, buffer)["kept"]):
+                                  or not buffer_regime(per_qp, byte_scale, buffer).kept):
             byte_scale = step_down(byte_scale)
         # beyond RECOVERY_STRETCH: the faster run, warned about
         byte_scale = recovery_scale(per_qp, byte_scale, recovery,
@@ -219,20 +220,20 @@ def plan_job(scenario, byte_scale: Optional[float] = None) -> Optional[JobPlan]:
             f"takes {share:.0%} of the fabric's transfer time, against "
             f"{latency_share(sizes, 1, rate):.0%} at full size: the scaled job's "
             "communication is latency-bound where the real one is not")
-    if not regime["kept"]:
+    if not regime.kept:
         warnings.append(
-            f"byte scale {byte_scale:,g}: a QP's median message is {regime['ratio']:.2g}x the "
+            f"byte scale {byte_scale:,g}: a QP's median message is {regime.ratio:.2g}x the "
             f"smallest RoCE buffer of the run's switches ({buffer:,} B), against "
-            f"{regime['full_size_ratio']:.3g}x at full size: scaled messages fit buffers the "
+            f"{regime.full_size_ratio:.3g}x at full size: scaled messages fit buffers the "
             "real ones overflow")
-    if not resend["kept"]:
+    if not resend.kept:
         warnings.append(
-            f"byte scale {byte_scale:,g}: a QP's median message is {resend['ratio']:.2g}x what it "
+            f"byte scale {byte_scale:,g}: a QP's median message is {resend.ratio:.2g}x what it "
             f"sends in one retransmission timeout on a lossy fabric ({recovery:,.0f} B), against "
-            f"{resend['full_size_ratio']:.3g}x at full size: go-back-N resends less per loss "
+            f"{resend.full_size_ratio:.3g}x at full size: go-back-N resends less per loss "
             "than the real job would")
     advice = " (lower workload.job.byte_scale, or leave it auto)"
-    if chosen and not resend["kept"]:  # the only rule auto may leave unkept: say what would
+    if chosen and not resend.kept:  # the only rule auto may leave unkept: say what would
         keeps = recovery_scale(per_qp, byte_scale, recovery)
         advice = (f" (auto stopped at {byte_scale:,g} to keep the run short; "
                   f"workload.job.byte_scale: {keeps:,g} keeps it, for about "

@@ -748,12 +748,12 @@ def _workload_text(scenario: Scenario, gpus: int, job=None) -> str:
     w = scenario.workload
     if job is not None:
         jobs = "; ".join(_job_text(part) for part in job.parts)
-        regime, resend = job.regime or {}, job.recovery or {}
-        against = (f": a QP's median message {regime['message_bytes'] / 1e3:,.0f} KB, "
-                   f"{regime['ratio']:.3g}x the smallest RoCE buffer"
-                   if regime.get("ratio") is not None else "")
-        if against and resend.get("ratio") is not None:
-            against += f" and {resend['ratio']:.3g}x what it sends in a timeout"
+        regime, resend = job.regime, job.recovery
+        against = (f": a QP's median message {regime.message_bytes / 1e3:,.0f} KB, "
+                   f"{regime.ratio:.3g}x the smallest RoCE buffer"
+                   if regime.ratio is not None else "")
+        if against and resend.ratio is not None:
+            against += f" and {resend.ratio:.3g}x what it sends in a timeout"
         return (f"{w.iterations} iterations of {jobs}, on {gpus} GPUs (every message and "
                 f"compute span / {job.byte_scale:,g}{against})")
     sizes = (", ".join(f"{s:,}" for s in w.sizes) + " B") if w.sizes else f"{w.size_bytes:,} B"

@@ -129,7 +129,7 @@ def test_a_job_s_full_size_iteration_holds_over_a_factor_of_4_in_byte_scale(tmp_
     # from the built-in itself, at auto: the checks' copy (DEFAULT) fixes the uplinks at 40
     job = config.DEFAULT.override({"policies": ["hyperscale"], "transport": {"qps_per_peer": 4},
                                    "workload": {"iterations": 1, "job": ONE_LAYER}})
-    largest = math.floor(plan_job(job.for_checks()).regime["full_size_ratio"] / BUFFER_REGIME)
+    largest = math.floor(plan_job(job.for_checks()).regime.full_size_ratio / BUFFER_REGIME)
     full, share = [], []
     for scale, repeat in ((largest, 3), (largest / 4, 1)):
         result = runner.run(job.override({"repeat": repeat, "workload": {

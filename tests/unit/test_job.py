@@ -160,13 +160,13 @@ def test_auto_byte_scale_fits_the_target_but_keeps_messages_bandwidth_dominated(
     s = _scenario(bucket_mb=1000, micro_batches=8).override(
         {"policies": ["hyperscale", "lossless"]})
     job = plan_job(s)
-    assert job.latency_share <= HONEST_LATENCY_SHARE and not job.warning and job.regime["kept"]
+    assert job.latency_share <= HONEST_LATENCY_SHARE and not job.warning and job.regime.kept
     sizes = fabric_messages(build(job.model, job.parallelism, GpuModel()), s)
     per_qp = [size / s.transport.qps_per_peer for size in sizes]
     ports = roce_ports(s)
     up = job.byte_scale * 2.5  # the next 1-2-5 step breaks one of the two
     assert (latency_share(sizes, up, 100) > HONEST_LATENCY_SHARE
-            or not buffer_regime(per_qp, up, min(p.buffer_bytes for p in ports))["kept"])
+            or not buffer_regime(per_qp, up, min(p.buffer_bytes for p in ports)).kept)
     assert recovery_bytes(s, ports) is None
     target = plan_job(_scenario(bucket_mb=1000, micro_batches=8, iteration_s=1000).override(
         {"policies": ["hyperscale", "lossless"]}))
@@ -186,7 +186,7 @@ def test_a_lossy_fabric_keeps_messages_several_timeouts_of_sending_long():
     the line, on the longest timeout of the lossy policies without congestion control; a
     lossless fabric, or DCQCN's senders, are not held to it."""
     from testbed.base.topology import FabricPlan
-    from testbed.job.bytescale import RECOVERY_REGIME, roce_ports
+    from testbed.job.bytescale import RECOVERY_REGIME, RecoveryRegime, roce_ports
     from testbed.job.plan import plan_job
     from testbed.plan.policyrun import roce_class
     from testbed.scenario.catalog import find
@@ -196,26 +196,24 @@ def test_a_lossy_fabric_keeps_messages_several_timeouts_of_sending_long():
     s = find("default").override({"topology": {"host_rate_mbit": 32}})
     job = plan_job(s)
     rec = job.recovery
-    assert rec["kept"] and RECOVERY_REGIME <= rec["ratio"] < 2.5 * RECOVERY_REGIME
+    assert rec.kept and RECOVERY_REGIME <= rec.ratio < 2.5 * RECOVERY_REGIME
     # the timeout is the one the run's NICs get: enterprise's 100 us, at a quarter of the
     # 100 Gbit/s line (4 QPs per peer)
     enterprise = decided("enterprise", FabricPlan.for_topology(s.topology), s)
     assert not roce_class(enterprise.policy, enterprise.classes).lossless
     assert enterprise.congestion_control == "none"
-    assert rec["recovery_bytes"] == round(enterprise.rto_us * 25e3 / 8) == 312500
+    assert rec.recovery_bytes == round(enterprise.rto_us * 25e3 / 8) == 312500
     assert [(p.lossless, p.congestion_control) for p in roce_ports(s)] == [
         (False, "none"), (False, "dcqcn"), (True, "dcqcn")]
 
     coarse = plan_job(s.override({"workload": {"job": {"byte_scale": 100}}}))
-    assert not coarse.recovery["kept"] and coarse.recovery["ratio"] < 1
+    assert not coarse.recovery.kept and coarse.recovery.ratio < 1
     assert "go-back-N resends less per loss" in coarse.warning
 
     for policies in (["lossless"], ["hyperscale", "lossless"]):
-        assert plan_job(s.override({"policies": policies})).recovery == {
-            "kept": True, "message_bytes": None, "ratio": None, "full_size_ratio": None,
-            "recovery_bytes": None}, policies
+        assert plan_job(s.override({"policies": policies})).recovery == RecoveryRegime(), policies
     longer = plan_job(s.override({"transport": {"rto_us": 200}}))  # a longer timer, less scaling
-    assert longer.byte_scale < job.byte_scale and longer.recovery["kept"]
+    assert longer.byte_scale < job.byte_scale and longer.recovery.kept
 
     # where the regime would need more than RECOVERY_STRETCH times more bytes, auto stops there
     # and says so: moe's all-to-alls on 1 QP per peer
@@ -224,11 +222,11 @@ def test_a_lossy_fabric_keeps_messages_several_timeouts_of_sending_long():
     faster = plan_job(moe.override({"policies": ["hyperscale", "lossless"]})).byte_scale
     capped = plan_job(moe)
     assert faster / RECOVERY_STRETCH <= capped.byte_scale < faster
-    assert not capped.recovery["kept"] and "go-back-N resends less per loss" in capped.warning
+    assert not capped.recovery.kept and "go-back-N resends less per loss" in capped.warning
     assert f"auto stopped at {capped.byte_scale:g}" in capped.warning
     keeps = float(capped.warning.split("workload.job.byte_scale: ")[1].split()[0])
     held = plan_job(moe.override({"workload": {"job": {"byte_scale": keeps}}}))
-    assert keeps < capped.byte_scale and held.recovery["kept"] and not held.warning
+    assert keeps < capped.byte_scale and held.recovery.kept and not held.warning
 
 
 def test_a_job_latency_bound_at_full_size_is_not_warned_about():
