@@ -40,7 +40,7 @@ from . import breakdown, trace
 from .fanin import fan_in
 from .jobfigures import (compute_waits, fabric_bytes_sent, job_figures, ops_by_rank_iteration,
                          waited_for)
-from .model import AgentLoopLag, Modelled, TimerLag
+from .model import AgentLoopLag, BytesPerRank, JobResult, Modelled, TimerLag
 from .packets import (Packets, packets_and_gpus, read_csv, read_summaries,
                       rows_if_any)
 
@@ -129,21 +129,21 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
             f = job_figures(ctx.job.graph, ctx.job.byte_scale, spans, iterations,
                             ctx.time_scale, ctx.gpus_per_server, ctx.extrapolate_gpus, ranks,
                             part.name)
-            f["job"].update(latency_share=round(ctx.job.latency_share, 4),
-                            byte_scale_warning=ctx.job.warning or None,
-                            buffer_regime=ctx.job.regime,
-                            recovery_regime=ctx.job.recovery,
-                            gpus=sorted(ranks),
-                            bytes_sent_per_rank=_job_bytes(ctx, packets, iterations, ranks))
+            f["job"] = dataclasses.replace(
+                f["job"], latency_share=round(ctx.job.latency_share, 4),
+                byte_scale_warning=ctx.job.warning or None, buffer_regime=ctx.job.regime,
+                recovery_regime=ctx.job.recovery, gpus=tuple(sorted(ranks)),
+                bytes_sent_per_rank=_job_bytes(ctx, packets, iterations, ranks))
             f["fan_in"] = _fan_in(ctx, [s for s in spans if int(s["rank"]) in ranks], packets)
             f["modelled"] = modelled(f, ctx.time_scale)
             jobs.append(f)
             figures["operations"] += breakdown.rows(
-                f["job"]["name"], [s for s in spans if int(s["rank"]) in ranks],
+                f["job"].name, [s for s in spans if int(s["rank"]) in ranks],
                 [r for r in iterations if int(r["rank"]) in ranks], program_of, ctx.time_scale)
         figures.update({k: v for k, v in jobs[0].items() if k != "modelled"})
         if len(jobs) > 1:
-            figures["jobs"] = jobs
+            figures["jobs"] = [JobResult.from_json(j, f"jobs[{k}]", strict=True)
+                               for k, j in enumerate(jobs)]
     if len(figures["collectives"]) == 1:  # the usual case: its figures at the top as well
         only = figures["collectives"][0]
         for key in COLLECTIVE_FIGURES:
@@ -246,7 +246,7 @@ def _workload_figures(index: int, spec: WorkloadSpec, ctx: RunContext, packets: 
         "algbw_gbps_modelled": _round(algbw * ctx.time_scale if algbw else None),
         "busbw_gbps_modelled": _round(algbw * factor * ctx.time_scale if algbw else None),
         "busbw_factor": round(factor, 6),
-        "bytes_sent_per_rank": {"expected": expected, "measured": moved},
+        "bytes_sent_per_rank": BytesPerRank(expected, moved),
         "scale_up_bytes_per_iteration": coll.total_bytes() - sum(fabric.values()),
         "packets_received": int(mine.src.size),
         "retransmissions_received": int(mine.retx.sum()),
@@ -261,15 +261,17 @@ def _workload_figures(index: int, spec: WorkloadSpec, ctx: RunContext, packets: 
     return out
 
 
-def _job_bytes(ctx: RunContext, packets: Packets, iterations: List[dict], ranks) -> dict:
+def _job_bytes(ctx: RunContext, packets: Packets, iterations: List[dict],
+               ranks) -> BytesPerRank:
     """Per rank of a job, the payload one iteration sends over the fabric: as the job's graph
     says, and as the receivers' packet records show it delivered (per iteration)."""
     its = len({int(r["iteration"]) for r in iterations}) or 1
     delivered = packets.select(packets.delivered == 1)
     expected = fabric_bytes_sent(ctx.job.graph, ctx.gpus_per_server)
-    return {"expected": {str(r): expected.get(r, 0) for r in sorted(ranks)},
-            "measured": {str(r): round(int(delivered.payload[delivered.src == r].sum()) / its)
-                         for r in sorted(ranks)}}
+    return BytesPerRank(
+        expected={str(r): expected.get(r, 0) for r in sorted(ranks)},
+        measured={str(r): round(int(delivered.payload[delivered.src == r].sum()) / its)
+                  for r in sorted(ranks)})
 
 
 def _fan_in(ctx: RunContext, spans: List[dict], packets: Packets) -> dict:

@@ -18,6 +18,8 @@ import numpy as np
 from traffic import collectives, metrics
 from traffic.jobgraph import COMPUTE, JobGraph, comm_transfers, replay, same_server
 
+from .model import IdleOnGpus, Job, Operation
+
 
 class Wait(NamedTuple):
     """An idle gap of a rank's compute stream (ns) and the op index it is charged to (None:
@@ -32,7 +34,7 @@ def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
                 extrapolate_gpus: int, ranks: Optional[Set[int]] = None, name: str = "") -> dict:
     """The figures of the job on ``ranks`` (default: all) of ``graph`` (modelled ns); ``spans``
     and ``iterations`` as the records' CSV rows (ns since the epoch, emulated). Times out:
-    emulated us (``modelled`` figures beside them)."""
+    emulated us (``modelled`` figures beside them); ``job``: the job as run (``Job``)."""
     mine = set(range(graph.ranks)) if ranks is None else ranks
     spans = [s for s in spans if int(s["rank"]) in mine]
     iterations = whole_iterations([r for r in iterations if int(r["rank"]) in mine], len(mine))
@@ -75,20 +77,15 @@ def job_figures(graph: JobGraph, byte_scale: float, spans: Sequence[dict],
     }
     p50 = iteration_us["p50"] if iteration_us else None
     on_n = idle_us / time_scale / 1e6 * extrapolate_gpus  # modelled GPU-s, as run
-    job = {
-        "name": name or graph.name,
-        "ranks": len(mine),
-        "byte_scale": byte_scale,
-        "exposed_share": round(idle_us / p50, 4) if p50 else None,
-        "bytes_per_iteration": traffic_split(graph, per_server, mine),
-        "full_size_iteration_ms_modelled": (round(p50 / time_scale * byte_scale / 1000, 3)
-                                            if p50 else None),
-        "idle_gpu_seconds_on_n_gpus": (
-            {"gpus": extrapolate_gpus, "modelled": round(on_n, 6),
-             "full_size": round(on_n * byte_scale, 6)}
-            if p50 else None),
-        "operations": operations(spans, time_scale),
-    }
+    job = Job(
+        name=name or graph.name, ranks=len(mine), byte_scale=byte_scale,
+        exposed_share=round(idle_us / p50, 4) if p50 else None,
+        bytes_per_iteration=traffic_split(graph, per_server, mine),
+        full_size_iteration_ms_modelled=(round(p50 / time_scale * byte_scale / 1000, 3)
+                                         if p50 else None),
+        idle_gpu_seconds_on_n_gpus=(IdleOnGpus(extrapolate_gpus, round(on_n, 6),
+                                               round(on_n * byte_scale, 6)) if p50 else None),
+        operations=operations(spans, time_scale))
     return {**figures, "job": job}
 
 
@@ -164,7 +161,7 @@ def traffic_split(graph: JobGraph, per_server: int, ranks: Optional[Set[int]] = 
     return {k: dict(v) for k, v in out.items()}
 
 
-def operations(spans: Sequence[dict], time_scale: float) -> List[dict]:
+def operations(spans: Sequence[dict], time_scale: float) -> Tuple[Operation, ...]:
     """Per communication (kind, collective, group size, bytes): how many, time p50 and the
     bandwidths it reached, in modelled time."""
     groups: Dict[tuple, List[float]] = defaultdict(list)
@@ -177,10 +174,8 @@ def operations(spans: Sequence[dict], time_scale: float) -> List[dict]:
     for (kind, coll, n, size), times in sorted(groups.items()):
         t = float(np.percentile(times, 50))
         algbw, busbw = bandwidths(coll, n, size, t)
-        rows.append({"kind": kind, "collective": coll, "group": n, "bytes": size,
-                     "count": len(times), "time_us_p50": round(t, 3),
-                     "algbw_gbps": algbw, "busbw_gbps": busbw})
-    return rows
+        rows.append(Operation(kind, coll, n, size, len(times), round(t, 3), algbw, busbw))
+    return tuple(rows)
 
 
 def bandwidths(collective: str, group: int, size: int, time_us: float):

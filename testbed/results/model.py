@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Dict, FrozenSet, Mapping, Optional, Tuple
 
 from ..base.contract import ContractError, dump, load
 from ..base.errors import ResultsError
+from ..job.bytescale import BufferRegime, RecoveryRegime
 from ..scenario.config import Scenario
 
 NOT_JSON = {"json": False}  # a field of the object, not a key of results.json
@@ -317,6 +318,81 @@ class EmulationCost(Record):
     agents_start_cpu_s: Optional[float] = None  # the agents' CPU before the traffic started
 
 
+@dataclass(frozen=True)
+class BytesPerRank(Record):
+    """Per rank, the payload one iteration sends over the fabric: as the schedule or job
+    graph says, and as the receivers' packet records show it delivered (B)."""
+    expected: Dict[str, int] = field(default_factory=dict)
+    measured: Dict[str, Optional[int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Operation(Record):
+    """A job's communications of one kind, collective, group size and size: how many, the
+    median time of one (us, modelled) and the bandwidths that reached (Gbit/s)."""
+    kind: Optional[str] = None
+    collective: Optional[str] = None
+    group: Optional[int] = None
+    bytes: Optional[int] = None
+    count: Optional[int] = None
+    time_us_p50: Optional[float] = None
+    algbw_gbps: Optional[float] = None
+    busbw_gbps: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class IdleOnGpus(Record):
+    """The idle GPU time per iteration on ``gpus`` GPUs (GPU-seconds, modelled): as run and
+    times the byte scale (full size)."""
+    gpus: Optional[int] = None
+    modelled: Optional[float] = None
+    full_size: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Job(Record):
+    """A training job as run (``job``; in ``jobs[]``, each one's): its size and byte scale,
+    the regimes its scaled messages keep, its traffic and operations."""
+    name: Optional[str] = None
+    ranks: Optional[int] = None
+    byte_scale: Optional[float] = None
+    exposed_share: Optional[float] = None
+    bytes_per_iteration: Dict[str, Dict[str, int]] = field(default_factory=dict)
+    full_size_iteration_ms_modelled: Optional[float] = None
+    idle_gpu_seconds_on_n_gpus: Optional[IdleOnGpus] = None
+    operations: Tuple[Operation, ...] = ()
+    latency_share: Optional[float] = None
+    byte_scale_warning: Optional[str] = None
+    buffer_regime: Optional[BufferRegime] = None
+    recovery_regime: Optional[RecoveryRegime] = None
+    gpus: Tuple[int, ...] = ()
+    bytes_sent_per_rank: Optional[BytesPerRank] = None
+
+
+@dataclass(frozen=True)
+class JobResult(Record):
+    """One of several jobs on the fabric (``jobs[]``): the job figures of a policy, its own."""
+    iteration_us: Optional[Cct] = None
+    job_compute_us: Optional[float] = None
+    exposed_comm_us: Optional[Dict[str, float]] = None
+    ideal_iteration_us: Optional[float] = None
+    pipeline_bubble_us: Optional[float] = None
+    network_cost_us: Optional[float] = None
+    idle_gpu_us: Optional[float] = None
+    job: Optional[Job] = None
+    fan_in: Optional[Dict[str, Any]] = None
+    modelled: Optional[Modelled] = None
+    as_run: Optional[Any] = field(default=None, repr=False, compare=False, metadata=NOT_JSON)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False,
+                                metadata=NOT_JSON)
+
+    def in_modelled_time(self) -> "JobResult":
+        """The same job with its time figures in the modelled fabric's time."""
+        if self.as_run is not None or self.modelled is None:
+            return self
+        return dataclasses.replace(self, as_run=self, **_modelled_times(self))
+
+
 # the figures only a run of a training job writes (jobs: only with several jobs)
 JOB_FIGURES = frozenset({"iteration_us", "job_compute_us", "exposed_comm_us",
                          "ideal_iteration_us", "pipeline_bubble_us", "network_cost_us",
@@ -361,7 +437,7 @@ class CollectiveResult(Record):
     extrapolation: Optional[Extrapolation] = figure(
         "the same mean lag on extrapolate_gpus GPUs: (N - 1) x lag GPU-seconds per step, "
         "emulated and modelled")
-    bytes_sent_per_rank: Optional[Dict[str, Any]] = figure(
+    bytes_sent_per_rank: Optional[BytesPerRank] = figure(
         "over the fabric, per iteration: {expected by the schedule, measured from delivered "
         "packets}", unit="B")
     scale_up_bytes_per_iteration: Optional[int] = figure(
@@ -493,7 +569,7 @@ class PolicyResult(Record):
                                               unit="us, emulated")
     idle_gpu_us: Optional[float] = figure("idle GPU time per iteration, summed over GPUs",
                                           unit="us, emulated")
-    job: Optional[Dict[str, Any]] = figure(
+    job: Optional[Job] = figure(
         "a job's name, ranks, byte_scale, latency_share (per-message latency's share of fabric "
         "transfer time), buffer_regime (a QP's median message at this byte scale against the "
         "smallest RoCE buffer of a switch port: message_bytes, buffer_bytes, ratio, "
@@ -520,7 +596,7 @@ class PolicyResult(Record):
         "senders' throughputs), gbps_modelled (the receiver's throughput while all of them "
         "send), all_send_us (the last one's start to the first one's end) and whole_us (first "
         "start to last end), modelled")
-    jobs: Tuple[Dict[str, Any], ...] = figure(
+    jobs: Tuple[JobResult, ...] = figure(
         "several jobs on the fabric: each one's figures (the job figures above, its job and "
         "modelled; job.gpus names its GPUs); the figures above are the first one's",
         default=())
@@ -627,7 +703,7 @@ class PolicyResult(Record):
         return dataclasses.replace(
             self, as_run=self, per_gpu=per_gpu,
             collectives=tuple(c.in_modelled_time() for c in self.collectives),
-            jobs=tuple(dict(j, **(j.get("modelled") or {})) for j in self.jobs),
+            jobs=tuple(j.in_modelled_time() for j in self.jobs),
             **_modelled_times(self))
 
     @property

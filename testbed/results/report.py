@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 from statistics import fmean
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from .model import CollectiveResult, PolicyResult, RunResult
+from .model import CollectiveResult, IdleOnGpus, Job, PolicyResult, RunResult
 from .verdicts import outcome
 
 
@@ -83,14 +83,14 @@ ROWS = [
     ("  network cost p50 (ms)", lambda p: _ms(p.network_cost_us)),
     ("compute per GPU (ms)", lambda p: _ms(p.job_compute_us)),
     ("exposed communication (ms)", lambda p: _ms(_of(p.exposed_comm_us, "total"))),
-    ("  share of the iteration", lambda p: _share(_of(p.job, "exposed_share"))),
+    ("  share of the iteration", lambda p: _share(_at(p.job, "exposed_share"))),
     ("  dp / tp / pp / ep (ms)", lambda p: _kinds(p.exposed_comm_us)),
     ("  pipeline bubble, free network (ms)", lambda p: _ms(p.pipeline_bubble_us)),
     ("idle GPU time / iteration (GPU-ms)", lambda p: _ms(p.idle_gpu_us)),
     ("  at full size on N GPUs (GPU-s)",
-     lambda p: _idle_on_n(_of(p.job, "idle_gpu_seconds_on_n_gpus"))),
+     lambda p: _idle_on_n(_at(p.job, "idle_gpu_seconds_on_n_gpus"))),
     ("bytes / iteration: fabric, scale-up",
-     lambda p: _split(_of(p.job, "bytes_per_iteration"))),
+     lambda p: _split(_at(p.job, "bytes_per_iteration"))),
     ("fan-in: Jain / Gbit/s (modelled) while all send", lambda p: _fan_in(p.fan_in)),
     ("CCT p50 (ms)", lambda p: _ms(_at(p.cct_us, "p50"))),
     ("CCT p99 (ms)", lambda p: _ms(_at(p.cct_us, "p99"))),
@@ -167,7 +167,7 @@ def _kinds(exposed):
 def _split(moved):
     if not moved:
         return None
-    return " / ".join(f"{sum(moved.get(k, {}).values()) / 1e6:,.1f} MB"
+    return " / ".join(f"{sum(moved[k].values()) / 1e6:,.1f} MB"
                       for k in ("fabric", "scale_up"))
 
 
@@ -273,19 +273,18 @@ def _per_job_rows(views: Dict[str, PolicyResult], names: List[str],
     count = max((len(views[n].jobs) for n in names), default=0)
     out = []
     for k in range(count if count > 1 else 0):
-        def get(n, key, sub=None):
-            jobs = views[n].jobs
-            if k >= len(jobs):
-                return None
-            value = jobs[k].get(key)
-            return _ms(value.get(sub) if sub and value else value)
-        label = next(p.jobs[k]["job"]["name"] for p in views.values() if len(p.jobs) > k)
-        for what, key, sub in (("iteration p50 (ms)", "iteration_us", "p50"),
-                               ("exposed communication (ms)", "exposed_comm_us", "total"),
-                               ("network cost p50 (ms)", "network_cost_us", None)):
+        label = next(p.jobs[k].job.name for p in views.values() if len(p.jobs) > k)
+        for what, get in PER_JOB_ROWS:
             out.append([f"job {k + 1} ({label}): {what}"]
-                       + [(sig if modelled else fmt)(get(n, key, sub)) for n in names])
+                       + [(sig if modelled else fmt)(_ms(get(views[n].jobs[k]))
+                                                     if k < len(views[n].jobs) else None)
+                          for n in names])
     return out
+
+
+PER_JOB_ROWS = (("iteration p50 (ms)", lambda j: _at(j.iteration_us, "p50")),
+                ("exposed communication (ms)", lambda j: _of(j.exposed_comm_us, "total")),
+                ("network cost p50 (ms)", lambda j: j.network_cost_us))
 
 
 def per_gpu(name: str, p: PolicyResult, modelled: bool = True
@@ -340,21 +339,20 @@ def summary_table(results: RunResult, emulated: bool = False) -> str:
     return "\n\n".join(out)
 
 
-def jobs_of(policy: PolicyResult) -> List[dict]:
-    """A policy's job figures: each job's with several, else the one job's (none: [])."""
-    return [j["job"] for j in policy.jobs] if policy.jobs else (
+def jobs_of(policy: PolicyResult) -> List[Job]:
+    """A policy's jobs: each one with several, else the one (none: [])."""
+    return [j.job for j in policy.jobs] if policy.jobs else (
         [policy.job] if policy.job else [])
 
 
-def per_operation(policy: str, job: dict) -> Tuple[List[str], List[List[str]]]:
+def per_operation(policy: str, job: Job) -> Tuple[List[str], List[List[str]]]:
     """A job's communications by kind, collective, group and size: how many per run, the
     median time and the bandwidths they reached (modelled, at the run's byte scale)."""
-    scale = f", bytes / {job['byte_scale']:,g}" if job.get("byte_scale", 1) != 1 else ""
-    header = [f"{policy}: {job.get('name', 'job')} operations{scale}", "collective", "group",
+    scale = f", bytes / {job.byte_scale:,g}" if job.byte_scale not in (None, 1) else ""
+    header = [f"{policy}: {job.name or 'job'} operations{scale}", "collective", "group",
               "bytes", "count", "time p50 (us)", "algbw (Gb/s)", "busbw (Gb/s)"]
-    rows = [[o["kind"], o["collective"], o["group"], fmt(o["bytes"]), fmt(o["count"]),
-             fmt(o["time_us_p50"]), fmt(o["algbw_gbps"]), fmt(o["busbw_gbps"])]
-            for o in job.get("operations") or []]
+    rows = [[o.kind, o.collective, o.group, fmt(o.bytes), fmt(o.count), fmt(o.time_us_p50),
+             fmt(o.algbw_gbps), fmt(o.busbw_gbps)] for o in job.operations]
     return header, rows
 
 
@@ -377,15 +375,16 @@ def _ms(us):
     return None if us is None else us / 1000.0
 
 
-def _full_size(job):
-    if not job or job.get("full_size_iteration_ms_modelled") is None:
+def _full_size(job: Optional[Job]):
+    if job is None or job.full_size_iteration_ms_modelled is None:
         return None
-    return f"{sig(job['full_size_iteration_ms_modelled'], 4)} (x{job['byte_scale']:,g})"
+    return f"{sig(job.full_size_iteration_ms_modelled, 4)} (x{job.byte_scale:,g})"
 
 
-def _idle_on_n(on_n):
-    full = (on_n or {}).get("full_size")  # absent in results of earlier versions
-    return None if full is None else f"{sig(full, 3)} @ {on_n['gpus']:,}"
+def _idle_on_n(on_n: Optional[IdleOnGpus]):
+    if on_n is None or on_n.full_size is None:  # absent in results of earlier versions
+        return None
+    return f"{sig(on_n.full_size, 3)} @ {on_n.gpus:,}"
 
 
 def _gpu_s(extrapolation):

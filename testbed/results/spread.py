@@ -21,10 +21,10 @@ def _of(mapping, key: str):
 HEADLINE: Dict[str, Callable[[PolicyResult], Optional[float]]] = {
     "iteration_p50_us": lambda p: _at(p.iteration_us, "p50"),
     "iteration_p99_us": lambda p: _at(p.iteration_us, "p99"),
-    "full_size_iteration_ms": lambda p: _of(p.job, "full_size_iteration_ms_modelled"),
+    "full_size_iteration_ms": lambda p: _at(p.job, "full_size_iteration_ms_modelled"),
     "network_cost_us": lambda p: p.network_cost_us,
     "exposed_comm_us": lambda p: _of(p.exposed_comm_us, "total"),
-    "exposed_share": lambda p: _of(p.job, "exposed_share"),
+    "exposed_share": lambda p: _at(p.job, "exposed_share"),
     "idle_gpu_us": lambda p: p.idle_gpu_us,
     "cct_p50_us": lambda p: _at(p.cct_us, "p50"),
     "cct_p99_us": lambda p: _at(p.cct_us, "p99"),

@@ -520,14 +520,15 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
             say("tearing down the fabric")
         figures = _figures(run, records, run_dir, replay, end, queues.report, session.warnings,
                            time.monotonic() - t0)
-        say(f"done: {figures['packets_received']:,} of {figures['packets_sent']:,} packets "
-            f"received, {figures['drops']:,} dropped, {_count(figures['ecn_marked_packets'])} "
-            f"ECN-marked, " + (f"{_count(figures['credit_waits'])} credit waits"
-                               if figures["credit_waits"] is not None else
-                               f"{_count(figures['pfc_pause_events'])} PFC pauses")
-            + f"; fidelity {figures['fidelity']['verdict']}")
-        keep(run, PolicyResult.from_json(figures, f"policies.{run.title}", strict=True,
-                                         name=run.title), notes)
+        result = PolicyResult.from_json(figures, f"policies.{run.title}", strict=True,
+                                        name=run.title)
+        say(f"done: {result.packets_received:,} of {result.packets_sent:,} packets received, "
+            f"{result.drops:,} dropped, {_count(result.ecn_marked_packets)} ECN-marked, "
+            + (f"{_count(result.credit_waits)} credit waits"
+               if result.credit_waits is not None else
+               f"{_count(result.pfc_pause_events)} PFC pauses")
+            + f"; fidelity {result.fidelity.verdict}")
+        keep(run, result, notes)
 
 
 def _fabric_notes(session: "Session", caps: Capabilities, say: Say) -> dict:

@@ -56,7 +56,7 @@ def test_red_and_sampled_marking_agree_in_direction(tmp_path):
         # every byte of the all-to-all delivered (drops here would be the emulator's: a
         # sampler late on a saturated CPU; go-back-N repairs them)
         sent = p.collective().bytes_sent_per_rank
-        assert sent["measured"] == sent["expected"]
+        assert sent.measured == sent.expected
         assert p.ecn_marked_packets > 0 and p.cnps_sent > 0  # marked, and the senders heard
     # the same queues marked most: the hottest port of each marked under the other too
     red_ports, sampled_ports = marking_ports(red), marking_ports(sampled)

@@ -10,7 +10,7 @@ from statistics import median
 
 import pytest
 
-from testbed.api import Cct, PolicyResult
+from testbed.api import PolicyResult
 from testbed.job.bytescale import BUFFER_REGIME
 from testbed.job.plan import plan_job
 from testbed.results.collect import COLLECTIVE_FIGURES
@@ -47,8 +47,8 @@ def _faithful(p):
 
 
 def _delivered_every_byte(p):
-    moved = p.job["bytes_sent_per_rank"]
-    assert moved["measured"] == moved["expected"]
+    moved = p.job.bytes_sent_per_rank
+    assert moved.measured == moved.expected
     assert p.rx_unexpected_messages == 0 and p.rx_invalid == 0
 
 
@@ -64,7 +64,7 @@ def test_a_data_parallel_job_overlaps_its_buckets_with_the_backward_pass(tmp_pat
     assert set(p.to_json()) == expected, set(p.to_json()) ^ expected
     assert p.collectives == ()
     assert 0 < p.ideal_iteration_us < p.iteration_us.p50
-    assert p.exposed_comm_us["dp"] > 0 and 0 < p.job["exposed_share"] < 1
+    assert p.exposed_comm_us["dp"] > 0 and 0 < p.job.exposed_share < 1
     assert p.pipeline_bubble_us == 0
     # on the wire: rank 0's first bucket all-reduce began before its backward pass ended
     spans = [s for s in _rows(run_dir, "hyperscale", "spans")
@@ -101,7 +101,7 @@ def test_a_server_s_gpus_talk_over_scale_up_and_never_over_the_fabric(tmp_path):
     p = results.policy("lossless")
     _faithful(p)
     _delivered_every_byte(p)
-    split = p.job["bytes_per_iteration"]
+    split = p.job.bytes_per_iteration
     assert set(split["scale_up"]) == {"tp"} and set(split["fabric"]) == {"dp", "pp"}
     server = {r: r // 2 for r in range(8)}
     packets = _rows(run_dir, "lossless", "packets")
@@ -140,9 +140,9 @@ def test_a_job_s_full_size_iteration_holds_over_a_factor_of_4_in_byte_scale(tmp_
         for p in runs:
             assert not p.job_failed, p.job_failed
             _faithful(p)
-            assert p.job["buffer_regime"]["kept"], p.job["buffer_regime"]
-        full.append(median(p.job["full_size_iteration_ms_modelled"] for p in runs))
-        share.append(median(p.job["exposed_share"] for p in runs))
+            assert p.job.buffer_regime.kept, p.job.buffer_regime
+        full.append(median(p.job.full_size_iteration_ms_modelled for p in runs))
+        share.append(median(p.job.exposed_share for p in runs))
     assert full[1] == pytest.approx(full[0], rel=0.15), full
     assert share[1] == pytest.approx(share[0], rel=0.10), share
 
@@ -164,7 +164,7 @@ def test_a_chakra_trace_written_to_the_published_layout_runs_on_the_fabric(tmp_p
     p = results.policy("hyperscale")  # modelled time
     _faithful(p)
     _delivered_every_byte(p)
-    assert {(o["collective"], o["bytes"]) for o in p.job["operations"]} == {
+    assert {(o.collective, o.bytes) for o in p.job.operations} == {
         ("ring", 2 << 20), ("send_recv", 512 << 10)}
     assert p.ideal_iteration_us == pytest.approx(60, abs=0.5)
     assert p.iteration_us.p50 > 60
@@ -186,9 +186,9 @@ def test_an_aicb_workload_written_to_the_published_layout_runs_on_the_fabric(tmp
                         workload={"iterations": 2, "job": {"file": path, "byte_scale": 1}})
     p = results.policy("lossless")  # modelled time
     _faithful(p)
-    assert not p.job["byte_scale_warning"]
+    assert not p.job.byte_scale_warning
     _delivered_every_byte(p)
-    split = p.job["bytes_per_iteration"]
+    split = p.job.bytes_per_iteration
     assert set(split["scale_up"]) == {"tp"} and set(split["fabric"]) == {"dp", "ep"}
     assert p.exposed_comm_us["ep"] > 0
 
@@ -199,13 +199,13 @@ def test_two_jobs_share_the_fabric_each_on_its_own_gpus(tmp_path):
                                                                  "jobs": jobs})
     p = results.policy("hyperscale").emulated  # as run
     _faithful(p)
-    assert [j["job"]["gpus"] for j in p.jobs] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert [j.job.gpus for j in p.jobs] == [(0, 1, 4, 5), (2, 3, 6, 7)]
     for j in p.jobs:
-        moved = j["job"]["bytes_sent_per_rank"]
-        assert moved["measured"] == moved["expected"] and sum(moved["expected"].values()) > 0
-        assert j["modelled"]["iteration_us"]["p50"] > j["modelled"]["ideal_iteration_us"] > 0
+        moved = j.job.bytes_sent_per_rank
+        assert moved.measured == moved.expected and sum(moved.expected.values()) > 0
+        assert j.modelled.iteration_us.p50 > j.modelled.ideal_iteration_us > 0
     # the first job's at the top
-    assert p.iteration_us == Cct.from_json(p.jobs[0]["iteration_us"])
+    assert p.iteration_us == p.jobs[0].iteration_us
     # each job's packets stay among its own GPUs
     first = {0, 1, 4, 5}
     packets = _rows(run_dir, "hyperscale", "packets")

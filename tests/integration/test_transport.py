@@ -148,7 +148,7 @@ def test_sprayed_packets_are_reordered_without_spurious_naks(tmp_path):
     assert ll.naks == 0 and ll.retransmitted_packets == 0 and ll.drops == 0
     # every byte counted as delivered, also those placed ahead of a gap and delivered later
     sent = ll.collectives[0].bytes_sent_per_rank
-    assert sent["measured"] == sent["expected"], sent
+    assert sent.measured == sent.expected, sent
 
 
 PACING = """

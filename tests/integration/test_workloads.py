@@ -36,7 +36,7 @@ def test_each_collective_moves_the_bytes_the_literature_says(tmp_path, collectiv
     assert c.collective == collective and c.iterations == 2
     assert len(c.cct_us.per_iteration) == 2 and c.busbw_gbps_emulated > 0
     # payload delivered in order per sender and iteration, from the receivers' packet records
-    measured = {int(r): b for r, b in c.bytes_sent_per_rank["measured"].items()}
+    measured = {int(r): b for r, b in c.bytes_sent_per_rank.measured.items()}
     coll = build(collective, n, size, scenario.workload.chunks, scenario.topology.gpus_per_leaf)
     assert measured == {r: coll.bytes_sent(r) for r in range(n)}
     if collective == "all_to_all":

@@ -58,11 +58,11 @@ def test_an_incast_from_a_neighbouring_job_reaches_every_byte_and_slows_its_send
     hs, ll = result.policy("hyperscale"), result.policy("lossless")
     for p in (hs, ll):
         ring, incast = p.jobs
-        assert (ring["job"]["name"], incast["job"]["name"]) == ("ring-512k", "incast-bursts")
+        assert (ring.job.name, incast.job.name) == ("ring-512k", "incast-bursts")
         for job in (ring, incast):
-            sent = job["job"]["bytes_sent_per_rank"]
-            assert sent["measured"] == sent["expected"]
-        assert sum(incast["job"]["bytes_sent_per_rank"]["measured"].values()) == 7 * 3 * 32000
+            sent = job.job.bytes_sent_per_rank
+            assert sent.measured == sent.expected
+        assert sum(incast.job.bytes_sent_per_rank.measured.values()) == 7 * 3 * 32000
         # the bursts' queue crossed the marking threshold: the senders' RNICs got CNPs
         assert p.congestion_control == "dcqcn" and p.ecn_marked_packets > 0 and p.cnps_sent > 0
     assert ll.drops == 0 and ll.switch_queue_drops == 0
@@ -133,7 +133,7 @@ def test_credits_spread_congestion_to_a_victim_as_pfc_does(testbed_run):
     ring_alone = alone.policy("lossless").iteration_us.p50  # one job: its figures on top
     ib = both.policy("lossless")
     assert ib.drops == 0 and ib.pfc_pause_events is None
-    assert ib.jobs[0]["iteration_us"]["p50"] > 2 * ring_alone  # the victim slowed
+    assert ib.jobs[0].iteration_us.p50 > 2 * ring_alone  # the victim slowed
     waited = {q["node"] for q in ib.switch_queues["credit"].values()}
     assert {"lf1", "lf2", "lf3"} & waited  # the victim's leaves waited: hop by hop
 
@@ -150,7 +150,7 @@ def test_ib_vs_roce_puts_credits_beside_pfc_and_dcqcn(testbed_run):
     for p in (ib, pfc, dcqcn):
         assert p.policy == "lossless" and p.fidelity.ok, p.fidelity.problems
         assert p.drops == 0 and p.retransmitted_packets == 0
-        assert [j["job"]["name"] for j in p.jobs] == ["ring6", "incast-heavy"]
+        assert [j.job.name for j in p.jobs] == ["ring6", "incast-heavy"]
     assert ib.params["flow_control"] == "credit" and ib.congestion_control == "none"
     assert ib.credit_waits > 0 and ib.pfc_pause_events is None
     assert pfc.pfc_pause_events > 0 and pfc.credit_waits is None

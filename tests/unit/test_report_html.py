@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from testbed.base.contract import dump
 from testbed.results import compare, htmlreport, rundata, term
 from testbed.cli import main
 from testbed.scenario.config import DEFAULT
@@ -42,7 +43,7 @@ def make_run(root, status="complete", policies=("hyperscale", "lossless"), scena
                        fidelity={"verdict": "ok" if i == 0 else "outside tolerance",
                                  "problems": [] if i == 0 else ["CPU saturated"],
                                  "advice": "lower the rates"})
-        results["policies"][name] = figures
+        results["policies"][name] = dump(figures)
         t0 = 1_000_000_000
         _timeline(os.path.join(run, f"switchq-{name}.timeline.csv"),
                   [[t0 + k * 5_000_000, k * 1000, 0, 500 * (k % 2),

@@ -9,7 +9,7 @@ from testbed.base.atomic import write_json_atomic
 from testbed.results.report import summary_table, sweep_table
 from testbed.results.verdicts import fidelity_warnings, job_failures
 from testbed.results.collect import Mechanisms, RunContext, collect
-from testbed.results.model import CollectiveResult, PolicyResult, RunResult
+from testbed.results.model import BytesPerRank, CollectiveResult, PolicyResult, RunResult
 from traffic.records import ITERATION_FIELDS, PACKET_FIELDS
 from traffic.contract import WorkloadSpec
 
@@ -71,8 +71,8 @@ def test_collect_from_agent_records(tmp_path):
     assert c["busbw_gbps_emulated"] == pytest.approx(c["algbw_gbps_emulated"])
     assert c["busbw_gbps_modelled"] == pytest.approx(2 * c["busbw_gbps_emulated"], abs=1e-5)
     # payload delivered per sender vs the ring's 2(n-1)S/n = 300 B
-    assert c["bytes_sent_per_rank"] == {"expected": {"0": 300, "1": 300},
-                                        "measured": {"0": 150, "1": 150}}
+    assert c["bytes_sent_per_rank"] == BytesPerRank(expected={"0": 300, "1": 300},
+                                                    measured={"0": 150, "1": 150})
     # rank 1 reached the collective 5 us after rank 0: 5 us idle in that iteration
     assert c["straggler_idle_us"] == {"per_iteration": [5.0], "total": 5.0, "mean": 5.0}
     assert c["extrapolation"]["gpus"] == 10_000
@@ -277,7 +277,7 @@ def test_pooled_timer_lag_is_split_by_kind_of_timer():
         for u in us:
             h.add(int(u * 1000))
         return h.summary()
-    from traffic.contract import AgentSummary, LagSummary
+    from traffic.contract import AgentSummary
 
     a = AgentSummary(0, "gpu1", loop_lag=hist(5, 400),
                      loop_lag_by_timer={"compute": hist(5), "dcqcn": hist(400)})
