@@ -37,6 +37,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from testbed.base.contract import dump  # noqa: E402
 from testbed.results.model import RunResult  # noqa: E402
 from testbed.results.report import sig, table  # noqa: E402
 from testbed.run import runner  # noqa: E402
@@ -73,11 +74,11 @@ def full_size(result: RunResult) -> dict:
     out = {}
     for name in result.policies:
         runs = result.runs(name)
-        values = [(r.job or {}).get("full_size_iteration_ms_modelled") for r in runs]
+        values = [r.job.full_size_iteration_ms_modelled if r.job else None for r in runs]
         out[name] = {"full_ms": [v for v in values if v is not None], **go_back_n(runs),
                      "failed": sum(1 for r in runs if r.job_failed),
                      "unfaithful": sum(1 for r in runs if r.fidelity and not r.fidelity.ok),
-                     "regime": (runs[0].job or {}).get("buffer_regime")}
+                     "regime": dump(runs[0].job.buffer_regime) if runs[0].job else None}
     return out
 
 

@@ -226,7 +226,7 @@ def _on_rail_servers(tmp_path, **workload):
     (c,) = p.collectives
     _faithful(p)
     moved = c.bytes_sent_per_rank
-    assert moved["measured"] == moved["expected"]
+    assert moved.measured == moved.expected
     return c, _rows(run_dir, "hyperscale", "packets")
 
 
@@ -238,7 +238,7 @@ def test_the_hierarchical_all_reduce_reduces_inside_each_server_first(tmp_path):
     c, packets = _on_rail_servers(tmp_path, collective="hierarchical", size_bytes=size)
     moved = c.bytes_sent_per_rank
     n = 8  # per rail (4 servers), a ring all-reduce of S/2: 2 x 3/4 x S/2 over the fabric
-    assert set(moved["expected"].values()) == {2 * 3 * (size // 2) // 4}
+    assert set(moved.expected.values()) == {2 * 3 * (size // 2) // 4}
     # inside each server: reduce-scatter and all-gather, S/2 from each rank in each
     assert c.scale_up_bytes_per_iteration == n * size
     assert all(int(r["src"]) // 2 != int(r["dst"]) // 2 for r in packets)
@@ -255,7 +255,7 @@ def test_pxn_keeps_an_all_to_all_on_the_rails(tmp_path):
     block = size // 8
     # per GPU over the fabric: its own block to its rail-mate on each of 3 other servers,
     # and the 3 blocks its server-mate relays to those
-    assert set(moved["expected"].values()) == {6 * block}
+    assert set(moved.expected.values()) == {6 * block}
     # over scale-up: the block for its server-mate, and one to relay per other server
     assert c.scale_up_bytes_per_iteration == 8 * 4 * block
     assert packets and all(int(r["src"]) % 2 == int(r["dst"]) % 2 for r in packets)
