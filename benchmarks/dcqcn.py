@@ -120,7 +120,7 @@ def figures(run) -> dict:
     """The figures compared, of a run (``testbed.results.model.RunResult``; modelled time)."""
     p = run.policy("lossless")
     line_bps = run.scenario.topology.host_rate_mbit * 1e6
-    peaks = [v for port in (p.switch_queues or {}).get("max_backlog", {}).values()
+    peaks = [v for port in (p.switch_queues.max_backlog if p.switch_queues else {}).values()
              for v in port.values()]
     p99, mean = queue_over_time(run.run_dir)
     return {"cct_us": p.cct_us.p50,

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Dict, FrozenSet, Mapping, Optional, Tuple
 from ..base.contract import ContractError, dump, load
 from ..base.errors import ResultsError
 from ..job.bytescale import BufferRegime, RecoveryRegime
+from ..switchq.contract import EmulatorReport
 from ..scenario.config import Scenario
 
 NOT_JSON = {"json": False}  # a field of the object, not a key of results.json
@@ -316,6 +317,24 @@ class EmulationCost(Record):
     total_cpu_s: Optional[float] = None
     total_us_per_frame: Optional[float] = None  # None: no frame delivered
     agents_start_cpu_s: Optional[float] = None  # the agents' CPU before the traffic started
+
+
+@dataclass(frozen=True)
+class SwitchQueues(EmulatorReport, Record):
+    """The switch-queue emulator's report as results.json holds it (``switch_queues``; the
+    fields of ``testbed.switchq.contract.EmulatorReport``): the per-GPU pause spans and the
+    raw forwarding histogram stay with the fidelity monitor, the forwarding time per hop is
+    summarised (``forwarding_us``)."""
+    gpu_pauses_ns: Dict[str, Tuple[Tuple[int, int], ...]] = field(default_factory=dict,
+                                                                  metadata=NOT_JSON)
+    forwarding_histogram: Optional[Dict[str, int]] = field(default=None, metadata=NOT_JSON)
+    forwarding_us: Optional[Dict[str, Any]] = None
+
+    @classmethod
+    def of(cls, report: EmulatorReport, forwarding_us: Optional[dict]) -> "SwitchQueues":
+        kept = {f.name: getattr(report, f.name) for f in dataclasses.fields(report)
+                if f.name not in ("gpu_pauses_ns", "forwarding_histogram")}
+        return cls(**kept, forwarding_us=forwarding_us)
 
 
 @dataclass(frozen=True)
@@ -624,7 +643,7 @@ class PolicyResult(Record):
         "split fabrics only: latency percentiles between GPUs on one server and across servers "
         "(the latter include the servers' clock offset)", unit="us, emulated")
     spine_load_packets: Optional[Dict[str, int]] = figure("packets each spine forwarded")
-    switch_queues: Optional[Dict[str, Any]] = figure(
+    switch_queues: Optional[SwitchQueues] = figure(
         "the switch-queue emulator's report (servers: the emulators reporting, one per server "
         "of a split fabric): the RoCE lane's per-queue pauses (pfc) or credit "
         "waits (credit); per lossless lane (lanes: RoCE's, and under credits the CNPs' own) "

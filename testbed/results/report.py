@@ -139,7 +139,7 @@ TIME_ROWS = {"PFC paused time (ms)", "credit wait time (ms)", "latency p50 (us)"
 
 def _largest_kb(queues):
     """The largest backlog any switch egress queue held (any class), in KB."""
-    peaks = [b for by_class in ((queues or {}).get("max_backlog") or {}).values()
+    peaks = [b for by_class in (queues.max_backlog if queues else {}).values()
              for b in by_class.values()]
     return round(max(peaks) / 1000, 1) if peaks else None
 

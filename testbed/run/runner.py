@@ -45,7 +45,7 @@ from ..results import breakdown, htmlreport, trace
 from ..results.collect import (RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled,
                                timeline)
 from ..results.latency import expected_latency_us, latency_parts
-from ..results.model import Fidelity, PolicyResult, RunResult
+from ..results.model import Fidelity, PolicyResult, RunResult, SwitchQueues
 from ..results.spread import spread
 from ..scenario import capacity, timescale
 from ..scenario.config import Scenario
@@ -664,9 +664,6 @@ def _figures(run: PolicyRun, records: str, run_dir: str, replay: Replay, end: Fa
     switch_drops, nic_drops, per_port = queue_drops(plan, stats)
     nic_pauses = queues.gpu_pauses_ns  # for the monitor, not for results.json
     forwarding = forwarding_summary(queues.forwarding_histogram)
-    switch_queues = {k: v for k, v in queues.to_dict().items()
-                     if k not in ("gpu_pauses_ns", "forwarding_histogram")}
-    switch_queues["forwarding_us"] = forwarding
     pfc, credit = ctx.mechanisms.pfc, ctx.mechanisms.credit
     figures.update({
         "gpus": len(plan.gpus),
@@ -689,7 +686,7 @@ def _figures(run: PolicyRun, records: str, run_dir: str, replay: Replay, end: Fa
         "pfc_paused_ms": queues.pfc_paused_ms if pfc else None,
         "credit_waits": queues.credit_waits if credit else None,
         "credit_wait_ms": queues.credit_wait_ms if credit else None,
-        "switch_queues": switch_queues,
+        "switch_queues": SwitchQueues.of(queues, forwarding),
         "ecn_marking": run.marking,
         "ecn_marking_via": run.marking_via,
         "red_marked_by_port": ({k: v["marked"] for k, v in sorted(stats.items()) if v["marked"]}

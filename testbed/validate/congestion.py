@@ -47,8 +47,8 @@ SPREAD_LESS = 0.5  # DCQCN: the victim's leaves paused less than this x PFC alon
 
 def paused_ms_on(p: PolicyResult, nodes) -> float:
     """The PFC paused time of the queues on ``nodes`` (switch or host names), emulated ms."""
-    pfc = (p.switch_queues or {}).get("pfc") or {}
-    return sum(q.get("paused_ms", 0.0) for q in pfc.values() if q.get("node") in nodes)
+    pfc = p.switch_queues.pfc if p.switch_queues else {}
+    return sum(q["paused_ms"] for q in pfc.values() if q["node"] in nodes)
 
 
 def _victim_judge(results: Dict[str, RunResult]) -> Verdict:

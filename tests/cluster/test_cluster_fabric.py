@@ -92,7 +92,7 @@ def test_a_run_across_two_servers_reports_the_split_and_both_emulators(tmp_path,
         assert p.agents_reporting == 4
         assert p.packets_received + p.drops == p.packets_sent
         assert p.unexplained_drops == 0
-        assert p.switch_queues["servers"] == 2  # both emulators reported
+        assert p.switch_queues.servers == 2  # both emulators reported
         paths = p.latency_us_by_path  # same-server and cross-server latency apart
         assert paths["same_server"]["count"] + paths["cross_server"]["count"] == \
             p.latency_us.count
@@ -128,9 +128,9 @@ def test_lossless_pauses_across_servers_and_loses_nothing(tmp_path, server):
     assert result.status == "complete"
     ll = result.policy("lossless")
     q = ll.switch_queues
-    assert q["servers"] == 2
+    assert q.servers == 2
     assert ll.pfc_pause_events > 0, q
-    assert q["counters"]["relayed_out"] > 0 and q["counters"]["relayed_in"] > 0, q["counters"]
+    assert q.counters["relayed_out"] > 0 and q.counters["relayed_in"] > 0, q.counters
     assert ll.switch_queue_drops == 0 and ll.drops == 0, ll.drops_by_port
     assert wait_clean() == []
 

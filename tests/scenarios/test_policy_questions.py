@@ -113,10 +113,10 @@ def test_infiniband_credits_keep_an_incast_lossless_without_a_pause(testbed_run)
     assert ib.pfc_pause_events is None  # no PFC: absent, not zero
     assert ib.credit_waits > 0 and ib.credit_wait_ms > 0
     queues = ib.switch_queues
-    assert queues["credit"] and all(q["waits"] > 0 for q in queues["credit"].values())
-    peaks = [by_class["roce"] for by_class in queues["max_backlog"].values()
+    assert queues.credit and all(q["waits"] > 0 for q in queues.credit.values())
+    peaks = [by_class["roce"] for by_class in queues.max_backlog.values()
              if "roce" in by_class]
-    assert peaks and max(peaks) <= queues["credit_buffer_bytes"]  # never beyond the lane
+    assert peaks and max(peaks) <= queues.credit_buffer_bytes  # never beyond the lane
 
 
 def test_credits_spread_congestion_to_a_victim_as_pfc_does(testbed_run):
@@ -134,7 +134,7 @@ def test_credits_spread_congestion_to_a_victim_as_pfc_does(testbed_run):
     ib = both.policy("lossless")
     assert ib.drops == 0 and ib.pfc_pause_events is None
     assert ib.jobs[0].iteration_us.p50 > 2 * ring_alone  # the victim slowed
-    waited = {q["node"] for q in ib.switch_queues["credit"].values()}
+    waited = {q["node"] for q in ib.switch_queues.credit.values()}
     assert {"lf1", "lf2", "lf3"} & waited  # the victim's leaves waited: hop by hop
 
 
@@ -155,9 +155,9 @@ def test_ib_vs_roce_puts_credits_beside_pfc_and_dcqcn(testbed_run):
     assert ib.credit_waits > 0 and ib.pfc_pause_events is None
     assert pfc.pfc_pause_events > 0 and pfc.credit_waits is None
     # InfiniBand: CNPs in a lane with credits of their own; RoCE: PFC on the data class only
-    assert {n: lane["flow_control"] for n, lane in ib.switch_queues["lanes"].items()} == {
+    assert {n: lane["flow_control"] for n, lane in ib.switch_queues.lanes.items()} == {
         "cnp": "credit", "roce": "credit"}
-    assert {n: lane["flow_control"] for n, lane in pfc.switch_queues["lanes"].items()} == {
+    assert {n: lane["flow_control"] for n, lane in pfc.switch_queues.lanes.items()} == {
         "roce": "pfc"}
     assert dcqcn.congestion_control == "dcqcn" and dcqcn.cnps_sent > 0
     assert dcqcn.pfc_paused_ms < pfc.pfc_paused_ms  # DCQCN keeps most pauses away
@@ -182,7 +182,7 @@ def test_credits_hold_the_data_lane_and_never_the_cnps(testbed_run):
     ib = result.policy("lossless")
     assert ib.fidelity.ok, ib.fidelity.problems
     assert ib.drops == 0 and ib.credit_waits > 0
-    lanes = ib.switch_queues["lanes"]
+    lanes = ib.switch_queues.lanes
     assert lanes["roce"]["holds"] == ib.credit_waits and lanes["roce"]["held_ms"] > 0
     assert lanes["cnp"]["flow_control"] == "credit" and lanes["cnp"]["holds"] == 0
     assert ib.cnps_sent > 0 and ib.cnps_received == ib.cnps_sent  # none lost, none held
