@@ -16,6 +16,7 @@ from testbed.job.plan import plan_job
 from testbed.results.collect import COLLECTIVE_FIGURES
 from testbed.run import runner
 from testbed.scenario import config
+from tests.keytree import keys_before, lost
 from tests.tracecheck import check as check_trace
 from .live import DEFAULT
 
@@ -62,6 +63,10 @@ def test_a_data_parallel_job_overlaps_its_buckets_with_the_backward_pass(tmp_pat
     declared = PolicyResult.json_keys()
     expected = declared - {"latency_us_by_path", "jobs"} - set(COLLECTIVE_FIGURES)
     assert set(p.to_json()) == expected, set(p.to_json()) ^ expected
+    # key by key, what a run of this job wrote before the results were typed end to end
+    on_disk = json.load(open(os.path.join(run_dir, "results.json")))
+    before = keys_before("job")
+    assert lost(before["policy"], on_disk) == set() and lost(before["top"], on_disk, "top") == set()
     assert p.collectives == ()
     assert 0 < p.ideal_iteration_us < p.iteration_us.p50
     assert p.exposed_comm_us["dp"] > 0 and 0 < p.job.exposed_share < 1

@@ -18,6 +18,7 @@ from testbed.api import JOB_FIGURES, CollectiveResult, PolicyResult, RunResult
 from testbed.results.report import fmt, sig, summary_table
 from testbed.results.collect import RESULTS_SCHEMA
 from traffic import roce
+from tests.keytree import keys_before, lost
 from tests.tracecheck import check as check_trace
 from .live import DEFAULT
 
@@ -61,6 +62,11 @@ def test_ring_all_reduce_on_a_real_fabric(small_run):
     for p in on_disk["policies"].values():
         lag = p["fidelity"]["checks"]["agent_loop_lag"]
         assert lag["scheduling"] in expected, lag
+
+    # key by key, the file holds every key a run of this scenario wrote before the results
+    # were typed end to end (tests/keytree.py)
+    before = keys_before("collective")
+    assert lost(before["policy"], on_disk) == set() and lost(before["top"], on_disk, "top") == set()
 
     # every figure a run writes is declared (and documented) by the API, and the reverse
     declared = PolicyResult.json_keys()
