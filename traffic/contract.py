@@ -177,6 +177,65 @@ class FlowConfig(Contract):
 
 
 @dataclass(frozen=True)
+class FlowsSent(Contract):
+    """What a ``traffic.flows`` sender tells the runner (its ``out`` file)."""
+    sent: int = 0
+    bursts: int = 0  # a bursting sender's bursts
+    send_errors: int = 0  # udp: datagrams the NIC's full queue refused
+
+
+@dataclass(frozen=True)
+class FlowSeen(Contract):
+    """What a receiver saw of one flow: packets, of them CE-marked, and their one-way
+    latencies (us) where the packet carried its send time."""
+    packets: int = 0
+    ce: int = 0
+    latency_us: Tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class FlowsReceived(Contract):
+    """What a ``traffic.flows`` receiver tells the runner: per flow (``<kind> <source ip>``)."""
+    flows: Dict[str, FlowSeen] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QpSeen(Contract):
+    """What a QP in error saw last: its requester's counters."""
+    acks: int = 0
+    naks: int = 0
+    timeouts: int = 0
+    retransmitted: int = 0
+
+
+@dataclass(frozen=True)
+class QpFailure(Contract):
+    """What NCCL's warning would name of a QP in error (``traffic.rnic.Rnic.qp_failure``)."""
+    peer_rank: int
+    peer_host: str
+    qpn: int
+    psn: int  # the oldest unacknowledged
+    retries: int
+    last_progress_ns: int  # since the job's start
+    seen: QpSeen = QpSeen()
+
+
+@dataclass(frozen=True)
+class JobFailure(Contract):
+    """A GPU's word that its job failed (``traffic.gpu.Gpu.fail``: the agent's ``failed``
+    line; emulated ns since the job's start)."""
+    reason: str  # retry-exceeded (a QP spent its retry budget) or stalled
+    host: str
+    rank: int
+    iteration: int
+    at_ns: int
+    detail: str = ""
+    no_progress_ns: int = 0
+    status: Optional[str] = None  # the QP's work completion status, as NCCL reports it
+    qp: Optional[QpFailure] = None  # the QP in error, if one was
+
+
+@dataclass(frozen=True)
 class LagSummary(Contract):
     """How late a loop acted on its timers (``traffic.metrics.LagHistogram.summary``): each
     quantile's upper bound, and the histogram's counts, which pool over agents."""

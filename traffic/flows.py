@@ -36,7 +36,7 @@ from typing import Dict
 from testbed.base.procutil import die_with_parent
 
 from . import roce
-from .contract import FlowConfig
+from .contract import FlowConfig, FlowSeen, FlowsReceived, FlowsSent
 from .rxsocket import ANCILLARY_BYTES, ancillary, open_rx
 
 UDP_PROBE_PORT = 5001
@@ -51,7 +51,7 @@ def _given(value, default):
     return default if value is None else value
 
 
-def send_roce(cfg: FlowConfig, stop=lambda: False) -> dict:
+def send_roce(cfg: FlowConfig, stop=lambda: False) -> FlowsSent:
     """RoCE frames: ``packets`` of them back to back (or paced by ``interval_us``) from
     ``start_ns`` (default now), or - with ``bursts`` - ``packets`` per burst, bursts every
     ``period_us`` from ``start_ns`` until ``duration_s`` has passed (synchronised incast when
@@ -93,9 +93,9 @@ def send_roce(cfg: FlowConfig, stop=lambda: False) -> dict:
                     if not send_one():
                         break
                 k += 1
-            return {"sent": psn, "bursts": k}
+            return FlowsSent(sent=psn, bursts=k)
         if not _sleep_until(cfg.start_ns, stop):
-            return {"sent": 0}
+            return FlowsSent()
         interval = _given(cfg.interval_us, 0) / 1e6
         next_at = time.monotonic()
         for _ in range(cfg.packets):
@@ -106,7 +106,7 @@ def send_roce(cfg: FlowConfig, stop=lambda: False) -> dict:
                 delay = next_at - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-        return {"sent": psn}
+        return FlowsSent(sent=psn)
     finally:
         tx.close()
 
@@ -133,7 +133,7 @@ def _sleep_until(at_ns: int, stop) -> bool:
         time.sleep(min(left, 0.1))
 
 
-def send_udp(cfg: FlowConfig, stop=lambda: False) -> dict:
+def send_udp(cfg: FlowConfig, stop=lambda: False) -> FlowsSent:
     """UDP datagrams with a send-time stamp: ``packets`` of them every ``interval_us``, or -
     with ``duration_s`` - at ``rate_mbit`` from ``start_ns`` (default now) until it passes."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -154,7 +154,7 @@ def send_udp(cfg: FlowConfig, stop=lambda: False) -> dict:
     sent = errors = 0
     try:
         if not _sleep_until(start, stop):
-            return {"sent": 0, "send_errors": 0}
+            return FlowsSent()
         while not stop():
             if count is not None and sent + errors >= count:
                 break
@@ -170,16 +170,16 @@ def send_udp(cfg: FlowConfig, stop=lambda: False) -> dict:
                 errors += 1
     finally:
         s.close()
-    return {"sent": sent, "send_errors": errors}
+    return FlowsSent(sent=sent, send_errors=errors)
 
 
-def receive(cfg: FlowConfig, stop) -> dict:
+def receive(cfg: FlowConfig, stop) -> FlowsReceived:
     socks = {}
     for port in (roce.ROCE_UDP_PORT, UDP_PROBE_PORT):
         s = open_rx(cfg.ip, port)
         socks[s.fileno()] = (s, "roce" if port == roce.ROCE_UDP_PORT else "udp")
     print("ready", flush=True)
-    flows: Dict[str, dict] = {}
+    flows: Dict[str, list] = {}  # per flow: packets, CE-marked, latencies
     deadline = time.monotonic() + _given(cfg.duration_s, 600)
     poller = select.poll()
     for fd in socks:
@@ -199,17 +199,16 @@ def receive(cfg: FlowConfig, stop) -> dict:
                     tx_ns = pkt.tx_ns if pkt else 0
                 else:
                     tx_ns = STAMP.unpack_from(data)[0] if len(data) >= STAMP.size else 0
-                f = flows.setdefault(f"{kind} {addr[0]}", {"packets": 0, "ce": 0,
-                                                           "latency_us": []})
-                f["packets"] += 1
-                f["ce"] += (tos & 3) == 3
+                f = flows.setdefault(f"{kind} {addr[0]}", [0, 0, []])
+                f[0] += 1
+                f[1] += (tos & 3) == 3
                 if tx_ns and rx_ns:
-                    f["latency_us"].append((rx_ns - tx_ns) / 1000.0)
+                    f[2].append((rx_ns - tx_ns) / 1000.0)
         if ready:
             time.sleep(RX_MODERATION_S)
     for s, _k in socks.values():
         s.close()
-    return {"flows": flows}
+    return FlowsReceived({k: FlowSeen(n, ce, tuple(lat)) for k, (n, ce, lat) in flows.items()})
 
 
 def main(argv=None) -> int:
@@ -238,7 +237,7 @@ def main(argv=None) -> int:
     else:
         result = receive(cfg, stop)
     with open(cfg.out, "w", encoding="utf-8") as f:
-        json.dump(result, f)
+        json.dump(result.to_dict(), f)
     return 0
 
 

@@ -23,7 +23,7 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from .contract import GpuConfig
+from .contract import GpuConfig, JobFailure
 from .metrics import LagHistogram
 from .progress import Phase, Progress, phases
 from .rnic import RETRY_EXC_ERR, QueuePair, Rnic
@@ -130,13 +130,11 @@ class Gpu:
         if self.state == FAILED:
             return
         self.state = FAILED
-        failure = {"reason": reason, "host": self.host, "rank": self.rank,
-                   "iteration": self.it, "at_ns": now - self.start_ns, "detail": detail,
-                   "no_progress_ns": no_progress_ns}
-        if qp is not None:
-            failure.update(status=RETRY_EXC_ERR if reason == "retry-exceeded" else None,
-                           **self.nic.qp_failure(qp, self.start_ns))
-        self.loop.say(f"failed {self.host} {json.dumps(failure)}")
+        failure = JobFailure(
+            reason, self.host, self.rank, self.it, now - self.start_ns, detail, no_progress_ns,
+            status=RETRY_EXC_ERR if qp is not None and reason == "retry-exceeded" else None,
+            qp=self.nic.qp_failure(qp, self.start_ns) if qp is not None else None)
+        self.loop.say(f"failed {self.host} {json.dumps(failure.to_dict())}")
 
     def _begin(self, start: int) -> None:
         """The next iteration starts at ``start``: its first ops (the compute phase first)."""

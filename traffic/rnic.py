@@ -44,7 +44,7 @@ from testbed.base.frames import full_frame_bytes
 from testbed.base.procutil import in_netns
 
 from . import nicio, ratelimit, roce
-from .contract import GpuConfig, Peer
+from .contract import GpuConfig, Peer, QpFailure, QpSeen
 from .dcqcn import NotificationPoint, Parameters, ReactionPoint
 from .delayline import DelayLine
 from .rc import SYNDROME_ACK, Requester, Responder, RetryExceeded, Stalled
@@ -309,15 +309,13 @@ class Rnic:
         return (len(self.packets), self.tx_key,
                 sum(q.req.counters["acks"] for q in self.qps.values()))
 
-    def qp_failure(self, qp: QueuePair, start_ns: int) -> dict:
+    def qp_failure(self, qp: QueuePair, start_ns: int) -> QpFailure:
         """What NCCL's warning would name of a QP in error, and what it saw last (ns since
         ``start_ns``)."""
-        req = qp.req
-        return {"peer_rank": qp.peer, "peer_host": self.peers[qp.peer].host, "qpn": qp.qpn,
-                "psn": req.una, "retries": req.retries,
-                "last_progress_ns": req.moved_ns - start_ns,
-                "seen": {k: req.counters[k]
-                         for k in ("acks", "naks", "timeouts", "retransmitted")}}
+        req, c = qp.req, qp.req.counters
+        return QpFailure(qp.peer, self.peers[qp.peer].host, qp.qpn, req.una, req.retries,
+                         req.moved_ns - start_ns,
+                         QpSeen(c["acks"], c["naks"], c["timeouts"], c["retransmitted"]))
 
     def receive(self) -> None:
         """Handle every packet waiting on the receive socket, in arrival order - or, with a

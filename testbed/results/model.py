@@ -21,6 +21,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, FrozenSet, Mapping, Optional, Tuple
 
+from traffic.contract import QpSeen
+
 from ..base.contract import ContractError, dump, load
 from ..base.errors import ResultsError
 from ..job.bytescale import BufferRegime, RecoveryRegime
@@ -335,6 +337,31 @@ class SwitchQueues(EmulatorReport, Record):
         kept = {f.name: getattr(report, f.name) for f in dataclasses.fields(report)
                 if f.name not in ("gpu_pauses_ns", "forwarding_histogram")}
         return cls(**kept, forwarding_us=forwarding_us)
+
+
+@dataclass(frozen=True)
+class JobFailed(Record):
+    """A policy's job failed (``job_failed``; ``traffic.contract.JobFailure`` in modelled
+    us): who, which QP if one, what it saw, and one line as NCCL's warning would read."""
+    reason: Optional[str] = None  # retry-exceeded or stalled
+    host: Optional[str] = None
+    rank: Optional[int] = None
+    iteration: Optional[int] = None  # from 0
+    detail: Optional[str] = None
+    status: Optional[str] = None
+    peer_rank: Optional[int] = None
+    peer_host: Optional[str] = None
+    qpn: Optional[int] = None
+    psn: Optional[int] = None
+    retries: Optional[int] = None
+    seen: Optional[QpSeen] = None
+    at_us: Optional[float] = None
+    no_progress_us: Optional[float] = None
+    last_progress_us: Optional[float] = None
+    text: str = ""
+
+    OMITTED_WHEN_EMPTY = frozenset({"peer_rank", "peer_host", "qpn", "psn", "retries", "seen",
+                                    "last_progress_us"})
 
 
 @dataclass(frozen=True)
@@ -690,7 +717,7 @@ class PolicyResult(Record):
         "(the same on this run's clock), stall_limit_us (the budget, or how long the run can "
         "wait if shorter) and reachable (false: no QP can spend its budget in this run)",
         unit="us, modelled")
-    job_failed: Optional[Dict[str, Any]] = figure(
+    job_failed: Optional[JobFailed] = figure(
         "the job failed under this policy (null: it did not): reason (retry-exceeded: a QP "
         "spent its retry budget and completed with status IBV_WC_RETRY_EXC_ERR, as NCCL "
         "reports it; stalled: no progress for as long as the run waits, the budget not spent, "

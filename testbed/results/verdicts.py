@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from .model import EmulationCost, RunResult
+from .model import EmulationCost, JobFailed, RunResult
 
 OUTCOMES = {"retry-exceeded": "failed: QP error", "stalled": "stalled"}
 
 
-def outcome(failed: Optional[dict]) -> str:
+def outcome(failed: Optional[JobFailed]) -> str:
     """A policy's job as the table's ``job`` row says it (``job_failed``: None when it ran
     to its end)."""
-    return "completed" if failed is None else OUTCOMES.get(failed.get("reason"), "failed")
+    return "completed" if failed is None else OUTCOMES.get(failed.reason, "failed")
 
 
 def job_failures(results: RunResult) -> List[str]:
     """One line per policy whose job failed: which QP, where, when and what it saw last."""
-    return [f"{name}: the job {outcome(p.job_failed)}: {p.job_failed.get('text', '')}"
+    return [f"{name}: the job {outcome(p.job_failed)}: {p.job_failed.text}"
             for name, p in results.policies.items() if p.job_failed]
 
 

@@ -18,8 +18,8 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from traffic.contract import (AgentConfig, Compute, GpuConfig, Job, Peer, ScaleUp, Straggler,
-                              Transport)
+from traffic.contract import (AgentConfig, Compute, GpuConfig, Job, JobFailure, Peer, ScaleUp,
+                              Straggler, Transport)
 
 from ..base.errors import AgentError
 from ..base.ledger import Ledger
@@ -274,7 +274,7 @@ class AgentGroup:
         return start_ns
 
     def wait(self, timeout: float, on_iteration: Callable[[int], None] = lambda i: None,
-             alive: Callable[[], None] = lambda: None) -> Optional[dict]:
+             alive: Callable[[], None] = lambda: None) -> Optional[JobFailure]:
         """Follow the agents until all have ``finished`` or one GPU's job failed, then
         ``collect`` their records; the failure, if one came."""
         failure = self.wait_finished(timeout, on_iteration, alive)
@@ -282,7 +282,7 @@ class AgentGroup:
         return failure
 
     def wait_finished(self, timeout: float, on_iteration: Callable[[int], None] = lambda i: None,
-                      alive: Callable[[], None] = lambda: None) -> Optional[dict]:
+                      alive: Callable[[], None] = lambda: None) -> Optional[JobFailure]:
         """Follow the agents until every GPU has ``finished`` its collectives (they keep
         answering their peers until told to stop), or until one says its job ``failed``:
         then that failure (``traffic.gpu.Gpu.fail``: emulated ns). ``alive`` checks the
@@ -299,7 +299,7 @@ class AgentGroup:
             for _name, line in self._read_lines(self.procs, 0.2):
                 word, _, rest = line.partition(" ")
                 if word == "failed":
-                    return json.loads(rest.partition(" ")[2])
+                    return JobFailure.from_dict(json.loads(rest.partition(" ")[2]))
                 if word == "finished":
                     pending.discard(rest)
                 elif word == "iter":

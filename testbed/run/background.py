@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from traffic.contract import Bursts, FlowConfig
+from traffic.contract import Bursts, FlowConfig, FlowSeen, FlowsReceived, FlowsSent
 
 from ..base.errors import AgentError, CapabilityError
 from ..base.ledger import Ledger
@@ -155,22 +155,26 @@ class Background:
         if self.bg.noisy:
             flows = []
             for f in self.bg.noisy:
-                sender = self._result("noisy-sender", f)
-                receiver = self._result("noisy-receiver", f)
-                flows.append(_noisy_figures(nn.tool, f, sender, receiver,
-                                            self.plan.host(f.src).ip))
+                sender = self._read("noisy-sender", f)
+                receiver = self._read("noisy-receiver", f)
+                flows.append(_iperf3_figures(f, sender, receiver) if nn.tool == "iperf3" else
+                             _flow_figures(f, _as(FlowsSent, sender),
+                                           _as(FlowsReceived, receiver),
+                                           self.plan.host(f.src).ip))
             out["noisy_neighbour"] = {"tool": nn.tool, "rate_gbit": nn.rate_gbit,
                                       "rate_mbit": self.rate_mbit,
                                       "flows": flows}
         if self.bg.incast:
-            sent = [self._result("incast-sender", f) or {} for f in self.bg.incast]
-            got = self._result("incast-receiver", Flow("incast", "", self.bg.incast_target))
+            sent = [_as(FlowsSent, self._read("incast-sender", f)) or FlowsSent()
+                    for f in self.bg.incast]
+            got = _as(FlowsReceived, self._read("incast-receiver",
+                                                Flow("incast", "", self.bg.incast_target)))
             out["incast"] = {"target": self.bg.incast_target,
                              "senders": [f.src for f in self.bg.incast],
-                             "packets_sent": sum(s.get("sent", 0) for s in sent),
-                             "bursts": max((s.get("bursts", 0) for s in sent), default=0),
+                             "packets_sent": sum(s.sent for s in sent),
+                             "bursts": max((s.bursts for s in sent), default=0),
                              # a GPU target's agent counts them (filled in by the runner)
-                             "packets_received": (sum(f["packets"] for f in got["flows"].values())
+                             "packets_received": (sum(f.packets for f in got.flows.values())
                                                   if got else None)}
         return out
 
@@ -202,7 +206,8 @@ class Background:
         self.ledger.add_pid(proc.pid)
         self.procs.append({"role": role, "flow": flow, "proc": proc, "out": out, "flows": flows})
 
-    def _result(self, role: str, flow: Flow) -> Optional[dict]:
+    def _read(self, role: str, flow: Flow) -> Optional[dict]:
+        """What a process of ``role`` for ``flow`` wrote (None: nothing readable)."""
         for p in self.procs:
             if p["role"] == role and p["flow"] == flow:
                 try:
@@ -213,25 +218,32 @@ class Background:
         return None
 
 
-def _noisy_figures(tool: str, f: Flow, sender: Optional[dict], receiver: Optional[dict],
-                   src_ip: str) -> dict:
+def _as(contract, data: Optional[dict]):
+    """A ``traffic.flows`` process's report as its contract (None: it wrote none)."""
+    return None if data is None else contract.from_dict(data)
+
+
+def _iperf3_figures(f: Flow, client: Optional[dict], server: Optional[dict]) -> dict:
+    """iperf3's own JSON (``-J``): the client says what it sent, the server what arrived."""
     row = {"src": f.src, "dst": f.dst}
-    if tool == "iperf3":  # the client says what it sent, the server what arrived
-        sent = (sender or {}).get("end", {}).get("sum") or {}
-        got = (receiver or {}).get("end", {}).get("sum") or {}
-        row.update({"sent": sent.get("packets"),
-                    "sent_mbit_s": _r(sent["bits_per_second"] / 1e6) if sent else None,
-                    "received": (got["packets"] - got.get("lost_packets", 0)) if got else None,
-                    "jitter_ms": _r(got.get("jitter_ms")) if got else None})
-        return row
-    sent = (sender or {}).get("sent")
-    got = ((receiver or {}).get("flows") or {}).get(f"udp {src_ip}") or {}
-    lat = sorted(got.get("latency_us") or [])
-    row.update({"sent": sent, "received": got.get("packets", 0) if receiver else None,
-                "latency_us_p50": _r(lat[len(lat) // 2]) if lat else None,
-                "latency_us_p99": _r(lat[min(len(lat) - 1, int(0.99 * len(lat)))])
-                if lat else None})
+    sent = (client or {}).get("end", {}).get("sum") or {}
+    got = (server or {}).get("end", {}).get("sum") or {}
+    row.update({"sent": sent.get("packets"),
+                "sent_mbit_s": _r(sent["bits_per_second"] / 1e6) if sent else None,
+                "received": (got["packets"] - got.get("lost_packets", 0)) if got else None,
+                "jitter_ms": _r(got.get("jitter_ms")) if got else None})
     return row
+
+
+def _flow_figures(f: Flow, sender: Optional[FlowsSent], receiver: Optional[FlowsReceived],
+                  src_ip: str) -> dict:
+    """The flow tool's: what the sender sent, and the receiver's flow from ``src_ip``."""
+    got = receiver.flows.get(f"udp {src_ip}", FlowSeen()) if receiver else None
+    lat = sorted(got.latency_us) if got else []
+    return {"src": f.src, "dst": f.dst, "sent": sender.sent if sender else None,
+            "received": got.packets if got else None,
+            "latency_us_p50": _r(lat[len(lat) // 2]) if lat else None,
+            "latency_us_p99": _r(lat[min(len(lat) - 1, int(0.99 * len(lat)))]) if lat else None}
 
 
 def _r(x):

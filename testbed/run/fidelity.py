@@ -16,12 +16,12 @@ invariants hold, and report the deviations. Every run checks itself:
   kernel (``testbed.fabric.bpfforward``): its floor - the hop time a tenth of hops beat, the
   latency floor without the modelled queues in it - times the hops of a path across leaves
   must be small against one MTU frame's serialization time at the host rate, the finest time
-  step the emulated fabric resolves (the median and tail are reported beside it). Where the kernel cannot measure it, the
-  lowest one-way latency into each destination GPU less the modelled fixed path delay stands
-  for it (it counts queueing too where no path is ever idle: a contended job's). Either way,
-  the lowest latency on a GPU pair may not fall below the model's fixed path delay
-  (testbed.base.hops: switch ports, cables and the frame's own transmission) by as much: a
-  delay the model asks for was not applied;
+  step the emulated fabric resolves (the median and tail are reported beside it). Where the
+  kernel cannot measure it, the lowest one-way latency into each destination GPU less the
+  modelled fixed path delay stands for it (it counts queueing too where no path is ever
+  idle: a contended job's). Either way, the lowest latency on a GPU pair may not fall below
+  the model's fixed path delay (testbed.base.hops: switch ports, cables and the frame's own
+  transmission) by as much: a delay the model asks for was not applied;
 * **CPU headroom**: the machine's CPUs, sampled during the traffic (``/proc/stat``); a saturated
   CPU delays packets outside any emulated queue;
 * **agent loop lag**: how late the agents acted on their timers (ends of compute phases,

@@ -24,6 +24,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
+from traffic.contract import JobFailure
+
 from .. import __version__
 from ..base.atomic import write_json_atomic
 from ..base.capabilities import Capabilities
@@ -45,7 +47,7 @@ from ..results import breakdown, htmlreport, trace
 from ..results.collect import (RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled,
                                timeline)
 from ..results.latency import expected_latency_us, latency_parts
-from ..results.model import Fidelity, PolicyResult, RunResult, SwitchQueues
+from ..results.model import Fidelity, JobFailed, PolicyResult, RunResult, SwitchQueues
 from ..results.spread import spread
 from ..scenario import capacity, timescale
 from ..scenario.config import Scenario
@@ -468,7 +470,7 @@ class Replay:
     background: dict = field(default_factory=dict)
     pcaps: Optional[dict] = None
     rxe: Optional[dict] = None
-    job_failed: Optional[dict] = None  # a GPU's job failed (``job_failure``)
+    job_failed: Optional[JobFailed] = None  # a GPU's job failed (``job_failure``)
 
 
 @dataclass
@@ -618,7 +620,7 @@ def _replay(run: PolicyRun, session: "Session", emu, rxe, records: str, run_dir:
         replay.finished = snapshot()
         if failure is not None:
             replay.job_failed = job_failure(failure, run.time_scale)
-            say(f"the job failed: {replay.job_failed['text']}")
+            say(f"the job failed: {replay.job_failed.text}")
         replay.background = stop_background() or {}
         replay.in_flight = queued_frames(drain(session.fabric, DRAIN_LIMIT_S, say))
         agents.collect(abort=failure is not None)
@@ -714,28 +716,30 @@ def _figures(run: PolicyRun, records: str, run_dir: str, replay: Replay, end: Fa
     return figures
 
 
-def job_failure(failure: dict, time_scale: float) -> dict:
+def job_failure(failure: JobFailure, time_scale: float) -> JobFailed:
     """A GPU's report that its job failed (``traffic.gpu.Gpu.fail``, emulated ns) as the
     results give it: times in modelled us, and one line as NCCL's warning would read."""
-    out = {k: v for k, v in failure.items() if not k.endswith("_ns")}
-    for key in ("at_ns", "no_progress_ns", "last_progress_ns"):
-        if failure.get(key) is not None:
-            out[key[:-3] + "_us"] = round(failure[key] / 1000 / time_scale, 3)
-    where = f"{failure['host']} (rank {failure['rank']})"
-    if failure.get("qpn") is not None:
-        where = (f"QP {failure['qpn']:#x} of {where} to {failure['peer_host']} (rank "
-                 f"{failure['peer_rank']})")
-    what = (f"completed with {failure['status']}" if failure.get("status")
+    def us(ns: int) -> float:
+        return round(ns / 1000 / time_scale, 3)
+    f, qp = failure, failure.qp
+    where = f"{f.host} (rank {f.rank})"
+    if qp is not None:
+        where = f"QP {qp.qpn:#x} of {where} to {qp.peer_host} (rank {qp.peer_rank})"
+    what = (f"completed with {f.status}" if f.status
             else "made no progress for as long as this run waits (its retry budget not "
                  "spent: the outcome unknown)")
-    seen = failure.get("seen")
-    why = (f"PSN {failure['psn']} unacknowledged for {out['no_progress_us']:,.0f} us after "
-           f"{failure['retries']} retries; it had {seen['acks']:,} ACKs, {seen['naks']:,} NAKs, "
-           f"{seen['timeouts']:,} timeouts" if seen is not None else
-           f"no packet moved for {out['no_progress_us']:,.0f} us ({failure.get('detail')})")
-    out["text"] = (f"{where} {what} in iteration {failure['iteration'] + 1}, "
-                   f"{out['at_us'] / 1000:,.3f} ms into the run (modelled): {why}")
-    return out
+    why = (f"PSN {qp.psn} unacknowledged for {us(f.no_progress_ns):,.0f} us after "
+           f"{qp.retries} retries; it had {qp.seen.acks:,} ACKs, {qp.seen.naks:,} NAKs, "
+           f"{qp.seen.timeouts:,} timeouts" if qp is not None else
+           f"no packet moved for {us(f.no_progress_ns):,.0f} us ({f.detail})")
+    text = (f"{where} {what} in iteration {f.iteration + 1}, {us(f.at_ns) / 1000:,.3f} ms "
+            f"into the run (modelled): {why}")
+    on_qp = {} if qp is None else dict(
+        peer_rank=qp.peer_rank, peer_host=qp.peer_host, qpn=qp.qpn, psn=qp.psn,
+        retries=qp.retries, seen=qp.seen, last_progress_us=us(qp.last_progress_ns))
+    return JobFailed(reason=f.reason, host=f.host, rank=f.rank, iteration=f.iteration,
+                     detail=f.detail, status=f.status, at_us=us(f.at_ns),
+                     no_progress_us=us(f.no_progress_ns), text=text, **on_qp)
 
 
 def _count(value) -> str:

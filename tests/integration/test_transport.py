@@ -212,19 +212,19 @@ def test_a_qp_out_of_its_retry_budget_fails_the_job_as_a_result_and_the_run_goes
     ok, failed = results.policy("enterprise"), results.policy("hyperscale")
     assert ok.job_failed is None and ok.cct_us.p50 > 0
     f = failed.job_failed
-    assert f["reason"] == "retry-exceeded" and f["status"] == "IBV_WC_RETRY_EXC_ERR (12)"
-    assert f["rank"] != f["peer_rank"] and f["qpn"] >= 0x100 and f["iteration"] >= 0
-    assert f["no_progress_us"] == pytest.approx(4.096 * 2**3, rel=0.05)  # the whole budget
-    assert f["retries"] == 0 and f["seen"]["timeouts"] == 0  # its first timeout was its last
-    assert f["at_us"] > 0 and "IBV_WC_RETRY_EXC_ERR" in f["text"]
+    assert f.reason == "retry-exceeded" and f.status == "IBV_WC_RETRY_EXC_ERR (12)"
+    assert f.rank != f.peer_rank and f.qpn >= 0x100 and f.iteration >= 0
+    assert f.no_progress_us == pytest.approx(4.096 * 2**3, rel=0.05)  # the whole budget
+    assert f.retries == 0 and f.seen.timeouts == 0  # its first timeout was its last
+    assert f.at_us > 0 and "IBV_WC_RETRY_EXC_ERR" in f.text
     budget = failed.retry_budget
     assert budget["budget_us"] == pytest.approx(32.768) and budget["reachable"]
     api = load_result(run_dir)
-    assert api.policy("hyperscale").job_failed["qpn"] == f["qpn"]
+    assert api.policy("hyperscale").job_failed.qpn == f.qpn
     assert api.policy("enterprise").job_failed is None
     cli = subprocess.run([sys.executable, "-m", "testbed", "report", run_dir],
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     with open(os.path.join(run_dir, "report.html"), encoding="utf-8") as fh:
-        assert f["text"] in fh.read()
-    assert job_failures(api) == [f"hyperscale: the job failed: QP error: {f['text']}"]
+        assert f.text in fh.read()
+    assert job_failures(api) == [f"hyperscale: the job failed: QP error: {f.text}"]

@@ -54,18 +54,23 @@ def test_no_background_by_default():
 
 def test_iperf3_figures_come_from_the_client_and_the_server():
     from testbed.plan.background import Flow
-    from testbed.run.background import _noisy_figures
+    from testbed.run.background import _iperf3_figures
     client = {"end": {"sum": {"packets": 4059, "bits_per_second": 14999237.8}}}
     server = {"end": {"sum": {"packets": 4058, "lost_packets": 8, "jitter_ms": 0.2446}}}
-    row = _noisy_figures("iperf3", Flow("noisy", "nb1", "nb2"), client, server, "10.0.1.3")
+    row = _iperf3_figures(Flow("noisy", "nb1", "nb2"), client, server)
     assert row == {"src": "nb1", "dst": "nb2", "sent": 4059, "sent_mbit_s": 14.999,
                    "received": 4050, "jitter_ms": 0.245}
 
 
 def test_flow_tool_figures_pick_the_senders_flow():
     from testbed.plan.background import Flow
-    from testbed.run.background import _noisy_figures
+    from testbed.run.background import _as, _flow_figures
+    from traffic.contract import FlowsReceived, FlowsSent
     recv = {"flows": {"udp 10.0.1.3": {"packets": 3, "latency_us": [10.0, 30.0, 20.0]},
                       "udp 10.0.9.9": {"packets": 99, "latency_us": []}}}
-    row = _noisy_figures("flows", Flow("noisy", "nb1", "nb2"), {"sent": 4}, recv, "10.0.1.3")
+    row = _flow_figures(Flow("noisy", "nb1", "nb2"), _as(FlowsSent, {"sent": 4}),
+                        _as(FlowsReceived, recv), "10.0.1.3")
     assert (row["sent"], row["received"], row["latency_us_p50"]) == (4, 3, 20.0)
+    # a receiver that heard nothing of the sender's flow counts none of it
+    row = _flow_figures(Flow("noisy", "nb1", "nb2"), None, FlowsReceived(), "10.0.1.3")
+    assert (row["sent"], row["received"], row["latency_us_p50"]) == (None, 0, None)

@@ -205,30 +205,34 @@ def test_fidelity_warnings_name_the_policy_and_the_advice():
 
 
 def test_a_failed_job_reads_as_nccl_says_it_in_the_table_and_a_line_of_its_own():
+    from testbed.results.model import JobFailed
     from testbed.run.runner import job_failure
+    from traffic.contract import JobFailure, QpFailure, QpSeen
 
-    failure = job_failure({"reason": "retry-exceeded", "host": "gpu1", "rank": 0,
-                           "iteration": 1, "at_ns": 6_250_000_000, "detail": "",
-                           "no_progress_ns": 93_750_000_000,
-                           "status": "IBV_WC_RETRY_EXC_ERR (12)", "peer_rank": 2,
-                           "peer_host": "gpu3", "qpn": 0x110, "psn": 93, "retries": 12,
-                           "last_progress_ns": 6_000_000_000,
-                           "seen": {"acks": 40, "naks": 3, "timeouts": 12,
-                                    "retransmitted": 900}}, time_scale=3125.0)
-    assert failure["at_us"] == 2000.0 and failure["no_progress_us"] == 30_000.0
-    assert "at_ns" not in failure and failure["last_progress_us"] == 1920.0
-    assert failure["text"] == (
+    qp = QpFailure(peer_rank=2, peer_host="gpu3", qpn=0x110, psn=93, retries=12,
+                   last_progress_ns=6_000_000_000, seen=QpSeen(40, 3, 12, 900))
+    said = JobFailure("retry-exceeded", "gpu1", 0, iteration=1, at_ns=6_250_000_000,
+                      no_progress_ns=93_750_000_000, status="IBV_WC_RETRY_EXC_ERR (12)", qp=qp)
+    # what the agent says crosses to the runner as a contract
+    assert JobFailure.from_dict(json.loads(json.dumps(said.to_dict()))) == said
+    failure = job_failure(said, time_scale=3125.0)
+    assert failure.at_us == 2000.0 and failure.no_progress_us == 30_000.0
+    assert failure.last_progress_us == 1920.0 and failure.seen.naks == 3
+    assert failure.text == (
         "QP 0x110 of gpu1 (rank 0) to gpu3 (rank 2) completed with IBV_WC_RETRY_EXC_ERR (12) "
         "in iteration 2, 2.000 ms into the run (modelled): PSN 93 unacknowledged for 30,000 us "
         "after 12 retries; it had 40 ACKs, 3 NAKs, 12 timeouts")
-    stalled = job_failure({"reason": "stalled", "host": "gpu4", "rank": 3, "iteration": 0,
-                           "at_ns": 3125_000, "no_progress_ns": 3125_000_000,
-                           "detail": "no packet moved in dp, 1,024 B"}, time_scale=3125.0)
-    assert "made no progress for as long as this run waits" in stalled["text"]
+    stalled = job_failure(JobFailure("stalled", "gpu4", 3, iteration=0, at_ns=3125_000,
+                                     no_progress_ns=3125_000_000,
+                                     detail="no packet moved in dp, 1,024 B"), time_scale=3125.0)
+    assert "made no progress for as long as this run waits" in stalled.text
+    # a failure without a QP writes none of a QP's keys
+    assert not {"qpn", "seen", "last_progress_us"} & set(stalled.to_json())
+    assert JobFailed.from_json(json.loads(json.dumps(failure.to_json())), strict=True) == failure
     job = {"name": "dense-7b", "byte_scale": 100.0, "operations": []}
     results = {"time_scale": 3125.0, "scenario": {"topology": {"modelled_rate_gbit": 100.0}},
                "policies": {"enterprise": {"gpus": 8, "job": job, "per_gpu": {},
-                                           "job_failed": failure},
+                                           "job_failed": failure.to_json()},
                             "lossless": {"gpus": 8, "job": job, "per_gpu": {},
                                          "iteration_us": {"p50": 3_000_000.0}}}}
     typed_results = typed(results)
@@ -236,7 +240,7 @@ def test_a_failed_job_reads_as_nccl_says_it_in_the_table_and_a_line_of_its_own()
                if line.startswith("job "))
     assert row.split()[1:] == ["failed:", "QP", "error", "completed"]
     assert job_failures(typed_results) == [
-        f"enterprise: the job failed: QP error: {failure['text']}"]
+        f"enterprise: the job failed: QP error: {failure.text}"]
 
 
 def test_figures_count_only_the_iterations_every_rank_finished():
