@@ -96,7 +96,7 @@ def measure(progress: Callable[[str], None] = lambda s: None, path: str = "") ->
              f"GPUs at {REFERENCE_RATE_MBIT:g} Mbit/s) under each policy, {ROUNDS} rounds, "
              "about 40 s")
     before = wait_quiet(progress)
-    busy, noise, ovs, allowed = {}, {}, {}, 0.0
+    rounds = []
     for _ in range(ROUNDS):
         work = tempfile.mkdtemp(prefix="testbed-calibration-")
         try:
@@ -104,11 +104,13 @@ def measure(progress: Callable[[str], None] = lambda s: None, path: str = "") ->
                                 calibrated=False)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        for name, (share, delay, tolerance, ovs_share) in round_figures(result).items():
-            busy[name] = min(busy.get(name, share), share)
-            noise[name] = min(noise.get(name, delay), delay)
-            ovs[name] = max(ovs.get(name, ovs_share), ovs_share)
-            allowed = tolerance or allowed
+        rounds.append(round_figures(result))
+    # per policy the quietest round's busy share and delay, the busiest round's OVS share
+    busy = {n: min(r[n][0] for r in rounds) for n in rounds[0]}
+    noise = {n: min(r[n][1] for r in rounds) for n in rounds[0]}
+    ovs = {n: max(r[n][3] for r in rounds) for n in rounds[0]}
+    allowed = next((f[2] for r in reversed(rounds) for f in reversed(list(r.values())) if f[2]),
+                   0.0)
     cal = Calibration(machine=machine_key(), cpus=os.cpu_count() or 1,
                       measured=time.strftime("%Y-%m-%d %H:%M", time.localtime()),
                       gpus=scenario.topology.gpus, host_rate_mbit=REFERENCE_RATE_MBIT, busy=busy,
@@ -134,7 +136,7 @@ def round_figures(run: RunResult) -> dict:
         lag = checks.agent_loop_lag or LagCheck()
         idle = checks.idle_path_latency or IdlePathCheck()
         delay = max(lag.p95_us or 0.0, idle.overhead_us or 0.0)
-        ovs = cost.cpu_s.get("open_vswitch", 0.0) / max(cost.total_cpu_s or 0.0, 1e-9)
+        ovs = cost.cpu_s["open_vswitch"] / max(cost.total_cpu_s or 0.0, 1e-9)
         out[name] = (float(share), delay, lag.allowed_p95_us or idle.allowed_overhead_us or 0.0,
                      round(ovs, 3))
     return out

@@ -33,6 +33,10 @@ class Snapshot:
     processes: Mapping[str, Tuple[float, float]]
     machine: Mapping[str, float]  # user, nice, system, idle, iowait, irq, softirq, steal
 
+    def of(self, component: str) -> Tuple[float, float]:
+        """A component's (user, system) seconds; one not running yet has spent none."""
+        return self.processes.get(component, (0.0, 0.0))
+
     @classmethod
     def take(cls, pids: Mapping[str, Iterable[int]]) -> "Snapshot":
         procs = {}
@@ -76,8 +80,7 @@ def ovs_pids() -> list:
 
 def system_part(before: Snapshot, after: Snapshot) -> Dict[str, float]:
     """CPU seconds each component's processes spent in the kernel (pure)."""
-    return {name: max(0.0, s1 - before.processes.get(name, (0.0, 0.0))[1])
-            for name, (_u1, s1) in after.processes.items()}
+    return {name: max(0.0, s1 - before.of(name)[1]) for name, (_u1, s1) in after.processes.items()}
 
 
 def breakdown(before: Snapshot, after: Snapshot) -> Dict[str, float]:
@@ -85,14 +88,14 @@ def breakdown(before: Snapshot, after: Snapshot) -> Dict[str, float]:
     machine's kernel-mode time (system, softirq, interrupts) that no listed process was
     charged (a softirq that interrupts a process is charged to it); ``other`` is the user
     time of every other process on the machine."""
-    out: Dict[str, float] = {}
+    out: Dict[str, float] = dict.fromkeys(COMPONENTS, 0.0)
     user = system = 0.0
     for name, (u1, s1) in after.processes.items():
-        u0, s0 = before.processes.get(name, (0.0, 0.0))
+        u0, s0 = before.of(name)
         du, ds = max(0.0, u1 - u0), max(0.0, s1 - s0)
         out[name] = du + ds
         user, system = user + du, system + ds
-    m = {k: after.machine[k] - before.machine.get(k, 0.0) for k in after.machine}
+    m = {k: after.machine[k] - before.machine[k] for k in after.machine}
     out["kernel"] = max(0.0, m["system"] + m["irq"] + m["softirq"] - system)
     out["other"] = max(0.0, m["user"] + m["nice"] - user)
     return out
@@ -107,7 +110,7 @@ def cost_report(before: Snapshot, after: Snapshot, frames: int, cpus: int) -> di
     per = (lambda s: round(s * 1e6 / frames, 2)) if frames else (lambda s: None)
     return {"window_s": round(wall, 3), "frames_delivered": frames, "cpus": cpus,
             "busy_share": round(total / (wall * cpus), 3),
-            "cpu_s": {name: round(cpu.get(name, 0.0), 3) for name in COMPONENTS},
+            "cpu_s": {name: round(cpu[name], 3) for name in COMPONENTS},
             "in_kernel_s": {name: round(v, 3) for name, v in system_part(before, after).items()},
-            "us_per_frame": {name: per(cpu.get(name, 0.0)) for name in COMPONENTS},
+            "us_per_frame": {name: per(cpu[name]) for name in COMPONENTS},
             "total_cpu_s": round(total, 3), "total_us_per_frame": per(total)}

@@ -208,6 +208,22 @@ def test_each_calibration_round_gives_busy_share_and_delay_per_policy():
         calibrate.round_figures(run({"lossless": {"emulation_cost": {}}}))
 
 
+def test_a_calibration_keeps_each_policys_quietest_round_and_busiest_switch(tmp_path,
+                                                                           monkeypatch):
+    rounds = iter([{"hyperscale": (0.6, 40.0, 208.6, 0.5), "lossless": (0.7, 90.0, 208.6, 0.4)},
+                   {"hyperscale": (0.5, 60.0, 208.6, 0.6), "lossless": (0.8, 70.0, 0.0, 0.3)},
+                   {"hyperscale": (0.7, 50.0, 0.0, 0.4), "lossless": (0.9, 80.0, 0.0, 0.5)}])
+    monkeypatch.setattr(calibrate, "ROUNDS", 3)
+    monkeypatch.setattr(calibrate, "wait_quiet", lambda progress: 0.05)
+    monkeypatch.setattr(runner, "run", lambda *a, **k: None)
+    monkeypatch.setattr(calibrate, "round_figures", lambda result: next(rounds))
+    got = calibrate.measure(path=str(tmp_path / "calibration.json"))
+    assert got.busy == {"hyperscale": 0.5, "lossless": 0.7}
+    assert got.noise_us == {"hyperscale": 40.0, "lossless": 70.0}
+    assert got.ovs_share == {"hyperscale": 0.6, "lossless": 0.5}
+    assert got.allowed_us == 208.6 and got.busy_before == 0.05
+
+
 def test_calibrate_if_missing_keeps_the_machines_calibration(tmp_path, monkeypatch, capsys):
     from testbed.cli import main
     mine = cal(machine=calibrate.machine_key())
