@@ -40,7 +40,7 @@ from . import breakdown, trace
 from .fanin import fan_in
 from .jobfigures import (compute_waits, fabric_bytes_sent, job_figures, ops_by_rank_iteration,
                          waited_for)
-from .model import AgentLoopLag, BytesPerRank, JobResult, Modelled, TimerLag
+from .model import AgentLoopLag, BytesPerRank, JobResult, TimerLag
 from .packets import (Packets, packets_and_gpus, read_csv, read_summaries,
                       rows_if_any)
 
@@ -135,12 +135,11 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
                 recovery_regime=ctx.job.recovery, gpus=tuple(sorted(ranks)),
                 bytes_sent_per_rank=_job_bytes(ctx, packets, iterations, ranks))
             f["fan_in"] = _fan_in(ctx, [s for s in spans if int(s["rank"]) in ranks], packets)
-            f["modelled"] = modelled(f, ctx.time_scale)
             jobs.append(f)
             figures["operations"] += breakdown.rows(
                 f["job"].name, [s for s in spans if int(s["rank"]) in ranks],
                 [r for r in iterations if int(r["rank"]) in ranks], program_of, ctx.time_scale)
-        figures.update({k: v for k, v in jobs[0].items() if k != "modelled"})
+        figures.update(jobs[0])
         if len(jobs) > 1:
             figures["jobs"] = [JobResult.from_json(j, f"jobs[{k}]", strict=True)
                                for k, j in enumerate(jobs)]
@@ -149,25 +148,6 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
         for key in COLLECTIVE_FIGURES:
             figures[key] = only[key]
     return figures, packets
-
-
-MODELLED_TIMES = tuple(f.name for f in dataclasses.fields(Modelled))  # declared once, there
-NOT_TIMES = ("count", "ipdv_count")  # counts inside the time summaries
-
-
-def modelled(figures: dict, time_scale: float) -> dict:
-    """The time summaries of ``figures`` (``MODELLED_TIMES``) in the modelled fabric's time:
-    every emulated time divided by the time scale, counts as they are."""
-    def scaled(value, key=""):
-        if isinstance(value, dict):
-            return {k: scaled(v, k) for k, v in value.items()}
-        if isinstance(value, list):
-            return [scaled(v) for v in value]
-        if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and key not in NOT_TIMES:
-            return _round(value / time_scale, 9)
-        return value
-    return {k: scaled(figures[k]) for k in MODELLED_TIMES if figures.get(k) is not None}
 
 
 def programs(ctx: RunContext) -> Callable[[int, int], tuple]:
@@ -257,7 +237,6 @@ def _workload_figures(index: int, spec: WorkloadSpec, ctx: RunContext, packets: 
                                                    ctx.extrapolate_gpus, ctx.time_scale)
                           if idle else None),
     }
-    out["modelled"] = modelled(out, ctx.time_scale)
     return out
 
 

@@ -6,10 +6,12 @@ error there, not a key a reader misses), results.json is written from ``to_json(
 table, the report, the nccl-tests output and the API read attributes. docs/results.md is
 generated from the declarations (their ``doc`` and ``unit``).
 
-Time: results.json keeps each time figure as it was measured (emulated) and the same figures
-divided by the time scale under ``modelled``. A ``PolicyResult`` read back from JSON is as run;
-``in_modelled_time()`` gives the view whose time attributes are the modelled fabric's (what
-``RunResult.policy`` returns), and a view's ``emulated`` is the as-run twin.
+Time, one mechanism: a field is a time on the run's clock when its unit says so (``us,
+emulated``) or its metadata (``time_field``: a time summary's percentiles, not its counts;
+``time=True``: the records that hold times). ``in_modelled_time(scale)`` gives the view with
+every such field divided by the time scale (what ``RunResult.policy`` returns; its
+``emulated`` is the record as run), and results.json's ``modelled`` sections are that view's
+figures, written beside the measured ones (``with_modelled``) for readers of the file.
 
 Why one module over 400 lines: the results are one tree - run, policy, collective and job
 figures, their modelled twins - whose field declarations are results.json's reference; split,
@@ -72,50 +74,97 @@ class Record:
             out[f.name] = dump(value)
         return out
 
+    def in_modelled_time(self, time_scale: float):
+        """The same record with its time fields in the modelled fabric's time (emulated /
+        ``time_scale``): a view whose ``emulated`` is the record as run. A record read from
+        a file without modelled figures (``modelled`` None) stays as it was run."""
+        if getattr(self, "as_run", None) is not None or getattr(self, "modelled", 0) is None:
+            return self
+        changes = {f.name: modelled_time(getattr(self, f.name), time_scale)
+                   for f in dataclasses.fields(self) if is_time(f)}
+        if "as_run" in self.__dataclass_fields__:
+            changes["as_run"] = self
+        return dataclasses.replace(self, **changes) if changes else self
 
-def _scaled(value, time_scale: float):
-    """A time figure's per-GPU entries divided by the time scale (None stays None)."""
-    return None if value is None else round(value / time_scale, 9)
+    @property
+    def time(self) -> str:
+        """Which time the time figures are in: modelled (a view) or emulated (as run)."""
+        return "emulated" if getattr(self, "as_run", None) is None else "modelled"
+
+    @property
+    def emulated(self):
+        """The as-run twin: time figures in emulated time, as results.json holds them."""
+        return getattr(self, "as_run", None) or self
+
+
+# A field holds time on the run's clock when its unit says so, or its metadata (the fields
+# of a time summary, and the records that hold time figures: collectives, jobs, GPUs).
+TIME_UNITS = ("us, emulated", "ms, emulated")
+TIME = {"time": True}
+
+
+def is_time(f: dataclasses.Field) -> bool:
+    return bool(f.metadata.get("time")) or f.metadata.get("unit") in TIME_UNITS
+
+
+def time_field(default: Any = None):
+    return field(default=default, metadata=TIME)
+
+
+def modelled_time(value: Any, time_scale: float) -> Any:
+    """A time figure in the modelled fabric's time: a number divided by ``time_scale``, a
+    sequence or mapping of them each, a record by its own time fields; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, Record):
+        return value.in_modelled_time(time_scale)
+    if isinstance(value, (tuple, list)):
+        return tuple(modelled_time(v, time_scale) for v in value)
+    if isinstance(value, dict):
+        return {k: modelled_time(v, time_scale) for k, v in value.items()}
+    return round(value / time_scale, 9)
 
 
 @dataclass(frozen=True)
 class Percentiles(Record):
-    p50: Optional[float] = None
-    p99: Optional[float] = None
-    p999: Optional[float] = None
-    max: Optional[float] = None
-    mean: Optional[float] = None
+    p50: Optional[float] = time_field()
+    p99: Optional[float] = time_field()
+    p999: Optional[float] = time_field()
+    max: Optional[float] = time_field()
+    mean: Optional[float] = time_field()
     count: Optional[int] = None
 
 
 @dataclass(frozen=True)
 class Cct(Record):
-    p50: Optional[float] = None
-    p99: Optional[float] = None
-    max: Optional[float] = None
-    mean: Optional[float] = None
-    per_iteration: Tuple[float, ...] = ()
+    p50: Optional[float] = time_field()
+    p99: Optional[float] = time_field()
+    max: Optional[float] = time_field()
+    mean: Optional[float] = time_field()
+    per_iteration: Tuple[float, ...] = time_field(())
 
 
 @dataclass(frozen=True)
 class Jitter(Record):
-    ipdv_abs_p50: Optional[float] = None
-    ipdv_abs_p99: Optional[float] = None
-    ipdv_abs_max: Optional[float] = None
+    ipdv_abs_p50: Optional[float] = time_field()
+    ipdv_abs_p99: Optional[float] = time_field()
+    ipdv_abs_max: Optional[float] = time_field()
     ipdv_count: Optional[int] = None
-    p99_minus_p50: Optional[float] = None
+    p99_minus_p50: Optional[float] = time_field()
 
 
 @dataclass(frozen=True)
 class StragglerIdle(Record):
-    per_iteration: Tuple[float, ...] = ()
-    total: Optional[float] = None
-    mean: Optional[float] = None
+    per_iteration: Tuple[float, ...] = time_field(())
+    total: Optional[float] = time_field()
+    mean: Optional[float] = time_field()
 
 
 @dataclass(frozen=True)
 class Modelled(Record):
-    """The time figures in the modelled fabric's time (results.json ``modelled``)."""
+    """The time figures in the modelled fabric's time (results.json ``modelled``): what
+    ``in_modelled_time`` gives, written beside the figures as run for readers of the file
+    (``of``)."""
     cct_us: Optional[Cct] = None
     latency_us: Optional[Percentiles] = None
     jitter_us: Optional[Jitter] = None
@@ -365,6 +414,19 @@ class JobFailed(Record):
 
 
 @dataclass(frozen=True)
+class GpuFigures(Record):
+    """One GPU's packets, the latency of what it received (us, emulated) and how late its
+    agent acted (``per_gpu.<host>``)."""
+    rank: Optional[int] = None
+    packets_sent: Optional[int] = None
+    packets_received: Optional[int] = None
+    latency_us_p50: Optional[float] = time_field()
+    latency_us_p99: Optional[float] = time_field()
+    loop_lag_us_p99: Optional[float] = None  # the agent's own lag, not the fabric's time
+    rx_foreign_qp: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class BytesPerRank(Record):
     """Per rank, the payload one iteration sends over the fabric: as the schedule or job
     graph says, and as the receivers' packet records show it delivered (B)."""
@@ -418,25 +480,19 @@ class Job(Record):
 @dataclass(frozen=True)
 class JobResult(Record):
     """One of several jobs on the fabric (``jobs[]``): the job figures of a policy, its own."""
-    iteration_us: Optional[Cct] = None
-    job_compute_us: Optional[float] = None
-    exposed_comm_us: Optional[Dict[str, float]] = None
-    ideal_iteration_us: Optional[float] = None
-    pipeline_bubble_us: Optional[float] = None
-    network_cost_us: Optional[float] = None
-    idle_gpu_us: Optional[float] = None
+    iteration_us: Optional[Cct] = time_field()
+    job_compute_us: Optional[float] = time_field()
+    exposed_comm_us: Optional[Dict[str, float]] = time_field()
+    ideal_iteration_us: Optional[float] = time_field()
+    pipeline_bubble_us: Optional[float] = time_field()
+    network_cost_us: Optional[float] = time_field()
+    idle_gpu_us: Optional[float] = time_field()
     job: Optional[Job] = None
     fan_in: Optional[Dict[str, Any]] = None
     modelled: Optional[Modelled] = None
     as_run: Optional[Any] = field(default=None, repr=False, compare=False, metadata=NOT_JSON)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False,
                                 metadata=NOT_JSON)
-
-    def in_modelled_time(self) -> "JobResult":
-        """The same job with its time figures in the modelled fabric's time."""
-        if self.as_run is not None or self.modelled is None:
-            return self
-        return dataclasses.replace(self, as_run=self, **_modelled_times(self))
 
 
 # the figures only a run of a training job writes (jobs: only with several jobs)
@@ -445,9 +501,10 @@ JOB_FIGURES = frozenset({"iteration_us", "job_compute_us", "exposed_comm_us",
                          "idle_gpu_us", "job", "jobs", "fan_in"})
 
 
-def figure(doc: str, default: Any = None, unit: str = ""):
-    """A field of results.json, with its meaning (docs/results.md is generated from these)."""
-    return field(default=default, metadata={"doc": doc, "unit": unit})
+def figure(doc: str, default: Any = None, unit: str = "", time: bool = False):
+    """A field of results.json, with its meaning (docs/results.md is generated from these);
+    ``time``: records whose own time fields the modelled view converts."""
+    return field(default=default, metadata={"doc": doc, "unit": unit, "time": time})
 
 
 @dataclass(frozen=True)
@@ -499,22 +556,6 @@ class CollectiveResult(Record):
                                 metadata=NOT_JSON)
 
 
-    def in_modelled_time(self) -> "CollectiveResult":
-        """The same collective with its time figures in the modelled fabric's time."""
-        if self.as_run is not None or self.modelled is None:
-            return self
-        return dataclasses.replace(self, as_run=self,
-                                   **_modelled_times(self))
-
-    @property
-    def time(self) -> str:
-        """Which time the time figures are in: modelled (a view) or emulated (as run)."""
-        return "emulated" if self.as_run is None else "modelled"
-
-    @property
-    def emulated(self) -> "CollectiveResult":
-        """The as-run twin: time figures in emulated time, as results.json holds them."""
-        return self.as_run or self
 
 
 @dataclass(frozen=True)
@@ -597,7 +638,8 @@ class PolicyResult(Record):
     extrapolation: Optional[Extrapolation] = figure(
         "the straggler's cost on extrapolate_gpus GPUs, GPU-seconds per step")
     collectives: Tuple[CollectiveResult, ...] = figure(
-        "one entry per collective and size (below); empty when a job ran", default=())
+        "one entry per collective and size (below); empty when a job ran", default=(),
+        time=True)
     iteration_us: Optional[Cct] = figure(
         "a training job's iteration time, first rank's start to last rank's end {p50, p99, "
         "max, mean, per_iteration}", unit="us, emulated")
@@ -645,7 +687,7 @@ class PolicyResult(Record):
     jobs: Tuple[JobResult, ...] = figure(
         "several jobs on the fabric: each one's figures (the job figures above, its job and "
         "modelled; job.gpus names its GPUs); the figures above are the first one's",
-        default=())
+        default=(), time=True)
     modelled: Optional[Modelled] = figure(
         "the time figures in the modelled fabric's time (emulated / time_scale), pfc_paused_ms "
         "and credit_wait_ms included: what the tables show and what compares across time "
@@ -663,10 +705,10 @@ class PolicyResult(Record):
     rx_foreign_qp: Optional[int] = figure("frames for a QP the receiver does not have")
     rx_unexpected_messages: Optional[int] = figure("messages no transfer expects")
     rx_no_timestamp: Optional[int] = figure("frames received without a kernel timestamp")
-    per_gpu: Optional[Dict[str, Any]] = figure(
+    per_gpu: Optional[Dict[str, GpuFigures]] = figure(
         "per GPU: rank, packets sent and received, latency p50/p99 of what it received, timer "
-        "lag, foreign packets")
-    latency_us_by_path: Optional[Dict[str, Any]] = figure(
+        "lag, foreign packets", time=True)
+    latency_us_by_path: Optional[Dict[str, Optional[Percentiles]]] = figure(
         "split fabrics only: latency percentiles between GPUs on one server and across servers "
         "(the latter include the servers' clock offset)", unit="us, emulated")
     spine_load_packets: Optional[Dict[str, int]] = figure("packets each spine forwarded")
@@ -737,30 +779,6 @@ class PolicyResult(Record):
                                     "busbw_gbps_emulated", "busbw_gbps_modelled",
                                     "straggler_idle_us", "extrapolation"}) | JOB_FIGURES
 
-    def in_modelled_time(self, time_scale: float) -> "PolicyResult":
-        """The same policy with its time figures - ``Modelled``'s, each collective's, each
-        job's and the per-GPU latencies - in the modelled fabric's time (emulated /
-        ``time_scale``)."""
-        if self.as_run is not None or self.modelled is None:
-            return self
-        per_gpu = {host: dict(g, **{k: _scaled(g.get(k), time_scale)
-                                    for k in ("latency_us_p50", "latency_us_p99")})
-                   for host, g in (self.per_gpu or {}).items()} if self.per_gpu else self.per_gpu
-        return dataclasses.replace(
-            self, as_run=self, per_gpu=per_gpu,
-            collectives=tuple(c.in_modelled_time() for c in self.collectives),
-            jobs=tuple(j.in_modelled_time() for j in self.jobs),
-            **_modelled_times(self))
-
-    @property
-    def time(self) -> str:
-        """Which time the time figures are in: modelled (a view) or emulated (as run)."""
-        return "emulated" if self.as_run is None else "modelled"
-
-    @property
-    def emulated(self) -> "PolicyResult":
-        """The as-run twin: time figures in emulated time, as results.json holds them."""
-        return self.as_run or self
 
     def collective(self, size_bytes: Optional[int] = None) -> CollectiveResult:
         """The collective's figures (at ``size_bytes`` in a sweep)."""
@@ -771,11 +789,18 @@ class PolicyResult(Record):
         raise KeyError(f"{self.name}: no collective of {size_bytes} B (sizes: {sizes})")
 
 
-def _modelled_times(record) -> Dict[str, Any]:
-    """The time figures of ``record`` from its ``modelled`` section."""
-    mine = {f.name for f in dataclasses.fields(record)}
-    return {f.name: getattr(record.modelled, f.name) for f in dataclasses.fields(Modelled)
-            if f.name in mine}
+def with_modelled(record: Record, time_scale: float) -> Record:
+    """``record`` as run with its ``modelled`` section (``Modelled``'s fields of its view in
+    modelled time), and so each collective's and job's: what results.json holds."""
+    changes = {}
+    for name in ("collectives", "jobs"):
+        if name in record.__dataclass_fields__:
+            changes[name] = tuple(with_modelled(r, time_scale) for r in getattr(record, name))
+    record = dataclasses.replace(record, modelled=None, **changes)
+    view = dataclasses.replace(record, modelled=Modelled()).in_modelled_time(time_scale)
+    mine = set(record.__dataclass_fields__)
+    return dataclasses.replace(record, modelled=Modelled(**{
+        f.name: getattr(view, f.name) for f in dataclasses.fields(Modelled) if f.name in mine}))
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,11 @@ HEADER = ("#                                                              out-of
 
 
 def rows(policy: PolicyResult) -> List[dict]:
-    """One row per collective size the policy replayed with a modelled completion time."""
+    """One row per collective size the policy replayed with a modelled completion time (the
+    policy in modelled time, as a run's results give it)."""
     out = []
     for entry in policy.collectives:
-        modelled = entry.modelled.cct_us if entry.modelled else None
-        cct = modelled.p50 if modelled else None
+        cct = entry.cct_us.p50 if entry.time == "modelled" and entry.cct_us else None
         if not cct:
             continue
         kind = KINDS[entry.collective]

@@ -292,8 +292,8 @@ def per_gpu(name: str, p: PolicyResult, modelled: bool = True
     """One row per GPU; latencies in the time of ``p`` (modelled: 4 significant digits)."""
     t = sig if modelled else fmt
     return ([f"{name}: per GPU", "rank", "sent", "received", "rx p50 (us)", "rx p99 (us)"],
-            [[host, fmt(g["rank"]), fmt(g["packets_sent"]), fmt(g["packets_received"]),
-              t(g["latency_us_p50"]), t(g["latency_us_p99"])]
+            [[host, fmt(g.rank), fmt(g.packets_sent), fmt(g.packets_received),
+              t(g.latency_us_p50), t(g.latency_us_p99)]
              for host, g in (p.per_gpu or {}).items()])
 
 
@@ -396,10 +396,10 @@ def _gpu_s(extrapolation):
 def sweep(policy: str, entries: Sequence[CollectiveResult], emulated: bool = False
           ) -> Tuple[List[str], List[List[str]]]:
     """nccl-tests style: one row per message size (time = median CCT), in the modelled fabric's
-    time and bandwidths; ``emulated`` (or entries without modelled figures): as run."""
+    time and bandwidths (entries in modelled time: views); ``emulated`` (or entries as run):
+    as run."""
     name = entries[0].collective if entries else ""
-    if not emulated and entries and all(e.modelled for e in entries):
-        entries = [e.in_modelled_time() for e in entries]
+    if not emulated and entries and all(e.time == "modelled" for e in entries):
         return ([f"{policy}: {name} sweep", "iters", "time (us)", "algbw (Gb/s)",
                  "busbw (Gb/s)", "lat p99 (us)"],
                 [[_size(e.size_bytes), fmt(e.iterations), sig(_at(e.cct_us, "p50")),

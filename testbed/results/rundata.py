@@ -78,12 +78,11 @@ def iteration_parts(results: RunResult) -> Dict[str, Dict[str, float]]:
     communication per kind, and the iteration with a free network ("ideal")."""
     out: Dict[str, Dict[str, float]] = {}
     for name, p in results.policies.items():
-        m = p.modelled
-        if m is None or not m.iteration_us:
+        if p.time != "modelled" or not p.iteration_us:
             continue
-        exposed = {k: v / 1000 for k, v in (m.exposed_comm_us or {}).items() if k != "total"}
-        out[name] = {"compute": (m.job_compute_us or 0.0) / 1000, **exposed,
-                     "ideal": (m.ideal_iteration_us or 0.0) / 1000}
+        exposed = {k: v / 1000 for k, v in (p.exposed_comm_us or {}).items() if k != "total"}
+        out[name] = {"compute": (p.job_compute_us or 0.0) / 1000, **exposed,
+                     "ideal": (p.ideal_iteration_us or 0.0) / 1000}
     return out
 
 

@@ -44,10 +44,10 @@ from ..plan.checks import check_machine, check_scenario
 from ..plan.placement import by_server
 from ..plan.policyrun import PolicyRun, cluster_servers, decide
 from ..results import breakdown, htmlreport, trace
-from ..results.collect import (RESULTS_SCHEMA, Mechanisms, RunContext, collect, modelled,
-                               timeline)
+from ..results.collect import RESULTS_SCHEMA, Mechanisms, RunContext, collect, timeline
 from ..results.latency import expected_latency_us, latency_parts
-from ..results.model import Fidelity, JobFailed, PolicyResult, RunResult, SwitchQueues
+from ..results.model import (Fidelity, JobFailed, PolicyResult, RunResult, SwitchQueues,
+                             with_modelled)
 from ..results.spread import spread
 from ..scenario import capacity, timescale
 from ..scenario.config import Scenario
@@ -522,8 +522,9 @@ def run_policy(run: PolicyRun, caps: Capabilities, run_dir: str, ledger: Ledger,
             say("tearing down the fabric")
         figures = _figures(run, records, run_dir, replay, end, queues.report, session.warnings,
                            time.monotonic() - t0)
-        result = PolicyResult.from_json(figures, f"policies.{run.title}", strict=True,
-                                        name=run.title)
+        result = with_modelled(PolicyResult.from_json(figures, f"policies.{run.title}",
+                                                      strict=True, name=run.title),
+                               run.time_scale)
         say(f"done: {result.packets_received:,} of {result.packets_sent:,} packets received, "
             f"{result.drops:,} dropped, {_count(result.ecn_marked_packets)} ECN-marked, "
             + (f"{_count(result.credit_waits)} credit waits"
@@ -707,7 +708,6 @@ def _figures(run: PolicyRun, records: str, run_dir: str, replay: Replay, end: Fa
     minima = packets.path_minima_us()
     figures.update(latency_parts(packets, plan, run.path_delay, expected, minima,
                                  scenario.workload.mtu, rate))
-    figures["modelled"] = modelled(figures, ctx.time_scale)
     figures["per_hop_latency"] = dict(end.hop_delays,
                                       measured_min_us=figures["latency_floor_us"])
     figures["fidelity"] = evaluate(records, plan, figures, minima,

@@ -139,7 +139,7 @@ def _dcqcn_judge(results: Dict[str, RunResult]) -> Verdict:
             continue  # quick: the first fabric only
         pfc, dc = (results[f"{cc}-{key}"].policy("lossless") for cc in ("none", "dcqcn"))
         pauses = (dc.pfc_pause_events or 0) / max(1, pfc.pfc_pause_events or 0)
-        queue = dc.modelled.latency_queueing_us.p50 / pfc.modelled.latency_queueing_us.p50
+        queue = dc.latency_queueing_us.p50 / pfc.latency_queueing_us.p50
         kept = steady(dc, "gbps_modelled") / steady(pfc, "gbps_modelled")
         fair, unfair = steady(dc, "jain"), steady(pfc, "jain")
         first = dc.fan_in["incast"]["per_iteration"][0]["gbps_modelled"] / steady(

@@ -94,9 +94,8 @@ def test_a_run_across_two_servers_reports_the_split_and_both_emulators(tmp_path,
         assert p.unexplained_drops == 0
         assert p.switch_queues.servers == 2  # both emulators reported
         paths = p.latency_us_by_path  # same-server and cross-server latency apart
-        assert paths["same_server"]["count"] + paths["cross_server"]["count"] == \
-            p.latency_us.count
-        assert paths["cross_server"]["count"] > 0 and paths["same_server"]["count"] > 0
+        assert paths["same_server"].count + paths["cross_server"].count == p.latency_us.count
+        assert paths["cross_server"].count > 0 and paths["same_server"].count > 0
         assert os.path.exists(os.path.join(result.run_dir,
                                            f"switchq-{name}@{server.address}.json"))
     assert wait_clean() == []

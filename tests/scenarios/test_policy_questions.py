@@ -42,7 +42,7 @@ def test_a_straggler_idles_the_other_ranks(testbed_run):
                                        "stragglers": {"ranks": [2], "delay_us": 40}}},
                          policies=["hyperscale"])
     c = result.policy("hyperscale").collective()
-    later = c.modelled.straggler_idle_us.per_iteration[1:]  # the modelled fabric's time
+    later = c.straggler_idle_us.per_iteration[1:]  # the modelled fabric's time
     assert sum(later) / len(later) == pytest.approx(3 * 40.0, rel=0.15)  # 3 ranks x 40 us
     assert c.extrapolation.gpus == 10_000
     # each of 9,999 others waits about 40 us of modelled time per step (80% of it at least)
@@ -87,9 +87,9 @@ def test_a_latency_bound_ring_takes_the_modelled_path_delay_per_step(testbed_run
     for name in ("hyperscale", "lossless"):
         p = result.policy(name)
         assert p.fidelity.ok, p.fidelity.problems
-        fixed = p.modelled.path_delay_us["cross_leaf"] - frame_us  # the frame's own aside
+        fixed = p.path_delay_us["cross_leaf"] - frame_us  # the frame's own aside
         model[name] = 14 * (fixed + 2 * frame_us) + fixed + ack_us
-        cct[name] = p.collective().modelled.cct_us.p50
+        cct[name] = p.collective().cct_us.p50
         assert cct[name] == pytest.approx(model[name], rel=0.15), name
     assert result.policy("lossless").per_hop_latency.forwarding == "cut_through"
     assert result.policy("hyperscale").per_hop_latency.forwarding == "store_and_forward"

@@ -2,7 +2,7 @@
 from testbed.results.compare import compare
 from testbed.results.model import CollectiveResult, PolicyResult, RunResult
 from testbed.results.report import per_gpu, sig, summary_table, sweep
-from testbed.results.collect import modelled
+from testbed.results.model import with_modelled
 
 SCALE = 2500.0
 
@@ -20,8 +20,12 @@ def policy(cct_us=380_000.0, latency_p50=172.0):
          "per_gpu": {"gpu1": {"rank": 0, "packets_sent": 5, "packets_received": 5,
                               "latency_us_p50": 250.0, "latency_us_p99": 500.0}},
          "fidelity": {"verdict": "ok"}}
-    p["modelled"] = modelled(p, SCALE)
-    return p
+    return written(p)
+
+
+def written(policy, scale=SCALE):
+    """A policy's figures as a run at ``scale`` writes them: with the modelled section."""
+    return with_modelled(PolicyResult.from_json(policy), scale).to_json()
 
 
 def results(**policies):
@@ -43,7 +47,7 @@ def test_every_time_summary_is_divided_by_the_time_scale_and_counts_are_kept():
     assert m["straggler_idle_us"]["mean"] == 3.88 and m["pfc_paused_ms"] == 0.01
     assert set(m) == {"latency_us", "jitter_us", "cct_us", "straggler_idle_us",
                       "pfc_paused_ms"}
-    assert "latency_us" not in modelled({"latency_us": None}, SCALE)
+    assert "latency_us" not in written({"latency_us": None})["modelled"]
 
 
 def test_the_summary_leads_with_modelled_time_and_shows_emulated_on_request():
@@ -77,8 +81,7 @@ def test_the_sweep_gives_modelled_time_and_bandwidth():
              "cct_us": {"p50": 380_000.0}, "latency_us": {"p99": 9000.0},
              "algbw_gbps_emulated": 0.022, "busbw_gbps_emulated": 0.0386,
              "algbw_gbps_modelled": 55.2, "busbw_gbps_modelled": 96.6}
-    entry["modelled"] = modelled(entry, SCALE)
-    entry = CollectiveResult.from_json(entry)
+    entry = with_modelled(CollectiveResult.from_json(entry), SCALE).in_modelled_time(SCALE)
     header, rows = sweep("lossless", [entry])
     assert header[2:5] == ["time (us)", "algbw (Gb/s)", "busbw (Gb/s)"]
     assert rows[0][2:] == ["152.0", "55.20", "96.60", "3.600"]
@@ -91,7 +94,7 @@ def test_two_runs_at_different_time_scales_compare_in_modelled_time():
     b = raw(hyperscale=policy(cct_us=380_000.0))
     b["time_scale"] = 1250.0
     b["policies"]["hyperscale"]["cct_us"] = {"p50": 190_000.0}
-    b["policies"]["hyperscale"]["modelled"] = modelled(b["policies"]["hyperscale"], 1250.0)
+    b["policies"]["hyperscale"] = written(b["policies"]["hyperscale"], 1250.0)
     for r, name in ((a, "a"), (b, "b")):
         r.update(run_id=name, status="complete")
     text = compare(RunResult.from_json("a", a), RunResult.from_json("b", b), "a", "b")

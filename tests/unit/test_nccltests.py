@@ -6,10 +6,22 @@ import pytest
 from testbed.results import nccltests
 from testbed.results.model import PolicyResult, RunResult
 
-SWEEP = {"gpus": 8, "collectives": [
-    {"collective": "ring", "size_bytes": 65536, "modelled": {"cct_us": {"p50": 9.5}}},
-    {"collective": "ring", "size_bytes": 1 << 20, "modelled": {"cct_us": {"p50": 152.6}}},
-    {"collective": "ring", "size_bytes": 64 << 20, "modelled": {"cct_us": {"p50": 10_880.0}}}]}
+SCALE = 2500.0
+
+
+def _sweep(gpus, *entries):
+    """A policy's collectives as a run writes them: CCTs as run, ``SCALE`` slower than the
+    modelled ``(collective, size, modelled CCT p50)`` of each entry."""
+    return {"gpus": gpus, "modelled": {}, "collectives": [
+        {"collective": c, "size_bytes": size, "cct_us": {"p50": cct * SCALE}, "modelled": {}}
+        for c, size, cct in entries]}
+
+
+def modelled(policy):
+    return PolicyResult.from_json(policy).in_modelled_time(SCALE)
+
+
+SWEEP = _sweep(8, ("ring", 65536, 9.5), ("ring", 1 << 20, 152.6), ("ring", 64 << 20, 10_880.0))
 
 
 def parse(text):
@@ -25,7 +37,7 @@ def parse(text):
 
 
 def test_the_text_parses_as_nccl_tests_output_with_its_bus_bandwidth():
-    names, rows, avg = parse(nccltests.text("hyperscale", PolicyResult.from_json(SWEEP)))
+    names, rows, avg = parse(nccltests.text("hyperscale", modelled(SWEEP)))
     assert names == ["size", "count", "type", "redop", "root", "time", "algbw", "busbw",
                      "#wrong"]
     assert [int(r["size"]) for r in rows] == [65536, 1 << 20, 64 << 20]
@@ -33,7 +45,7 @@ def test_the_text_parses_as_nccl_tests_output_with_its_bus_bandwidth():
     assert {(r["type"], r["redop"], r["root"], r["#wrong"]) for r in rows} == {
         ("float", "sum", "-1", "N/A")}
     for r, e in zip(rows, SWEEP["collectives"]):
-        algbw = e["size_bytes"] / 1e9 / (e["modelled"]["cct_us"]["p50"] / 1e6)  # GB/s
+        algbw = e["size_bytes"] / 1e9 / (e["cct_us"]["p50"] / SCALE / 1e6)  # GB/s
         assert float(r["algbw"]) == pytest.approx(algbw, abs=0.005)
         assert float(r["busbw"]) == pytest.approx(algbw * 2 * 7 / 8, abs=0.005)  # all-reduce
     assert [r["time"] for r in rows] == ["9.50", "152.6", "10880"]  # nccl-tests' precisions
@@ -41,17 +53,17 @@ def test_the_text_parses_as_nccl_tests_output_with_its_bus_bandwidth():
 
 
 def test_an_all_to_all_reduces_nothing_and_uses_its_own_factor():
-    a2a = {"gpus": 4, "collectives": [{"collective": "all_to_all", "size_bytes": 4000,
-                                       "modelled": {"cct_us": {"p50": 1.0}}}]}
-    _, (row,), _ = parse(nccltests.text("lossless", PolicyResult.from_json(a2a)))
+    a2a = _sweep(4, ("all_to_all", 4000, 1.0))
+    _, (row,), _ = parse(nccltests.text("lossless", modelled(a2a)))
     assert row["redop"] == "none"
     assert float(row["busbw"]) == pytest.approx(4.0 * 3 / 4, abs=0.005)
 
 
 def test_the_json_twin_holds_the_same_rows():
-    results = RunResult.from_json("", {"scenario": {}, "policies": {"hyperscale": SWEEP}})
+    results = RunResult.from_json("", {"scenario": {}, "time_scale": SCALE,
+                                       "policies": {"hyperscale": SWEEP}})
     twin = json.loads(json.dumps(nccltests.as_json(results)))
-    _, rows, avg = parse(nccltests.text("hyperscale", PolicyResult.from_json(SWEEP)))
+    _, rows, avg = parse(nccltests.text("hyperscale", modelled(SWEEP)))
     got = twin["policies"]["hyperscale"]
     assert [r["size"] for r in got["rows"]] == [int(r["size"]) for r in rows]
     assert [round(r["busbw"], 2) for r in got["rows"]] == [float(r["busbw"]) for r in rows]

@@ -78,15 +78,18 @@ def test_a_job_s_report_plots_its_iterations_and_lists_its_operations(tmp_path):
     run = make_run(tmp_path)
     with open(os.path.join(run, "results.json")) as f:
         results = json.load(f)
-    for k, p in enumerate(results["policies"].values()):
+    from testbed.results.model import PolicyResult, with_modelled
+    scale = results["time_scale"]
+    for k, (name, p) in enumerate(results["policies"].items()):
         iteration = {"p50": 3e6 + k, "per_iteration": [3e6, 3.1e6 + k]}
         job = {"name": "dense-7b", "byte_scale": 100.0, "operations": [
             {"kind": "dp", "collective": "ring", "group": 4, "bytes": 2_013_265, "count": 48,
              "time_us_p50": 402.6, "algbw_gbps": 40.0, "busbw_gbps": 60.0}]}
-        p.update(iteration_us=iteration, job=job, modelled={
-            **p.get("modelled", {}), "iteration_us": iteration, "job_compute_us": 373.5,
-            "exposed_comm_us": {"dp": 770.0, "tp": 37.0, "total": 807.0},
-            "ideal_iteration_us": 373.3})
+        p.update(iteration_us=iteration, job=job, job_compute_us=373.5 * scale,
+                 exposed_comm_us={"dp": 770.0 * scale, "tp": 37.0 * scale,
+                                  "total": 807.0 * scale},
+                 ideal_iteration_us=373.3 * scale)
+        results["policies"][name] = dump(with_modelled(PolicyResult.from_json(p), scale))
     with open(os.path.join(run, "results.json"), "w") as f:
         json.dump(results, f)
     page = open(htmlreport.write(run), encoding="utf-8").read()
@@ -200,14 +203,13 @@ def test_plots_of_nothing_are_still_images(values):
 
 
 def test_the_plots_and_tables_are_in_modelled_time_and_emulated_on_request(tmp_path):
-    from testbed.results.collect import modelled
+    from testbed.results.model import PolicyResult, with_modelled
     run = make_run(tmp_path)
     with open(os.path.join(run, "results.json")) as f:
         results = json.load(f)
-    for p in results["policies"].values():  # as a run at this time scale writes them
-        p["modelled"] = modelled(p, results["time_scale"])
-        for c in p["collectives"]:
-            c["modelled"] = modelled(c, results["time_scale"])
+    for name, p in results["policies"].items():  # as a run at this time scale writes them
+        results["policies"][name] = dump(with_modelled(PolicyResult.from_json(p),
+                                                       results["time_scale"]))
     with open(os.path.join(run, "results.json"), "w") as f:
         json.dump(results, f)
     typed = rundata.load_run(run)

@@ -171,7 +171,7 @@ def _fan_in_run(pauses, queueing_p50, gbps, jain):
             for g, j in zip(gbps, jain)]
     return _run({"lossless": {
         "pfc_pause_events": pauses,
-        "modelled": {"latency_queueing_us": {"p50": queueing_p50}},
+        "latency_queueing_us": {"p50": queueing_p50},
         "fan_in": {"incast": {"receivers": 1, "senders": 7, "iterations": [0, 1, 2],
                               "per_iteration": rows}}}})
 
