@@ -164,4 +164,4 @@ def test_noisy_neighbours_and_incast_share_the_fabric(tmp_path):
     ll = result.policy("lossless").background["incast"]
     assert ent["packets_received"] == 0
     assert ll["packets_received"] == ll["packets_sent"]
-    assert result.policy("lossless").per_gpu["gpu4"]["rx_foreign_qp"] == ll["packets_sent"]
+    assert result.policy("lossless").per_gpu["gpu4"].rx_foreign_qp == ll["packets_sent"]
