@@ -20,6 +20,7 @@ each figure's meaning would sit apart from its neighbours.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, FrozenSet, Mapping, Optional, Tuple
 
@@ -30,6 +31,7 @@ from ..base.errors import ResultsError
 from ..job.bytescale import BufferRegime, RecoveryRegime
 from ..switchq.contract import EmulatorReport
 from ..scenario.config import Scenario
+from ..scenario.timescale import Calibration
 
 NOT_JSON = {"json": False}  # a field of the object, not a key of results.json
 
@@ -804,6 +806,30 @@ def with_modelled(record: Record, time_scale: float) -> Record:
 
 
 @dataclass(frozen=True)
+class RejectedAttempt(Record):
+    """A run at ``auto`` the fidelity monitor rejected before this one
+    (``testbed.scenario.timescale.Attempt``)."""
+    host_rate_mbit: Optional[float] = None
+    problems: Dict[str, Tuple[str, ...]] = field(default_factory=dict)  # per rejected policy
+    kept_in: Optional[str] = None  # its directory, relative to the run's
+
+
+@dataclass(frozen=True)
+class TimeScaleChoice(Record):
+    """How the run's GPU NIC rate was chosen (``testbed.scenario.timescale.Choice``)."""
+    host_rate_mbit: Optional[float] = None
+    chosen_by: Optional[str] = None  # auto (from the calibration) or scenario
+    predicted_busy: Optional[float] = None
+    target_busy: Optional[float] = None
+    fits_mbit: Optional[float] = None
+    warning: Optional[str] = None
+    learned_cap_mbit: Optional[float] = None
+    workload_hops: Optional[float] = None
+    attempts: Tuple[RejectedAttempt, ...] = ()
+    calibration: Optional[Calibration] = None
+
+
+@dataclass(frozen=True)
 class RunResult:
     """A run: its scenario, status and each policy's result (``policies``: in modelled time
     when the run has modelled figures, each one's ``emulated`` as run), and what results.json
@@ -820,7 +846,7 @@ class RunResult:
     version: Optional[str] = None
     schema: Optional[str] = None
     error: Optional[str] = None
-    time_scale_choice: Optional[Dict[str, Any]] = None  # docs/results.md, top level
+    time_scale_choice: Optional[TimeScaleChoice] = None  # docs/results.md, top level
     time_scale_not_scaled: Tuple[str, ...] = ()
     capabilities: Optional[Dict[str, Any]] = None
     link_emulation: Optional[Dict[str, Any]] = None
@@ -859,10 +885,12 @@ class RunResult:
             policies = {n: p.in_modelled_time(scale) for n, p in policies.items()}
             repeats = {n: tuple(p.in_modelled_time(scale) for p in runs)
                        for n, runs in repeats.items()}
-        top = {k: d[k] for k in cls.TOP if d.get(k) is not None}
-        for k in ("time_scale_not_scaled", "teardown_leftovers_removed"):
-            if k in top:
-                top[k] = tuple(top[k])
+        hints = typing.get_type_hints(cls)
+        try:
+            top = {k: load(hints[k], d[k], k, strict=False) for k in cls.TOP
+                   if d.get(k) is not None}
+        except ContractError as e:
+            raise ResultsError(str(e)) from None
         return cls(run_dir, d.get("status", "unknown"), Scenario.from_dict(d["scenario"]),
                    dict(policies), scale, modelled, repeats=dict(repeats),
                    spread=d.get("spread") or {}, raw=dict(d), **top)

@@ -14,7 +14,8 @@ import math
 from statistics import fmean
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .model import CollectiveResult, IdleOnGpus, Job, PolicyResult, RunResult
+from .model import (CollectiveResult, IdleOnGpus, Job, PolicyResult, RunResult,
+                    TimeScaleChoice)
 from .verdicts import outcome
 
 
@@ -309,17 +310,16 @@ def time_scale_note(results: RunResult, emulated: bool = False) -> str:
         shown = "latencies and CCTs are emulated time"
     note = (f"time scale: emulated links run {scale:,.0f}x slower than the modelled "
             f"{modelled:g} Gbit/s fabric; {shown}")
-    choice = results.time_scale_choice or {}
-    if choice.get("chosen_by") == "auto":
-        note += (f" (GPU NICs at {choice['host_rate_mbit']:g} Mbit/s: chosen for this machine, "
-                 f"predicted CPUs {choice['predicted_busy']:.0%} busy)")
-    tried = choice.get("attempts") or []
-    if tried:
-        rates = ", ".join(f"{a['host_rate_mbit']:g}" for a in tried)
+    choice = results.time_scale_choice or TimeScaleChoice()
+    if choice.chosen_by == "auto":
+        note += (f" (GPU NICs at {choice.host_rate_mbit:g} Mbit/s: chosen for this machine, "
+                 f"predicted CPUs {choice.predicted_busy:.0%} busy)")
+    if choice.attempts:
+        rates = ", ".join(f"{a.host_rate_mbit:g}" for a in choice.attempts)
         note += (f"\ntime scale: the fidelity monitor rejected the run at {rates} Mbit/s first "
-                 f"(kept in {', '.join(a['kept_in'] for a in tried)})")
-    if choice.get("warning"):
-        note += f"\nwarning: {choice['warning']}"
+                 f"(kept in {', '.join(a.kept_in for a in choice.attempts)})")
+    if choice.warning:
+        note += f"\nwarning: {choice.warning}"
     return note
 
 

@@ -302,6 +302,16 @@ def test_a_retried_choice_records_the_rejected_attempt():
     text = timescale.retry_text(attempt, 20.0)
     assert "rejected the run at 40 Mbit/s (lossless: the CPUs were saturated" in text
     assert "again at 20 Mbit/s" in text and "rejected/1-at-40-mbit/" in text
+    # results.json holds it; the reader types it and the table's note names the attempt
+    from testbed.results.report import time_scale_note
+    run = RunResult.from_json("run", {"scenario": {}, "time_scale": 3125.0,
+                                      "time_scale_choice": json.loads(json.dumps(d))})
+    assert run.time_scale_choice.attempts[0].problems == {
+        "lossless": ("the CPUs were saturated (p90 95%)",)}
+    assert run.time_scale_choice.calibration == first.calibration
+    note = time_scale_note(run)
+    assert "GPU NICs at 20 Mbit/s: chosen for this machine" in note
+    assert "rejected the run at 40 Mbit/s first (kept in rejected/1-at-40-mbit)" in note
 
 
 def test_what_runs_taught_is_kept_per_scenario_and_policy_until_the_next_calibration(tmp_path):
