@@ -59,14 +59,14 @@ def main(argv=None) -> int:
     figures["ratio held / not held"] = {
         k: round(figures["held"][k] / max(figures["not held"][k], 1e-9), 2)
         for k in figures["held"]}
-    figures["request"] = state
+    figures["request"] = state.to_json()
     if args.json:
         print(json.dumps(figures, indent=2))
         return 0
-    if not state["held"]:
-        print(f"note: the request could not be held: {state.get('note')}")
+    if not state.held:
+        print(f"note: the request could not be held: {state.note}")
     print(f"timer overshoot of {SLEEP_S * 1e6:.0f} us sleeps, {args.rounds} x {args.sleeps} "
-          f"per arm (cpuidle: {state['cpuidle_driver']})")
+          f"per arm (cpuidle: {state.cpuidle_driver})")
     print(f"{'':24}{'p50 (us)':>10}{'p95 (us)':>10}{'p99 (us)':>10}")
     for arm in ("not held", "held", "ratio held / not held"):
         row = figures[arm]

@@ -165,7 +165,7 @@ def _capabilities(results: RunResult) -> str:
     rows += [[f"link emulation: {k}", _plain(v)]
              for k, v in (results.link_emulation or {}).items()]
     rows += [[f"CPU wake-ups: {k}", _plain(v)]
-             for k, v in (results.cpu_wakeup or {}).items()]
+             for k, v in (results.cpu_wakeup.to_json() if results.cpu_wakeup else {}).items()]
     return table(["capability", "value"], rows, "capabilities")
 
 

@@ -806,6 +806,19 @@ def with_modelled(record: Record, time_scale: float) -> Record:
 
 
 @dataclass(frozen=True)
+class CpuWakeup(Record):
+    """The PM QoS request a run held to keep idle CPUs quick to wake
+    (``testbed.run.wakeup``): held, the latency asked, the kernel's cpuidle driver, and why
+    it was not held or changes nothing."""
+    held: bool = False
+    max_latency_us: Optional[int] = None
+    cpuidle_driver: Optional[str] = None
+    note: Optional[str] = None
+
+    OMITTED_WHEN_EMPTY = frozenset({"note"})
+
+
+@dataclass(frozen=True)
 class RejectedAttempt(Record):
     """A run at ``auto`` the fidelity monitor rejected before this one
     (``testbed.scenario.timescale.Attempt``)."""
@@ -851,7 +864,7 @@ class RunResult:
     capabilities: Optional[Dict[str, Any]] = None
     link_emulation: Optional[Dict[str, Any]] = None
     cluster: Optional[Dict[str, Any]] = None
-    cpu_wakeup: Optional[Dict[str, Any]] = None
+    cpu_wakeup: Optional[CpuWakeup] = None
     teardown_leftovers_removed: Tuple[str, ...] = ()
     superseded: Optional[str] = None  # in a rejected attempt's copy: why it was run again
     # with scenario.repeat > 1: each policy's later runs (policies holds the first), and the

@@ -46,8 +46,8 @@ from ..plan.policyrun import PolicyRun, cluster_servers, decide
 from ..results import breakdown, htmlreport, trace
 from ..results.collect import RESULTS_SCHEMA, Mechanisms, RunContext, collect, timeline
 from ..results.latency import expected_latency_us, latency_parts
-from ..results.model import (Fidelity, JobFailed, PolicyResult, RunResult, SwitchQueues,
-                             with_modelled)
+from ..results.model import (CpuWakeup, Fidelity, JobFailed, PolicyResult, RunResult,
+                             SwitchQueues, with_modelled)
 from ..results.spread import spread
 from ..scenario import capacity, timescale
 from ..scenario.config import Scenario
@@ -170,11 +170,11 @@ def run(scenario: Scenario, out_root: str = "results", progress: Say = lambda s:
         raise
     try:
         with cpus_kept_awake(scenario.emulation.keep_cpus_awake) as wakeup:
-            if wakeup["held"] and len(cluster_servers(scenario)) > 1:
-                wakeup["note"] = "; ".join(filter(None, [
-                    wakeup.get("note"), "held on this machine only, not on the cluster's other "
-                                        "servers"]))
-            results["cpu_wakeup"] = wakeup
+            if wakeup.held and len(cluster_servers(scenario)) > 1:
+                wakeup = dataclasses.replace(wakeup, note="; ".join(filter(None, [
+                    wakeup.note, "held on this machine only, not on the cluster's other "
+                                 "servers"])))
+            results["cpu_wakeup"] = wakeup.to_json()
             progress(wakeup_text(wakeup))
             _attempts(asked, scenario, choice, plan, caps, run_dir, ledger, results, kept,
                       progress)
@@ -322,12 +322,12 @@ def keep_attempt(run_dir: str, rel: str, results: dict) -> None:
     write_json_atomic(os.path.join(dest, "results.json"), results)
 
 
-def wakeup_text(wakeup: dict) -> str:
-    if wakeup["held"]:
-        note = f"; {wakeup['note']}" if wakeup.get("note") else ""
+def wakeup_text(wakeup: CpuWakeup) -> str:
+    if wakeup.held:
+        note = f"; {wakeup.note}" if wakeup.note else ""
         return (f"idle CPUs kept ready to wake (PM QoS 0 us, cpuidle "
-                f"{wakeup['cpuidle_driver']}) while the run lasts{note}")
-    return f"CPU wake-ups: {wakeup.get('note')}"
+                f"{wakeup.cpuidle_driver}) while the run lasts{note}")
+    return f"CPU wake-ups: {wakeup.note}"
 
 
 def _write_report(run_dir: str, progress: Say) -> None:

@@ -16,6 +16,8 @@ import os
 import struct
 from typing import Iterator, Optional
 
+from ..results.model import CpuWakeup
+
 PM_QOS_DEVICE = "/dev/cpu_dma_latency"
 CPUIDLE_DRIVER = "/sys/devices/system/cpu/cpuidle/current_driver"
 
@@ -31,25 +33,23 @@ def cpuidle_driver(path: str = CPUIDLE_DRIVER) -> Optional[str]:
 
 @contextlib.contextmanager
 def cpus_kept_awake(enabled: bool = True, device: str = PM_QOS_DEVICE,
-                    driver_path: str = CPUIDLE_DRIVER) -> Iterator[dict]:
+                    driver_path: str = CPUIDLE_DRIVER) -> Iterator[CpuWakeup]:
     """Hold the request for the ``with`` block; yields what was done, for the results."""
     driver = cpuidle_driver(driver_path)
-    state = {"held": False, "max_latency_us": None, "cpuidle_driver": driver}
     if not enabled:
-        state["note"] = "not requested (emulation.keep_cpus_awake: false)"
-        yield state
+        yield CpuWakeup(cpuidle_driver=driver,
+                        note="not requested (emulation.keep_cpus_awake: false)")
         return
     try:
         fd = os.open(device, os.O_WRONLY)  # not inherited by child processes
     except OSError as e:
-        state["note"] = f"{device}: {e.strerror}; idle CPUs wake as the kernel chooses"
-        yield state
+        yield CpuWakeup(cpuidle_driver=driver,
+                        note=f"{device}: {e.strerror}; idle CPUs wake as the kernel chooses")
         return
     try:
         os.write(fd, struct.pack("=i", 0))
-        state.update(held=True, max_latency_us=0)
-        if driver in (None, "none"):
-            state["note"] = "held, but the kernel has no cpuidle driver: it changes nothing"
-        yield state
+        yield CpuWakeup(held=True, max_latency_us=0, cpuidle_driver=driver,
+                        note=("held, but the kernel has no cpuidle driver: it changes nothing"
+                              if driver in (None, "none") else None))
     finally:
         os.close(fd)

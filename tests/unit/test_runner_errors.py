@@ -22,7 +22,7 @@ def test_a_run_interrupted_after_a_policy_keeps_that_policys_results(tmp_path, m
 
     import pytest
 
-    from testbed.results.model import PolicyResult
+    from testbed.results.model import CpuWakeup, PolicyResult
     from testbed.run import runner
     from testbed.scenario.config import Scenario
 
@@ -58,7 +58,7 @@ def test_a_run_interrupted_after_a_policy_keeps_that_policys_results(tmp_path, m
     monkeypatch.setattr(runner, "run_policy", run_policy)
     monkeypatch.setattr(runner, "_write_report", lambda run_dir, progress: None)
     monkeypatch.setattr(runner, "cpus_kept_awake", lambda enabled: contextlib.nullcontext(
-        {"held": False, "note": "not in a unit test"}))
+        CpuWakeup(note="not in a unit test")))
     scenario = Scenario.from_dict({"topology": {"host_rate_mbit": 40}})
     with pytest.raises(KeyboardInterrupt):
         runner.run(scenario, out_root=str(tmp_path), caps=Caps(), calibrated=False)
