@@ -35,8 +35,8 @@ CONGESTED = {
 def marking_ports(p):
     """Switch ports that marked: RED's CE counts, or the emulator's marking time."""
     if p.ecn_marking == "red":
-        return {port: n for port, n in (p.raw["red_marked_by_port"] or {}).items() if n}
-    return {port: v["marking_ms"] for port, v in p.raw["switch_queues"]["ecn"].items()
+        return {port: n for port, n in (p.red_marked_by_port or {}).items() if n}
+    return {port: v["marking_ms"] for port, v in p.switch_queues.ecn.items()
             if v["marking_ms"] > 0}
 
 
