@@ -63,9 +63,7 @@ class Record:
 
     def to_json(self) -> Dict[str, Any]:
         """The record as results.json holds it (every declared key; ``OMITTED_WHEN_EMPTY``
-        ones only when they have a value); a modelled view writes its as-run twin."""
-        if getattr(self, "as_run", None) is not None:
-            return self.as_run.to_json()
+        ones only when they have a value)."""
         out = {}
         for f in dataclasses.fields(self):
             if not f.metadata.get("json", True):
@@ -78,25 +76,35 @@ class Record:
 
     def in_modelled_time(self, time_scale: float):
         """The same record with its time fields in the modelled fabric's time (emulated /
-        ``time_scale``): a view whose ``emulated`` is the record as run. A record read from
-        a file without modelled figures (``modelled`` None) stays as it was run."""
-        if getattr(self, "as_run", None) is not None or getattr(self, "modelled", 0) is None:
-            return self
+        ``time_scale``)."""
         changes = {f.name: modelled_time(getattr(self, f.name), time_scale)
                    for f in dataclasses.fields(self) if is_time(f)}
-        if "as_run" in self.__dataclass_fields__:
-            changes["as_run"] = self
         return dataclasses.replace(self, **changes) if changes else self
+
+
+class View(Record):
+    """A record a reader gets in modelled time (a policy, a collective, a job): its view
+    keeps the record as run (``emulated``) and writes that to results.json. A record of a
+    file without modelled figures (``modelled`` None) stays as it was run."""
+
+    def to_json(self) -> Dict[str, Any]:
+        """What was measured: a view writes the record as run."""
+        return super().to_json() if self.as_run is None else self.as_run.to_json()
+
+    def in_modelled_time(self, time_scale: float):
+        if self.as_run is not None or self.modelled is None:
+            return self
+        return dataclasses.replace(super().in_modelled_time(time_scale), as_run=self)
 
     @property
     def time(self) -> str:
         """Which time the time figures are in: modelled (a view) or emulated (as run)."""
-        return "emulated" if getattr(self, "as_run", None) is None else "modelled"
+        return "emulated" if self.as_run is None else "modelled"
 
     @property
     def emulated(self):
         """The as-run twin: time figures in emulated time, as results.json holds them."""
-        return getattr(self, "as_run", None) or self
+        return self.as_run or self
 
 
 # A field holds time on the run's clock when its unit says so, or its metadata (the fields
@@ -480,7 +488,7 @@ class Job(Record):
 
 
 @dataclass(frozen=True)
-class JobResult(Record):
+class JobResult(View):
     """One of several jobs on the fabric (``jobs[]``): the job figures of a policy, its own."""
     iteration_us: Optional[Cct] = time_field()
     job_compute_us: Optional[float] = time_field()
@@ -510,7 +518,7 @@ def figure(doc: str, default: Any = None, unit: str = "", time: bool = False):
 
 
 @dataclass(frozen=True)
-class CollectiveResult(Record):
+class CollectiveResult(View):
     """One collective at one size (``collectives[]``; a sweep has one per size). With a single
     size these figures are also at the policy's level."""
     collective: Optional[str] = figure("the collective's name")
@@ -561,7 +569,7 @@ class CollectiveResult(Record):
 
 
 @dataclass(frozen=True)
-class PolicyResult(Record):
+class PolicyResult(View):
     """One policy's run (``policies.<name>``)."""
     name: str = field(default="", metadata={
         "doc": "the policy, or a variant's label (the key under policies)", "json": False})
@@ -791,7 +799,7 @@ class PolicyResult(Record):
         raise KeyError(f"{self.name}: no collective of {size_bytes} B (sizes: {sizes})")
 
 
-def with_modelled(record: Record, time_scale: float) -> Record:
+def with_modelled(record: View, time_scale: float) -> View:
     """``record`` as run with its ``modelled`` section (``Modelled``'s fields of its view in
     modelled time), and so each collective's and job's: what results.json holds."""
     changes = {}
