@@ -135,6 +135,16 @@ def modelled_time(value: Any, time_scale: float) -> Any:
     return round(value / time_scale, 9)
 
 
+def figure_at(record: Optional[Record], name: str) -> Any:
+    """A figure of a nested record (None when the record is)."""
+    return None if record is None else getattr(record, name)
+
+
+def entry_of(mapping: Optional[Mapping[str, Any]], key: str) -> Any:
+    """An entry of a mapping figure (None when the figure is, or has no such entry)."""
+    return None if not mapping else mapping.get(key)
+
+
 @dataclass(frozen=True)
 class Percentiles(Record):
     p50: Optional[float] = time_field()

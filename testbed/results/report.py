@@ -15,7 +15,7 @@ from statistics import fmean
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .model import (CollectiveResult, IdleOnGpus, Job, PolicyResult, RunResult,
-                    TimeScaleChoice)
+                    TimeScaleChoice, entry_of, figure_at)
 from .verdicts import outcome
 
 
@@ -43,16 +43,6 @@ def view(p: PolicyResult, emulated: bool = False) -> PolicyResult:
     return p.emulated if emulated else p
 
 
-def _at(record, name: str):
-    """A figure of a nested record (None when the record is)."""
-    return None if record is None else getattr(record, name)
-
-
-def _of(mapping, key: str):
-    """An entry of a mapping figure (None when the figure is)."""
-    return None if not mapping else mapping.get(key)
-
-
 ROWS = [
     ("GPUs", lambda p: p.gpus),
     ("packets sent", lambda p: p.packets_sent),
@@ -66,49 +56,49 @@ ROWS = [
     ("credit waits", lambda p: p.credit_waits),
     ("credit wait time (ms)", lambda p: p.credit_wait_ms),
     ("largest switch queue (KB)", lambda p: _largest_kb(p.switch_queues)),
-    ("latency p50 (us)", lambda p: _at(p.latency_us, "p50")),
-    ("  fixed path delay on one leaf (us)", lambda p: _of(p.path_delay_us, "same_leaf")),
-    ("  fixed path delay across leaves (us)", lambda p: _of(p.path_delay_us, "cross_leaf")),
-    ("  queueing + forwarding p50 (us)", lambda p: _at(p.latency_queueing_us, "p50")),
-    ("latency p99 (us)", lambda p: _at(p.latency_us, "p99")),
-    ("  queueing + forwarding p99 (us)", lambda p: _at(p.latency_queueing_us, "p99")),
-    ("latency p99.9 (us)", lambda p: _at(p.latency_us, "p999")),
-    ("latency max (us)", lambda p: _at(p.latency_us, "max")),
-    ("jitter |IPDV| p99 (us)", lambda p: _at(p.jitter_us, "ipdv_abs_p99")),
+    ("latency p50 (us)", lambda p: figure_at(p.latency_us, "p50")),
+    ("  fixed path delay on one leaf (us)", lambda p: entry_of(p.path_delay_us, "same_leaf")),
+    ("  fixed path delay across leaves (us)", lambda p: entry_of(p.path_delay_us, "cross_leaf")),
+    ("  queueing + forwarding p50 (us)", lambda p: figure_at(p.latency_queueing_us, "p50")),
+    ("latency p99 (us)", lambda p: figure_at(p.latency_us, "p99")),
+    ("  queueing + forwarding p99 (us)", lambda p: figure_at(p.latency_queueing_us, "p99")),
+    ("latency p99.9 (us)", lambda p: figure_at(p.latency_us, "p999")),
+    ("latency max (us)", lambda p: figure_at(p.latency_us, "max")),
+    ("jitter |IPDV| p99 (us)", lambda p: figure_at(p.jitter_us, "ipdv_abs_p99")),
     ("latency p99 / p50", lambda p: p.tail_ratio_p99_p50),
     ("job", lambda p: outcome(p.job_failed)),
-    ("iteration p50 (ms)", lambda p: _ms(_at(p.iteration_us, "p50"))),
-    ("iteration p99 (ms)", lambda p: _ms(_at(p.iteration_us, "p99"))),
+    ("iteration p50 (ms)", lambda p: _ms(figure_at(p.iteration_us, "p50"))),
+    ("iteration p99 (ms)", lambda p: _ms(figure_at(p.iteration_us, "p99"))),
     ("  at full size (ms, modelled; byte scale)", lambda p: _full_size(p.job)),
     ("  with a free network (ms)", lambda p: _ms(p.ideal_iteration_us)),
     ("  network cost p50 (ms)", lambda p: _ms(p.network_cost_us)),
     ("compute per GPU (ms)", lambda p: _ms(p.job_compute_us)),
-    ("exposed communication (ms)", lambda p: _ms(_of(p.exposed_comm_us, "total"))),
-    ("  share of the iteration", lambda p: _share(_at(p.job, "exposed_share"))),
+    ("exposed communication (ms)", lambda p: _ms(entry_of(p.exposed_comm_us, "total"))),
+    ("  share of the iteration", lambda p: _share(figure_at(p.job, "exposed_share"))),
     ("  dp / tp / pp / ep (ms)", lambda p: _kinds(p.exposed_comm_us)),
     ("  pipeline bubble, free network (ms)", lambda p: _ms(p.pipeline_bubble_us)),
     ("idle GPU time / iteration (GPU-ms)", lambda p: _ms(p.idle_gpu_us)),
     ("  at full size on N GPUs (GPU-s)",
-     lambda p: _idle_on_n(_at(p.job, "idle_gpu_seconds_on_n_gpus"))),
+     lambda p: _idle_on_n(figure_at(p.job, "idle_gpu_seconds_on_n_gpus"))),
     ("bytes / iteration: fabric, scale-up",
-     lambda p: _split(_at(p.job, "bytes_per_iteration"))),
+     lambda p: _split(figure_at(p.job, "bytes_per_iteration"))),
     ("fan-in: Jain / Gbit/s (modelled) while all send", lambda p: _fan_in(p.fan_in)),
-    ("CCT p50 (ms)", lambda p: _ms(_at(p.cct_us, "p50"))),
-    ("CCT p99 (ms)", lambda p: _ms(_at(p.cct_us, "p99"))),
-    ("CCT max (ms)", lambda p: _ms(_at(p.cct_us, "max"))),
+    ("CCT p50 (ms)", lambda p: _ms(figure_at(p.cct_us, "p50"))),
+    ("CCT p99 (ms)", lambda p: _ms(figure_at(p.cct_us, "p99"))),
+    ("CCT max (ms)", lambda p: _ms(figure_at(p.cct_us, "max"))),
     ("busbw (Gbit/s, modelled)", lambda p: p.busbw_gbps_modelled),
-    ("straggler idle / iteration (ms)", lambda p: _ms(_at(p.straggler_idle_us, "mean"))),
+    ("straggler idle / iteration (ms)", lambda p: _ms(figure_at(p.straggler_idle_us, "mean"))),
     ("same tail on N GPUs (GPU-s/step)", lambda p: _gpu_s(p.extrapolation)),
     ("retransmitted packets", lambda p: p.retransmitted_packets),
     ("NAKs / RTO timeouts", lambda p: _pair(p.naks, p.rto_timeouts)),
     ("CNPs sent", lambda p: p.cnps_sent),
     ("path delay (emulation.path_delay)", lambda p: _hop(p.per_hop_latency)),
-    ("latency floor across leaves (us)", lambda p: _of(p.latency_floor_us, "cross_leaf")),
+    ("latency floor across leaves (us)", lambda p: entry_of(p.latency_floor_us, "cross_leaf")),
     ("ECN marking", lambda p: " ".join(filter(None, (p.ecn_marking, p.ecn_marking_via)))
      or None),
     ("rxe ib_write_lat typical (us)", lambda p: _rxe(p, "ib_write_lat", "t_typical_usec")),
     ("rxe ib_write_bw average (MB/s)", lambda p: _rxe(p, "ib_write_bw", "bw_average_mb_per_sec")),
-    ("fidelity", lambda p: _at(p.fidelity, "verdict")),
+    ("fidelity", lambda p: figure_at(p.fidelity, "verdict")),
     ("CPU per delivered frame (us)",
      lambda p: p.emulation_cost.total_us_per_frame if p.emulation_cost else None),
     ("  agents / OVS / kernel / rest", lambda p: _cost_split(p.emulation_cost)),
@@ -283,8 +273,8 @@ def _per_job_rows(views: Dict[str, PolicyResult], names: List[str],
     return out
 
 
-PER_JOB_ROWS = (("iteration p50 (ms)", lambda j: _at(j.iteration_us, "p50")),
-                ("exposed communication (ms)", lambda j: _of(j.exposed_comm_us, "total")),
+PER_JOB_ROWS = (("iteration p50 (ms)", lambda j: figure_at(j.iteration_us, "p50")),
+                ("exposed communication (ms)", lambda j: entry_of(j.exposed_comm_us, "total")),
                 ("network cost p50 (ms)", lambda j: j.network_cost_us))
 
 
@@ -402,16 +392,16 @@ def sweep(policy: str, entries: Sequence[CollectiveResult], emulated: bool = Fal
     if not emulated and entries and all(e.time == "modelled" for e in entries):
         return ([f"{policy}: {name} sweep", "iters", "time (us)", "algbw (Gb/s)",
                  "busbw (Gb/s)", "lat p99 (us)"],
-                [[_size(e.size_bytes), fmt(e.iterations), sig(_at(e.cct_us, "p50")),
+                [[_size(e.size_bytes), fmt(e.iterations), sig(figure_at(e.cct_us, "p50")),
                   fmt(e.algbw_gbps_modelled, 2), fmt(e.busbw_gbps_modelled, 2),
-                  sig(_at(e.latency_us, "p99"))] for e in entries])
+                  sig(figure_at(e.latency_us, "p99"))] for e in entries])
     entries = [e.emulated for e in entries]
     rows = []
     for e in entries:
-        rows.append([_size(e.size_bytes), fmt(e.iterations), fmt(_at(e.cct_us, "p50"), 0),
+        rows.append([_size(e.size_bytes), fmt(e.iterations), fmt(figure_at(e.cct_us, "p50"), 0),
                      fmt(_mbit(e.algbw_gbps_emulated), 2),
                      fmt(_mbit(e.busbw_gbps_emulated), 2),
-                     fmt(e.busbw_gbps_modelled, 2), fmt(_at(e.latency_us, "p99"), 0)])
+                     fmt(e.busbw_gbps_modelled, 2), fmt(figure_at(e.latency_us, "p99"), 0)])
     return ([f"{policy}: {name} sweep", "iters", "time (us)", "algbw (Mb/s)",
              "busbw (Mb/s)", "busbw modelled (Gb/s)", "lat p99 (us)"], rows)
 

@@ -6,30 +6,22 @@ from __future__ import annotations
 from statistics import median
 from typing import Callable, Dict, Optional, Sequence
 
-from .model import PolicyResult
-
-
-def _at(record, name: str):
-    return None if record is None else getattr(record, name)
-
-
-def _of(mapping, key: str):
-    return None if not mapping else mapping.get(key)
+from .model import PolicyResult, entry_of, figure_at
 
 
 # figure -> its value in a policy's result (modelled time); unit in the name
 HEADLINE: Dict[str, Callable[[PolicyResult], Optional[float]]] = {
-    "iteration_p50_us": lambda p: _at(p.iteration_us, "p50"),
-    "iteration_p99_us": lambda p: _at(p.iteration_us, "p99"),
-    "full_size_iteration_ms": lambda p: _at(p.job, "full_size_iteration_ms_modelled"),
+    "iteration_p50_us": lambda p: figure_at(p.iteration_us, "p50"),
+    "iteration_p99_us": lambda p: figure_at(p.iteration_us, "p99"),
+    "full_size_iteration_ms": lambda p: figure_at(p.job, "full_size_iteration_ms_modelled"),
     "network_cost_us": lambda p: p.network_cost_us,
-    "exposed_comm_us": lambda p: _of(p.exposed_comm_us, "total"),
-    "exposed_share": lambda p: _at(p.job, "exposed_share"),
+    "exposed_comm_us": lambda p: entry_of(p.exposed_comm_us, "total"),
+    "exposed_share": lambda p: figure_at(p.job, "exposed_share"),
     "idle_gpu_us": lambda p: p.idle_gpu_us,
-    "cct_p50_us": lambda p: _at(p.cct_us, "p50"),
-    "cct_p99_us": lambda p: _at(p.cct_us, "p99"),
+    "cct_p50_us": lambda p: figure_at(p.cct_us, "p50"),
+    "cct_p99_us": lambda p: figure_at(p.cct_us, "p99"),
     "busbw_gbps": lambda p: p.busbw_gbps_modelled,
-    "latency_p99_us": lambda p: _at(p.latency_us, "p99"),
+    "latency_p99_us": lambda p: figure_at(p.latency_us, "p99"),
     "drops": lambda p: p.drops,
     "retransmitted_packets": lambda p: p.retransmitted_packets,
     "ecn_marked_packets": lambda p: p.ecn_marked_packets,
