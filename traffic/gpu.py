@@ -85,9 +85,11 @@ class Gpu:
     def service(self, now: int) -> None:
         """After this GPU's events: move its iteration on, then its RNIC. The iteration
         first: without a compute phase the next one's transfers are posted at once, and must
-        go out now, not at the next wake (the loop serves only GPUs that had events)."""
+        go out now, not at the next wake (the loop serves only GPUs that had events). An
+        iteration ends when its last op did (a packet's or timer's time), not when the loop
+        got to it: the agent's own delay is not the network's."""
         if self.state == RUNNING and self.progress.complete(self.it):
-            self._end_iteration(time.time_ns())
+            self._end_iteration(self.progress.ended_ns)
         self.nic.service(now)
 
     # --- what the RNIC tells it (traffic.rnic.Host) ---------------------------------------------

@@ -96,6 +96,7 @@ class Progress:
         self.deps: List[int] = []  # per op of the current iteration: ops still awaited
         self.started: List[bool] = []
         self.ended = 0  # ops of the current iteration that ended
+        self.ended_ns = 0  # when the last op of the current iteration so far ended
         self.computes: List[int] = []  # compute ops that may start, for the GPU to time
         self.left: Dict[int, List[int]] = {}  # iteration -> per op: transfers still open
         self.waiting: Dict[int, int] = {}  # tag -> deliveries still missing
@@ -128,6 +129,7 @@ class Progress:
         self.deps = [len(op.after) for op in plan.ops]
         self.started = [False] * len(plan.ops)
         self.ended = 0
+        self.ended_ns = now  # when the last op so far ended: the iteration's end once complete
         self.waiting.clear()
         self.waiters.clear()
         self._left(it)
@@ -161,6 +163,8 @@ class Progress:
     def _end(self, i: int, now: int) -> List[Transfer]:
         self.spans[(self.current, i)][1] = now
         self.ended += 1
+        if now > self.ended_ns:
+            self.ended_ns = now
         ready: List[Transfer] = []
         deps = self.deps
         for k in self.plan.successors[i]:

@@ -142,6 +142,23 @@ def test_an_iteration_ends_when_its_sends_are_acked_and_its_receives_delivered()
             for _ in p.posted(ready_now, 0, 3):
                 p.acked((0, ready_now.tag), 4)
     assert p.complete(0) and not p.complete(1)
+    # the iteration's end is its last op's: the last delivery here (its sends were acked)
+    assert p.ended_ns == max(end for _start, end in p.spans.values()) == 3
+
+
+def test_an_iteration_ends_at_its_last_op_s_time_not_when_the_agent_served_it(monkeypatch):
+    """A loaded machine serves a GPU late: the delay is the agent's, not the network's, so
+    the iteration row (and the CCT read from it) ends at the last op's packet or timer time."""
+    agent = _agent(rank=0, n=2)
+    agent.loop.rearm = lambda qp, now: None
+    agent.loop.wait_for_nic = lambda nic: None
+    monkeypatch.setattr(agent.nic, "send_data", lambda: None)
+    agent.go(0)
+    agent.compute_done(0, 1)
+    monkeypatch.setattr(agent.progress, "complete", lambda it: it == 0)
+    agent.progress.ended_ns = 5_000
+    agent.service(9_000_000)
+    assert agent.iteration_rows[0][7] == 5_000
 
 
 def test_straggler_delays_follow_their_distribution():
