@@ -25,14 +25,14 @@ from typing import Any, Mapping, Union
 
 from .base.frames import ack_frame_bytes, roce_frame_bytes
 from .results import breakdown
-from .results.model import (JOB_FIGURES, Cct, CollectiveResult, EmulationCost, Fidelity,
-                            FidelityChecks, Jitter, Modelled, Percentiles, PolicyResult,
-                            RunResult, StragglerIdle)
+from .results.model import (Cct, CollectiveResult, EmulationCost, Fidelity, FidelityChecks,
+                            Jitter, JobResult, Modelled, Percentiles, PolicyResult, RunResult,
+                            StragglerIdle)
 from .scenario.config import Scenario
 
 __all__ = ["run_scenario", "load_result", "scenario_of", "RunResult", "PolicyResult",
-           "CollectiveResult", "Percentiles", "Cct", "Jitter", "StragglerIdle", "Modelled",
-           "Fidelity", "FidelityChecks", "EmulationCost", "JOB_FIGURES", "OPERATIONS_CSV",
+           "CollectiveResult", "JobResult", "Percentiles", "Cct", "Jitter", "StragglerIdle",
+           "Modelled", "Fidelity", "FidelityChecks", "EmulationCost", "OPERATIONS_CSV",
            "roce_frame_bytes", "ack_frame_bytes"]
 
 OPERATIONS_CSV = (breakdown.FILE, breakdown.COLUMN_DOCS)  # a run's operations.csv: its columns

@@ -11,6 +11,8 @@ import os
 import sys
 from typing import Any, Dict, Set
 
+from testbed.results.model import COLLECTIVE_FIGURES, JOB_FIGURES
+
 BEFORE = os.path.join(os.path.dirname(__file__), "integration", "data",
                       "results-keys-77a3626.json")
 
@@ -65,13 +67,29 @@ def empty_named(data: Any, path: str = "") -> Set[str]:
     return out
 
 
+# results/3 keeps the one collective's and the first job's figures only in collectives[] and
+# jobs[] (results/2 also wrote them at the policy's level, their modelled twins under
+# modelled): a key moved there is not lost
+MOVED = {**{k: "collectives[]" for k in COLLECTIVE_FIGURES},
+         **{k: "jobs[]" for k in JOB_FIGURES}}
+
+
+def moved(path: str) -> str:
+    """Where results/3 keeps a policy's key path of results/2 (the path itself if there)."""
+    head, _, rest = path.partition(".")
+    if head == "modelled" and rest.split(".")[0] in MOVED:
+        return f"{MOVED[rest.split('.')[0]]}.modelled.{rest}"
+    return f"{MOVED[head]}.{path}" if head in MOVED else path
+
+
 def lost(before: Set[str], results: dict, part: str = "policy") -> Set[str]:
     """The paths of ``before`` (a key tree of an earlier version's run) that ``results`` does
-    not have: of its policies (``part="policy"``) or at its top (``"top"``), apart from
-    entries of a name-keyed mapping that is empty this time."""
+    not have (where results/3 keeps them: ``moved``): of its policies (``part="policy"``) or at
+    its top (``"top"``), apart from entries of a name-keyed mapping empty this time."""
     if part == "policy":
         now = policy_tree(results)
         empty = set().union(*(empty_named(p) for p in results["policies"].values()))
+        before = {moved(p) for p in before}
     else:
         top = {k: v for k, v in results.items() if k != "policies"}
         now, empty = key_tree(top), empty_named(top)

@@ -44,10 +44,8 @@ from .model import AgentLoopLag, BytesPerRank, JobResult, TimerLag
 from .packets import (Packets, packets_and_gpus, read_csv, read_summaries,
                       rows_if_any)
 
-RESULTS_SCHEMA = "ai-fabric-testbed/results/2"
-# a run of one collective repeats these figures of it at the top (a sweep or a job does not)
-COLLECTIVE_FIGURES = ("cct_us", "algbw_gbps_emulated", "busbw_gbps_emulated",
-                      "busbw_gbps_modelled", "straggler_idle_us", "extrapolation")
+# results/3: a collective's and a job's figures only in collectives[] and jobs[]
+RESULTS_SCHEMA = "ai-fabric-testbed/results/3"
 
 
 @dataclass
@@ -124,7 +122,7 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
     else:
         figures["operations"] = []
         jobs = []
-        for part in ctx.job.parts:  # one figure set per job; the first one's at the top
+        for part in ctx.job.parts:  # one figure set per job
             ranks = set(part.ranks)
             f = job_figures(ctx.job.graph, ctx.job.byte_scale, spans, iterations,
                             ctx.time_scale, ctx.gpus_per_server, ctx.extrapolate_gpus, ranks,
@@ -139,14 +137,8 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
             figures["operations"] += breakdown.rows(
                 f["job"].name, [s for s in spans if int(s["rank"]) in ranks],
                 [r for r in iterations if int(r["rank"]) in ranks], program_of, ctx.time_scale)
-        figures.update(jobs[0])
-        if len(jobs) > 1:
-            figures["jobs"] = [JobResult.from_json(j, f"jobs[{k}]", strict=True)
-                               for k, j in enumerate(jobs)]
-    if len(figures["collectives"]) == 1:  # the usual case: its figures at the top as well
-        only = figures["collectives"][0]
-        for key in COLLECTIVE_FIGURES:
-            figures[key] = only[key]
+        figures["jobs"] = [JobResult.from_json(j, f"jobs[{k}]", strict=True)
+                           for k, j in enumerate(jobs)]
     return figures, packets
 
 

@@ -497,30 +497,6 @@ class Job(Record):
     bytes_sent_per_rank: Optional[BytesPerRank] = None
 
 
-@dataclass(frozen=True)
-class JobResult(View):
-    """One of several jobs on the fabric (``jobs[]``): the job figures of a policy, its own."""
-    iteration_us: Optional[Cct] = time_field()
-    job_compute_us: Optional[float] = time_field()
-    exposed_comm_us: Optional[Dict[str, float]] = time_field()
-    ideal_iteration_us: Optional[float] = time_field()
-    pipeline_bubble_us: Optional[float] = time_field()
-    network_cost_us: Optional[float] = time_field()
-    idle_gpu_us: Optional[float] = time_field()
-    job: Optional[Job] = None
-    fan_in: Optional[Dict[str, Any]] = None
-    modelled: Optional[Modelled] = None
-    as_run: Optional[Any] = field(default=None, repr=False, compare=False, metadata=NOT_JSON)
-    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False,
-                                metadata=NOT_JSON)
-
-
-# the figures only a run of a training job writes (jobs: only with several jobs)
-JOB_FIGURES = frozenset({"iteration_us", "job_compute_us", "exposed_comm_us",
-                         "ideal_iteration_us", "pipeline_bubble_us", "network_cost_us",
-                         "idle_gpu_us", "job", "jobs", "fan_in"})
-
-
 def figure(doc: str, default: Any = None, unit: str = "", time: bool = False):
     """A field of results.json, with its meaning (docs/results.md is generated from these);
     ``time``: records whose own time fields the modelled view converts."""
@@ -529,8 +505,7 @@ def figure(doc: str, default: Any = None, unit: str = "", time: bool = False):
 
 @dataclass(frozen=True)
 class CollectiveResult(View):
-    """One collective at one size (``collectives[]``; a sweep has one per size). With a single
-    size these figures are also at the policy's level."""
+    """One collective at one size (``collectives[]``; a sweep has one per size)."""
     collective: Optional[str] = figure("the collective's name")
     size_bytes: Optional[int] = figure("buffer size per GPU", unit="B")
     iterations: Optional[int] = figure("iterations replayed")
@@ -576,6 +551,64 @@ class CollectiveResult(View):
                                 metadata=NOT_JSON)
 
 
+@dataclass(frozen=True)
+class JobResult(View):
+    """A training job's figures (``jobs[]``: one per job on the fabric, in the scenario's
+    order; ``job.gpus`` names its GPUs)."""
+    iteration_us: Optional[Cct] = figure(
+        "a training job's iteration time, first rank's start to last rank's end {p50, p99, "
+        "max, mean, per_iteration}", unit="us, emulated")
+    job_compute_us: Optional[float] = figure("a job's compute per GPU and iteration",
+                                             unit="us, emulated")
+    exposed_comm_us: Optional[Dict[str, float]] = figure(
+        "a job's exposed communication per GPU and iteration: the time its compute stream "
+        "waited, per kind it waited for (dp, tp, pp, ep, ...) and total", unit="us, emulated")
+    ideal_iteration_us: Optional[float] = figure(
+        "the job's iteration with free communication (its graph replayed)", unit="us, emulated")
+    pipeline_bubble_us: Optional[float] = figure(
+        "the free-network iteration's idle time per GPU (the pipeline bubble)",
+        unit="us, emulated")
+    network_cost_us: Optional[float] = figure("iteration p50 - ideal iteration",
+                                              unit="us, emulated")
+    idle_gpu_us: Optional[float] = figure("idle GPU time per iteration, summed over GPUs",
+                                          unit="us, emulated")
+    job: Optional[Job] = figure(
+        "a job's name, ranks, byte_scale, latency_share (per-message latency's share of fabric "
+        "transfer time), buffer_regime (a QP's median message at this byte scale against the "
+        "smallest RoCE buffer of a switch port: message_bytes, buffer_bytes, ratio, "
+        "full_size_ratio, kept), recovery_regime (the same against what a QP sends in one "
+        "retransmission timeout, the longest of the lossy policies without congestion control: "
+        "message_bytes, recovery_bytes, ratio, full_size_ratio, kept; ratio null when there is "
+        "none) and byte_scale_warning, exposed_share, bytes_per_iteration {fabric, scale_up} "
+        "per kind, bytes_sent_per_rank {expected, measured}, "
+        "full_size_iteration_ms_modelled, idle_gpu_seconds_on_n_gpus {gpus, modelled (as run), "
+        "full_size (times the byte scale)} per iteration, and operations: per "
+        "communication kind, collective, group and size its count, time p50 (modelled) and "
+        "algbw/busbw (Gbit/s)")
+    fan_in: Optional[Dict[str, Any]] = figure(
+        "its fan-ins (several GPUs writing to one at once; empty: none), per "
+        "communication kind: receivers, senders (most into one), iterations and "
+        "per_iteration (mean over its "
+        "fan-ins: receivers, and rounds of one op per sender): jain (Jain's index of the "
+        "senders' throughputs), gbps_modelled (the receiver's throughput while all of them "
+        "send), all_send_us (the last one's start to the first one's end) and whole_us (first "
+        "start to last end), modelled")
+    modelled: Optional[Modelled] = figure(
+        "the time figures (iteration_us, job_compute_us, exposed_comm_us, ideal_iteration_us, "
+        "pipeline_bubble_us, network_cost_us, idle_gpu_us) in the modelled fabric's time: "
+        "emulated / time_scale")
+    as_run: Optional[Any] = field(default=None, repr=False, compare=False, metadata=NOT_JSON)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False,
+                                metadata=NOT_JSON)
+
+
+# what results/2 also wrote at a policy's level: the figures of its one collective, its
+# first job's (results/3 keeps them in collectives[] and jobs[] only; ``PolicyResult``
+# reads them from there)
+COLLECTIVE_FIGURES = ("cct_us", "algbw_gbps_emulated", "busbw_gbps_emulated",
+                      "busbw_gbps_modelled", "straggler_idle_us", "extrapolation")
+JOB_FIGURES = tuple(f.name for f in dataclasses.fields(JobResult)
+                    if f.metadata.get("json", True) and f.name != "modelled")
 
 
 @dataclass(frozen=True)
@@ -647,67 +680,18 @@ class PolicyResult(View):
         "IPDV {ipdv_abs_p50, ipdv_abs_p99, ipdv_abs_max, ipdv_count, p99_minus_p50}",
         unit="us, emulated")
     tail_ratio_p99_p50: Optional[float] = figure("latency p99 / p50")
-    cct_us: Optional[Cct] = figure(
-        "collective completion time {p50, p99, max, mean, per_iteration}", unit="us, emulated")
-    algbw_gbps_emulated: Optional[float] = figure("nccl-tests algorithm bandwidth",
-                                                  unit="Gbit/s")
-    busbw_gbps_emulated: Optional[float] = figure("nccl-tests bus bandwidth", unit="Gbit/s")
-    busbw_gbps_modelled: Optional[float] = figure("busbw x time scale", unit="Gbit/s")
-    straggler_idle_us: Optional[StragglerIdle] = figure(
-        "idle time the slowest rank caused {per_iteration, total, mean}", unit="us, emulated")
-    extrapolation: Optional[Extrapolation] = figure(
-        "the straggler's cost on extrapolate_gpus GPUs, GPU-seconds per step")
     collectives: Tuple[CollectiveResult, ...] = figure(
         "one entry per collective and size (below); empty when a job ran", default=(),
         time=True)
-    iteration_us: Optional[Cct] = figure(
-        "a training job's iteration time, first rank's start to last rank's end {p50, p99, "
-        "max, mean, per_iteration}", unit="us, emulated")
-    job_compute_us: Optional[float] = figure("a job's compute per GPU and iteration",
-                                             unit="us, emulated")
-    exposed_comm_us: Optional[Dict[str, float]] = figure(
-        "a job's exposed communication per GPU and iteration: the time its compute stream "
-        "waited, per kind it waited for (dp, tp, pp, ep, ...) and total", unit="us, emulated")
-    ideal_iteration_us: Optional[float] = figure(
-        "the job's iteration with free communication (its graph replayed)", unit="us, emulated")
-    pipeline_bubble_us: Optional[float] = figure(
-        "the free-network iteration's idle time per GPU (the pipeline bubble)",
-        unit="us, emulated")
-    network_cost_us: Optional[float] = figure("iteration p50 - ideal iteration",
-                                              unit="us, emulated")
-    idle_gpu_us: Optional[float] = figure("idle GPU time per iteration, summed over GPUs",
-                                          unit="us, emulated")
-    job: Optional[Job] = figure(
-        "a job's name, ranks, byte_scale, latency_share (per-message latency's share of fabric "
-        "transfer time), buffer_regime (a QP's median message at this byte scale against the "
-        "smallest RoCE buffer of a switch port: message_bytes, buffer_bytes, ratio, "
-        "full_size_ratio, kept), recovery_regime (the same against what a QP sends in one "
-        "retransmission timeout, the longest of the lossy policies without congestion control: "
-        "message_bytes, recovery_bytes, ratio, full_size_ratio, kept; ratio null when there is "
-        "none) and byte_scale_warning, exposed_share, bytes_per_iteration {fabric, scale_up} "
-        "per kind, bytes_sent_per_rank {expected, measured}, "
-        "full_size_iteration_ms_modelled, idle_gpu_seconds_on_n_gpus {gpus, modelled (as run), "
-        "full_size (times the byte scale)} per iteration, and operations: per "
-        "communication kind, collective, group and size its count, time p50 (modelled) and "
-        "algbw/busbw (Gbit/s)")
     operations: Tuple[Dict[str, Any], ...] = figure(
         "the per-operation breakdown (operations.csv): per job, layer, kind (compute or the "
         "communication's kind), collective, group size and bytes: count, and per GPU and "
         "iteration compute_us, exposed_us (the compute stream's waits charged to it), comm_us "
         "(its spans), time_us_p50 of one op, algbw/busbw (Gbit/s)", unit="us, modelled",
         default=())
-    fan_in: Optional[Dict[str, Any]] = figure(
-        "a job's fan-ins (several GPUs writing to one at once; empty: none), per "
-        "communication kind: receivers, senders (most into one), iterations and "
-        "per_iteration (mean over its "
-        "fan-ins: receivers, and rounds of one op per sender): jain (Jain's index of the "
-        "senders' throughputs), gbps_modelled (the receiver's throughput while all of them "
-        "send), all_send_us (the last one's start to the first one's end) and whole_us (first "
-        "start to last end), modelled")
     jobs: Tuple[JobResult, ...] = figure(
-        "several jobs on the fabric: each one's figures (the job figures above, its job and "
-        "modelled; job.gpus names its GPUs); the figures above are the first one's",
-        default=(), time=True)
+        "a training job's figures, one entry per job on the fabric (below); absent when "
+        "collectives ran", default=(), time=True)
     modelled: Optional[Modelled] = figure(
         "the time figures in the modelled fabric's time (emulated / time_scale), pfc_paused_ms "
         "and credit_wait_ms included: what the tables show and what compares across time "
@@ -795,9 +779,45 @@ class PolicyResult(View):
                                 metadata=NOT_JSON)
 
     # figures a run writes only where they apply: split fabrics, jobs, one collective
-    OMITTED_WHEN_EMPTY = frozenset({"latency_us_by_path", "cct_us", "algbw_gbps_emulated",
-                                    "busbw_gbps_emulated", "busbw_gbps_modelled",
-                                    "straggler_idle_us", "extrapolation"}) | JOB_FIGURES
+    OMITTED_WHEN_EMPTY = frozenset({"latency_us_by_path", "jobs"})
+
+    @classmethod
+    def from_json(cls, data: Optional[Mapping[str, Any]], where: str = "",
+                  strict: bool = False, **extra):
+        """As ``Record.from_json``; a file of results/2 (its first collective's and job's
+        figures also at the policy's level) is read as results/3 (``upgraded``)."""
+        return super().from_json(data if strict or data is None else upgraded(data), where,
+                                 strict, **extra)
+
+    # the figures of the one collective run (None in a sweep or a job) and of the first job
+    cct_us = property(lambda self: figure_at(self.only_collective, "cct_us"))
+    algbw_gbps_emulated = property(lambda self: figure_at(self.only_collective,
+                                                          "algbw_gbps_emulated"))
+    busbw_gbps_emulated = property(lambda self: figure_at(self.only_collective,
+                                                          "busbw_gbps_emulated"))
+    busbw_gbps_modelled = property(lambda self: figure_at(self.only_collective,
+                                                          "busbw_gbps_modelled"))
+    straggler_idle_us = property(lambda self: figure_at(self.only_collective,
+                                                        "straggler_idle_us"))
+    extrapolation = property(lambda self: figure_at(self.only_collective, "extrapolation"))
+    iteration_us = property(lambda self: figure_at(self.first_job, "iteration_us"))
+    job_compute_us = property(lambda self: figure_at(self.first_job, "job_compute_us"))
+    exposed_comm_us = property(lambda self: figure_at(self.first_job, "exposed_comm_us"))
+    ideal_iteration_us = property(lambda self: figure_at(self.first_job, "ideal_iteration_us"))
+    pipeline_bubble_us = property(lambda self: figure_at(self.first_job, "pipeline_bubble_us"))
+    network_cost_us = property(lambda self: figure_at(self.first_job, "network_cost_us"))
+    idle_gpu_us = property(lambda self: figure_at(self.first_job, "idle_gpu_us"))
+    job = property(lambda self: figure_at(self.first_job, "job"))
+    fan_in = property(lambda self: figure_at(self.first_job, "fan_in"))
+
+    @property
+    def only_collective(self) -> Optional[CollectiveResult]:
+        """The collective of a run of one collective at one size (None otherwise)."""
+        return self.collectives[0] if len(self.collectives) == 1 else None
+
+    @property
+    def first_job(self) -> Optional[JobResult]:
+        return self.jobs[0] if self.jobs else None
 
 
     def collective(self, size_bytes: Optional[int] = None) -> CollectiveResult:
@@ -807,6 +827,31 @@ class PolicyResult(View):
                 return c
         sizes = ", ".join(str(c.size_bytes) for c in self.collectives)
         raise KeyError(f"{self.name}: no collective of {size_bytes} B (sizes: {sizes})")
+
+
+def upgraded(policy: Mapping[str, Any]) -> Dict[str, Any]:
+    """A policy of results.json as results/3 holds it: results/2 also wrote its one
+    collective's figures (``COLLECTIVE_FIGURES``) and its first job's (``JOB_FIGURES``) at
+    the policy's level, a single job nowhere else; those move into ``collectives[]`` and
+    ``jobs[]``, with their modelled twins."""
+    d = dict(policy)
+    modelled = dict(d.get("modelled") or {})
+
+    def moved(names) -> Dict[str, Any]:
+        out = {k: d.pop(k) for k in names if k in d}
+        twins = {k: modelled.pop(k) for k in names if k in modelled}
+        if twins:
+            out["modelled"] = twins
+        return out
+
+    collective, job = moved(COLLECTIVE_FIGURES), moved(JOB_FIGURES)
+    if collective and not d.get("collectives"):
+        d["collectives"] = [collective]  # a file that held the one collective only here
+    if job and not d.get("jobs"):
+        d["jobs"] = [job]
+    if "modelled" in d:
+        d["modelled"] = modelled
+    return d
 
 
 def with_modelled(record: View, time_scale: float) -> View:

@@ -330,9 +330,8 @@ def summary_table(results: RunResult, emulated: bool = False) -> str:
 
 
 def jobs_of(policy: PolicyResult) -> List[Job]:
-    """A policy's jobs: each one with several, else the one (none: [])."""
-    return [j.job for j in policy.jobs] if policy.jobs else (
-        [policy.job] if policy.job else [])
+    """A policy's jobs (none: [])."""
+    return [j.job for j in policy.jobs]
 
 
 def per_operation(policy: str, job: Job) -> Tuple[List[str], List[List[str]]]:

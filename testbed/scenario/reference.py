@@ -114,11 +114,12 @@ RESULTS_GENERATED = ("generated from testbed/api.py by "
 def results_markdown() -> str:
     """The per-policy and per-collective keys of results.json with their unit and meaning,
     from the API's dataclasses (the end of docs/results.md)."""
-    from ..api import OPERATIONS_CSV, CollectiveResult, PolicyResult
+    from ..api import OPERATIONS_CSV, CollectiveResult, JobResult, PolicyResult
 
     out = [f"<!-- {RESULTS_GENERATED} -->"]
     for title, cls in (("`policies.<name>`", PolicyResult),
-                       ("`policies.<name>.collectives[]`", CollectiveResult)):
+                       ("`policies.<name>.collectives[]`", CollectiveResult),
+                       ("`policies.<name>.jobs[]`", JobResult)):
         out += ["", f"## {title}", "", " ".join((cls.__doc__ or "").split()), "",
                 "| key | unit | meaning |", "|---|---|---|"]
         out += [f"| `{f.name}` | {f.metadata.get('unit', '')} | {f.metadata['doc']} |"
@@ -165,9 +166,9 @@ if __name__ == "__main__":
     path = os.path.join(PROJECT_ROOT, "docs", "results.md")
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    head = text.split(f"<!-- {RESULTS_GENERATED} -->")[0]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(head + results_markdown())
+    text = text.split(f"<!-- {RESULTS_GENERATED} -->")[0] + results_markdown()
+    with open(path, "w", encoding="utf-8") as f:  # opened once the text is whole
+        f.write(text)
 
 
 def policies_text() -> str:

@@ -38,7 +38,7 @@ def _victim_runs(quick: bool) -> List[Run]:
 
 def _ring_us(result: RunResult, policy: str) -> float:
     p = result.policy(policy)
-    return p.jobs[0].iteration_us.p50 if p.jobs else p.iteration_us.p50
+    return p.iteration_us.p50
 
 
 VICTIM_LEAVES = ("lf1", "lf2", "lf3")  # the ring's; the incast targets lf4

@@ -13,9 +13,12 @@ def policy(cct_us=380_000.0, latency_p50=172.0):
                         "mean": 200.0, "count": 35840},
          "jitter_us": {"ipdv_abs_p50": 10.0, "ipdv_abs_p99": 332.1, "ipdv_abs_max": 400.0,
                        "ipdv_count": 35832, "p99_minus_p50": 391.5},
-         "cct_us": {"p50": cct_us, "p99": 386_400.0, "max": 386_900.0, "mean": 381_000.0,
-                    "per_iteration": [380_000.0, 382_500.0]},
-         "straggler_idle_us": {"per_iteration": [9700.0], "total": 9700.0, "mean": 9700.0},
+         "collectives": [{
+             "collective": "ring", "size_bytes": 1 << 20,
+             "cct_us": {"p50": cct_us, "p99": 386_400.0, "max": 386_900.0,
+                        "mean": 381_000.0, "per_iteration": [380_000.0, 382_500.0]},
+             "straggler_idle_us": {"per_iteration": [9700.0], "total": 9700.0,
+                                   "mean": 9700.0}}],
          "pfc_paused_ms": 25.0,
          "per_gpu": {"gpu1": {"rank": 0, "packets_sent": 5, "packets_received": 5,
                               "latency_us_p50": 250.0, "latency_us_p99": 500.0}},
@@ -40,13 +43,14 @@ def raw(**policies):
 
 
 def test_every_time_summary_is_divided_by_the_time_scale_and_counts_are_kept():
-    m = policy()["modelled"]
-    assert m["cct_us"]["p50"] == 152.0 and m["cct_us"]["per_iteration"] == [152.0, 153.0]
+    p = policy()
+    m, c = p["modelled"], p["collectives"][0]["modelled"]
+    assert c["cct_us"]["p50"] == 152.0 and c["cct_us"]["per_iteration"] == [152.0, 153.0]
     assert m["latency_us"]["p50"] == 0.0688 and m["latency_us"]["count"] == 35840
     assert m["jitter_us"]["ipdv_count"] == 35832 and m["jitter_us"]["ipdv_abs_p99"] == 0.13284
-    assert m["straggler_idle_us"]["mean"] == 3.88 and m["pfc_paused_ms"] == 0.01
-    assert set(m) == {"latency_us", "jitter_us", "cct_us", "straggler_idle_us",
-                      "pfc_paused_ms"}
+    assert c["straggler_idle_us"]["mean"] == 3.88 and m["pfc_paused_ms"] == 0.01
+    assert set(m) == {"latency_us", "jitter_us", "pfc_paused_ms"}
+    assert set(c) == {"cct_us", "straggler_idle_us"}
     assert "latency_us" not in written({"latency_us": None})["modelled"]
 
 
@@ -93,7 +97,7 @@ def test_two_runs_at_different_time_scales_compare_in_modelled_time():
     a = raw(hyperscale=policy(cct_us=380_000.0))
     b = raw(hyperscale=policy(cct_us=380_000.0))
     b["time_scale"] = 1250.0
-    b["policies"]["hyperscale"]["cct_us"] = {"p50": 190_000.0}
+    b["policies"]["hyperscale"]["collectives"][0]["cct_us"] = {"p50": 190_000.0}
     b["policies"]["hyperscale"] = written(b["policies"]["hyperscale"], 1250.0)
     for r, name in ((a, "a"), (b, "b")):
         r.update(run_id=name, status="complete")
