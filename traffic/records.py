@@ -34,6 +34,10 @@ QP_FIELDS = ("qpn", "peer", "t_ns", "rate_bps", "bytes_sent")
 EVENT_FIELDS = ("t_ns", "kind", "peer")
 SPAN_FIELDS = ("rank", "iteration", "op", "name", "kind", "stream", "comm_kind", "collective",
                "group_size", "bytes", "start_ns", "end_ns")
+# <host>.<kind>.csv -> its columns: what the results' readers may index
+RECORDS = {"packets": PACKET_FIELDS, "tx": TX_FIELDS, "ops": OP_FIELDS,
+           "iterations": ITERATION_FIELDS, "qps": QP_FIELDS, "events": EVENT_FIELDS,
+           "spans": SPAN_FIELDS}
 
 
 def counters(gpu: Gpu) -> dict:

@@ -88,12 +88,11 @@ def rows(job: str, spans: Sequence[dict], iterations: Sequence[dict],
             else:
                 k.comm_ns += ns
                 k.times_us.append(ns / 1000 / time_scale)
-        _busy, waits = compute_waits(program_of(r, int(row.get("workload") or 0)), ops,
+        _busy, waits = compute_waits(program_of(r, int(row["workload"])), ops,
                                      int(row["compute_start_ns"]), int(row["end_ns"]))
         for w in waits:
-            blocker = ops.get(w.blocker) if w.blocker is not None else None
             other = waited_for(ops, w) == "other"  # as exposed_comm_us charges it
-            sums[("", "other", "", 0, 0) if other else _key(blocker)].exposed_ns += \
+            sums[("", "other", "", 0, 0) if other else _key(ops[w.blocker])].exposed_ns += \
                 w.end - w.start
     samples = len(iterations) or 1
     out = []

@@ -25,7 +25,6 @@ of it.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-import os
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -41,8 +40,7 @@ from .fanin import fan_in
 from .jobfigures import (compute_waits, fabric_bytes_sent, job_figures, ops_by_rank_iteration,
                          waited_for)
 from .model import AgentLoopLag, BytesPerRank, JobResult, TimerLag
-from .packets import (Packets, packets_and_gpus, read_csv, read_summaries,
-                      rows_if_any)
+from .packets import Packets, packets_and_gpus, read_csv, read_summaries, record_rows
 
 # results/3: a collective's and a job's figures only in collectives[] and jobs[]
 RESULTS_SCHEMA = "ai-fabric-testbed/results/3"
@@ -83,7 +81,7 @@ def collect(records_dir: str, ctx: RunContext) -> Tuple[dict, "Packets"]:
     iterations = _rows(records_dir, summaries, "iterations")
     counters: Counter = sum((Counter(s.counters) for s in summaries), Counter())
     rates = [float(r["rate_bps"]) for s in summaries
-             for r in rows_if_any(os.path.join(records_dir, f"{s.host}.qps.csv"))]
+             for r in record_rows(records_dir, s.host, "qps")]
     sent = counters["tx_packets"] + counters["retransmitted"]
     received = int(packets.src.size)
     m = ctx.mechanisms
@@ -167,16 +165,15 @@ def timeline(records_dir: str, ctx: RunContext, queue_csvs: Sequence[str]) -> di
                                   int(row["compute_start_ns"]), int(row["end_ns"]))
         waits[(r, it)] = [(w.start, w.end, waited_for(ops, w),
                            ops[w.blocker]["name"] if w.blocker in ops else "") for w in ws]
-    events = {s.rank: rows_if_any(os.path.join(records_dir, f"{s.host}.events.csv"))
-              for s in summaries}
+    events = {s.rank: record_rows(records_dir, s.host, "events") for s in summaries}
     return trace.build({s.rank: s.host for s in summaries}, spans, iterations, waits,
-                       events, [read_csv(p) for p in queue_csvs], ctx.time_scale)
+                       events, [read_csv(p, ("time_ns", "paused")) for p in queue_csvs],
+                       ctx.time_scale)
 
 
 def _rows(records_dir: str, summaries: List[AgentSummary], kind: str) -> List[dict]:
     """Every GPU's rows of one record file (``<host>.<kind>.csv``)."""
-    return [r for s in summaries
-            for r in rows_if_any(os.path.join(records_dir, f"{s.host}.{kind}.csv"))]
+    return [r for s in summaries for r in record_rows(records_dir, s.host, kind)]
 
 
 def _workload_figures(index: int, spec: WorkloadSpec, ctx: RunContext, packets: Packets,
@@ -240,7 +237,7 @@ def _job_bytes(ctx: RunContext, packets: Packets, iterations: List[dict],
     delivered = packets.select(packets.delivered == 1)
     expected = fabric_bytes_sent(ctx.job.graph, ctx.gpus_per_server)
     return BytesPerRank(
-        expected={str(r): expected.get(r, 0) for r in sorted(ranks)},
+        expected={str(r): expected[r] for r in sorted(ranks)},
         measured={str(r): round(int(delivered.payload[delivered.src == r].sum()) / its)
                   for r in sorted(ranks)})
 

@@ -71,8 +71,7 @@ def compare(a: RunResult, b: RunResult, label_a: str = "A", label_b: str = "B") 
             show = report.sig if modelled and label in report.TIME_ROWS else report.fmt
             rows.append([label, show(va), show(vb), _change(va, vb)])
         out.append(report.table([name, "A", "B", "B - A"], rows))
-    diff = scenario_diff(a.raw.get("scenario") or {},  # the scenarios as the runs wrote them
-                         b.raw.get("scenario") or {})
+    diff = scenario_diff(a.raw["scenario"], b.raw["scenario"])  # as the runs wrote them
     if diff:
         out.append(report.table(["scenario key", "A", "B"],
                                  [[k, _value(va), _value(vb)] for k, va, vb in diff]))

@@ -10,7 +10,7 @@ bubble, and what the run takes beyond it is the network's cost.
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import numpy as np
@@ -140,12 +140,12 @@ def waited_for(ops: Dict[int, dict], wait: Wait) -> str:
 
 def fabric_bytes_sent(graph: JobGraph, per_server: int) -> Dict[int, int]:
     """Rank -> the payload bytes it sends over the fabric in one iteration."""
-    out: Dict[int, int] = defaultdict(int)
+    out: Dict[int, int] = Counter()  # a rank that sends nothing: 0
     for comm in graph.comms:
         for src, dst, nbytes in comm_transfers(comm):
             if not same_server(src, dst, per_server):
                 out[src] += nbytes
-    return dict(out)
+    return out
 
 
 def traffic_split(graph: JobGraph, per_server: int, ranks: Optional[Set[int]] = None) -> dict:

@@ -36,6 +36,11 @@ from ..scenario.timescale import Calibration
 NOT_JSON = {"json": False}  # a field of the object, not a key of results.json
 
 
+def in_json(f: dataclasses.Field) -> bool:
+    """Whether a record's field is a key of results.json (not ``NOT_JSON``)."""
+    return f.metadata.get("json", True)
+
+
 class Record:
     """A node of results.json: its keys are the dataclass fields (those without ``NOT_JSON``),
     read by the contract loader (``testbed.base.contract``) by their declared types."""
@@ -44,8 +49,7 @@ class Record:
 
     @classmethod
     def json_keys(cls) -> FrozenSet[str]:
-        return frozenset(f.name for f in dataclasses.fields(cls)
-                         if f.metadata.get("json", True))
+        return frozenset(f.name for f in dataclasses.fields(cls) if in_json(f))
 
     @classmethod
     def from_json(cls, data: Optional[Mapping[str, Any]], where: str = "",
@@ -66,7 +70,7 @@ class Record:
         ones only when they have a value)."""
         out = {}
         for f in dataclasses.fields(self):
-            if not f.metadata.get("json", True):
+            if not in_json(f):
                 continue
             value = getattr(self, f.name)
             if f.name in self.OMITTED_WHEN_EMPTY and (value is None or value == ()):
@@ -409,6 +413,46 @@ class SwitchQueues(EmulatorReport, Record):
 
 
 @dataclass(frozen=True)
+class RxeTest(Record):
+    """One perftest run between the rxe endpoints (``rxe.tests.<test>``;
+    ``testbed.fabric.rxe``): its client command, exit code, figures (perftest's columns;
+    null: no result line), log, the clock that turned cycles into us, the endpoint NICs'
+    packet counters, and why it failed."""
+    command: str = ""
+    exit_code: Optional[int] = None
+    results: Optional[Dict[str, Optional[float]]] = None
+    log: Optional[str] = None
+    clock: Optional[Dict[str, Any]] = None
+    error: Optional[str] = None
+    uncalibrated: Optional[bool] = None  # failed for perftest's clock calibration
+    nic_packets: Dict[str, int] = field(default_factory=dict)
+
+    OMITTED_WHEN_EMPTY = frozenset({"clock", "error", "uncalibrated"})
+
+
+@dataclass(frozen=True)
+class Rxe(Record):
+    """``--traffic rxe``: the endpoints of the kernel's RoCE (rdma_rxe) and what perftest
+    measured between them (``rxe``)."""
+    mode: Optional[str] = None
+    kernel: Optional[str] = None
+    endpoints: Tuple[str, ...] = ()
+    path: Optional[str] = None
+    devices: Tuple[str, ...] = ()
+    gid_index: Dict[str, int] = field(default_factory=dict)
+    traffic_class: Optional[int] = None
+    size_bytes: Optional[int] = None
+    tests: Dict[str, RxeTest] = field(default_factory=dict)
+
+    def figure(self, test: str, name: str) -> Any:
+        """A figure of one test (None: not run or not measured; "failed")."""
+        t = self.tests.get(test)
+        if t is None:
+            return None
+        return "failed" if t.error else entry_of(t.results, name)
+
+
+@dataclass(frozen=True)
 class JobFailed(Record):
     """A policy's job failed (``job_failed``; ``traffic.contract.JobFailure`` in modelled
     us): who, which QP if one, what it saw, and one line as NCCL's warning would read."""
@@ -608,7 +652,7 @@ class JobResult(View):
 COLLECTIVE_FIGURES = ("cct_us", "algbw_gbps_emulated", "busbw_gbps_emulated",
                       "busbw_gbps_modelled", "straggler_idle_us", "extrapolation")
 JOB_FIGURES = tuple(f.name for f in dataclasses.fields(JobResult)
-                    if f.metadata.get("json", True) and f.name != "modelled")
+                    if in_json(f) and f.name != "modelled")
 
 
 @dataclass(frozen=True)
@@ -749,7 +793,7 @@ class PolicyResult(View):
         "sent and received by the target")
     pcap: Optional[Dict[str, Dict[str, Any]]] = figure(
         "measurement.pcap: per GPU, its capture file and the packets it holds")
-    rxe: Optional[Dict[str, Any]] = figure(
+    rxe: Optional[Rxe] = figure(
         "--traffic rxe only: mode, endpoints, devices, and per perftest test the command, exit "
         "code, figures, the endpoint NICs' packet counters and error if it failed")
     policy: Optional[str] = figure("the policy run (for a variant: the policy its label runs)")
@@ -940,6 +984,7 @@ class RunResult:
     TOP = ("run_id", "started", "finished", "version", "schema", "error", "time_scale_choice",
            "time_scale_not_scaled", "capabilities", "link_emulation", "cluster", "cpu_wakeup",
            "teardown_leftovers_removed", "superseded")
+    FILE_KEYS = TOP + ("status", "time_scale", "spread")  # read by type; not policies
 
     def runs(self, name: str) -> Tuple[PolicyResult, ...]:
         """Every run of a policy (``repeat``), the first first."""
@@ -955,21 +1000,20 @@ class RunResult:
            repeats: Mapping[str, Tuple[PolicyResult, ...]]) -> "RunResult":
         """The run of results.json's run-level keys ``d`` and its policies as run: in modelled
         time when every policy has modelled figures."""
-        scale = d.get("time_scale") or 1.0
+        hints = typing.get_type_hints(cls)
+        try:  # the run-level keys the file has, by their declared types
+            top = {k: load(hints[k], v, k, strict=False) for k, v in d.items()
+                   if k in cls.FILE_KEYS and v is not None}
+        except ContractError as e:
+            raise ResultsError(str(e)) from None
+        scale = top.pop("time_scale", None) or 1.0
         modelled = bool(policies) and all(p.modelled for p in policies.values())
         if modelled:
             policies = {n: p.in_modelled_time(scale) for n, p in policies.items()}
             repeats = {n: tuple(p.in_modelled_time(scale) for p in runs)
                        for n, runs in repeats.items()}
-        hints = typing.get_type_hints(cls)
-        try:
-            top = {k: load(hints[k], d[k], k, strict=False) for k in cls.TOP
-                   if d.get(k) is not None}
-        except ContractError as e:
-            raise ResultsError(str(e)) from None
-        return cls(run_dir, d.get("status", "unknown"), Scenario.from_dict(d["scenario"]),
-                   dict(policies), scale, modelled, repeats=dict(repeats),
-                   spread=d.get("spread") or {}, raw=dict(d), **top)
+        return cls(run_dir, top.pop("status", "unknown"), Scenario.from_dict(d["scenario"]),
+                   dict(policies), scale, modelled, repeats=dict(repeats), raw=dict(d), **top)
 
     @classmethod
     def from_json(cls, run_dir: str, d: Mapping[str, Any]) -> "RunResult":

@@ -7,31 +7,40 @@ import csv
 import glob
 import json
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from traffic import metrics
 from traffic.contract import AgentSummary
+from traffic.records import RECORDS
 
 from ..base.contract import ContractError, load
 from ..base.errors import ResultsError
 
 
-def read_csv(path: str) -> List[dict]:
+def read_csv(path: str, columns: Sequence[str] = ()) -> List[dict]:
+    """The rows of a CSV file; ``columns``: those its readers index, which it must have."""
     with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+        reader = csv.DictReader(f)
+        missing = [c for c in columns if c not in (reader.fieldnames or ())]
+        if missing and reader.fieldnames:
+            raise ResultsError(f"{path}: no column {', '.join(missing)} (records of another "
+                               "version?)")
+        return list(reader)
 
 
-def rows_if_any(path: str) -> List[dict]:
-    return read_csv(path) if os.path.exists(path) else []
+def record_rows(records_dir: str, host: str, kind: str) -> List[dict]:
+    """A GPU's rows of one record file (``<host>.<kind>.csv``, ``traffic.records``; none:
+    [])."""
+    path = os.path.join(records_dir, f"{host}.{kind}.csv")
+    return read_csv(path, RECORDS[kind]) if os.path.exists(path) else []
 
 
 def load_tx_times(records_dir: str, host: str) -> Dict[int, int]:
     """sent_ns -> kernel transmit time of the data packets a GPU sent (its tx file)."""
     return {int(r["sent_ns"]): int(r["tx_ns"])
-            for r in rows_if_any(os.path.join(records_dir, f"{host}.tx.csv"))
-            if r.get("kind", "d") == "d"}
+            for r in record_rows(records_dir, host, "tx") if r["kind"] == "d"}
 
 
 class Packets:
@@ -92,17 +101,18 @@ def load_packets(records_dir: str) -> Packets:
 
 
 def packets_and_gpus(records_dir: str, summaries: List[AgentSummary]):
-    tx_times = {s.rank: load_tx_times(records_dir, s.host) for s in summaries}
+    tx_times = {(s.rank, sent): tx for s in summaries
+                for sent, tx in load_tx_times(records_dir, s.host).items()}
     cols: Dict[str, list] = {k: [] for k in Packets.COLUMNS}
     per_gpu: Dict[str, dict] = {}
     app_clock = 0
     for summary in summaries:
         host = summary.host
-        rows = read_csv(os.path.join(records_dir, f"{host}.packets.csv"))
+        rows = read_csv(os.path.join(records_dir, f"{host}.packets.csv"), RECORDS["packets"])
         sent_at, rx = [], []
         for r in rows:
             sent = int(r["sent_ns"])
-            tx = tx_times.get(int(r["src"]), {}).get(sent)
+            tx = tx_times.get((int(r["src"]), sent))
             if tx is None:
                 app_clock += 1
                 tx = sent
@@ -116,15 +126,15 @@ def packets_and_gpus(records_dir: str, summaries: List[AgentSummary]):
                                 ("payload", "bytes", np.int64),
                                 ("delivered", "delivered", np.int64),
                                 ("retx", "retx", np.int64)):
-            cols[key].append(np.asarray([int(r.get(name) or 0) for r in rows], dtype=kind))
-        cols["ce"].append(np.asarray([int(r.get("ecn") or 0) == 3 for r in rows],
-                                     dtype=np.int64))
-        lat = metrics.percentiles(latency) or {}
+            cols[key].append(np.asarray([int(r[name]) for r in rows], dtype=kind))
+        cols["ce"].append(np.asarray([int(r["ecn"]) == 3 for r in rows], dtype=np.int64))
+        lat = metrics.percentiles(latency)
         count = summary.counter
         per_gpu[host] = {"rank": summary.rank,
                          "packets_sent": count("tx_packets") + count("retransmitted"),
                          "packets_received": len(rows),
-                         "latency_us_p50": lat.get("p50"), "latency_us_p99": lat.get("p99"),
+                         "latency_us_p50": lat["p50"] if lat else None,
+                         "latency_us_p99": lat["p99"] if lat else None,
                          "loop_lag_us_p99": summary.loop_lag.p99_us if summary.loop_lag else None,
                          "rx_foreign_qp": count("rx_foreign_qp")}
     joined = {k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64))

@@ -8,6 +8,7 @@ the PNGs.
 from __future__ import annotations
 
 import io
+from collections import defaultdict
 from typing import Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
@@ -99,8 +100,9 @@ def cct_per_iteration(ccts: Mapping[str, Sequence[float]],
 
 
 def iteration_parts(parts: Mapping[str, Mapping[str, float]]) -> bytes:
-    """Per policy one bar of a GPU's iteration (modelled ms): compute, then the exposed
-    communication of each kind stacked on it; a tick marks the free-network iteration."""
+    """Per policy one bar of a GPU's iteration (modelled ms; ``rundata.iteration_parts``):
+    compute, then the exposed communication of each kind stacked on it; a tick marks the
+    free-network iteration."""
     fig = Figure(figsize=SIZE)
     ax = fig.add_subplot()
     kinds = sorted({k for p in parts.values() for k in p} - {"compute", "ideal"})
@@ -108,14 +110,14 @@ def iteration_parts(parts: Mapping[str, Mapping[str, float]]) -> bytes:
         _empty(ax, "no job iterations")
     else:
         y = np.arange(len(parts))
-        left = np.asarray([p.get("compute", 0.0) for p in parts.values()])
+        left = np.asarray([p["compute"] for p in parts.values()])
         ax.barh(y, left, color="#bbbbbb", label="compute")
         for i, kind in enumerate(kinds):
-            width = np.asarray([p.get(kind, 0.0) for p in parts.values()])
+            width = np.asarray([p[kind] for p in parts.values()])
             ax.barh(y, width, left=left, color=OTHER_COLOURS[i % len(OTHER_COLOURS)],
                     label=f"exposed {kind}")
             left = left + width
-        ax.scatter([p.get("ideal", 0.0) for p in parts.values()], y, marker="|", s=400,
+        ax.scatter([p["ideal"] for p in parts.values()], y, marker="|", s=400,
                    color="black", label="free network", zorder=3)
         ax.set_yticks(y)
         ax.set_yticklabels(list(parts))
@@ -185,9 +187,10 @@ def gantt(policy: str, panels: Sequence[Tuple[str, Mapping[int, Sequence[Bar]]]]
     its compute stream - compute spans and the waits between them - and one per communication
     track; one panel per iteration."""
     ranks = spread(sorted({r for _title, bars in panels for r in bars}), max_ranks)
+    panels = [(title, defaultdict(list, bars)) for title, bars in panels]  # absent: no bars
     rows: List[Tuple[int, str]] = []
     for r in ranks:
-        tracks = sorted({b[0] for _t, bars in panels for b in bars.get(r, ())},
+        tracks = sorted({b[0] for _t, bars in panels for b in bars[r]},
                         key=lambda t: (t != "compute", t))
         rows += [(r, t) for t in tracks]
     fig = Figure(figsize=(SIZE[0] + 2, 1.4 + 0.22 * max(4, len(rows))))
@@ -195,8 +198,8 @@ def gantt(policy: str, panels: Sequence[Tuple[str, Mapping[int, Sequence[Bar]]]]
     seen = set()
     for ax, (title, bars) in zip(axes, panels):
         for y, (r, track) in enumerate(rows):
-            for cat in sorted({b[3] for b in bars.get(r, ()) if b[0] == track}):
-                spans = [(b[1], max(b[2], 1e-3)) for b in bars.get(r, ())
+            for cat in sorted({b[3] for b in bars[r] if b[0] == track}):
+                spans = [(b[1], max(b[2], 1e-3)) for b in bars[r]
                          if b[0] == track and b[3] == cat]
                 ax.broken_barh(spans, (y - 0.4, 0.8), color=KIND_COLOURS.get(cat, "#868e96"),
                                label=None if cat in seen else

@@ -181,10 +181,7 @@ def _cost_split(c):
 
 
 def _rxe(p: PolicyResult, test, figure):
-    t = ((p.rxe or {}).get("tests") or {}).get(test)
-    if not t:
-        return None
-    return (t.get("results") or {}).get(figure) if not t.get("error") else "failed"
+    return p.rxe.figure(test, figure) if p.rxe else None
 
 
 def modelled_time(results: RunResult, emulated: bool = False) -> bool:

@@ -5,7 +5,6 @@ emulator's timeline - so ``python -m testbed report DIR`` redraws any saved run.
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 from dataclasses import dataclass, field
@@ -13,7 +12,7 @@ from typing import Dict, List, Tuple
 
 from ..base.errors import ConfigError, ResultsError
 from . import trace
-from .packets import load_packets
+from .packets import load_packets, read_csv
 from .model import RunResult
 
 
@@ -75,7 +74,8 @@ def iterations(results: RunResult, emulated: bool = False) -> Dict[str, List[flo
 
 def iteration_parts(results: RunResult) -> Dict[str, Dict[str, float]]:
     """Policy -> what a GPU's median iteration is made of, in modelled ms: compute, exposed
-    communication per kind, and the iteration with a free network ("ideal")."""
+    communication per kind, and the iteration with a free network ("ideal"); every policy
+    has every kind any of them waited for (0 where it did not)."""
     out: Dict[str, Dict[str, float]] = {}
     for name, p in results.policies.items():
         if p.time != "modelled" or not p.iteration_us:
@@ -83,7 +83,9 @@ def iteration_parts(results: RunResult) -> Dict[str, Dict[str, float]]:
         exposed = {k: v / 1000 for k, v in (p.exposed_comm_us or {}).items() if k != "total"}
         out[name] = {"compute": (p.job_compute_us or 0.0) / 1000, **exposed,
                      "ideal": (p.ideal_iteration_us or 0.0) / 1000}
-    return out
+    kinds = {k for parts in out.values() for k in parts}
+    return {name: {k: parts[k] if k in parts else 0.0 for k in sorted(kinds)}
+            for name, parts in out.items()}
 
 
 def headline_runs(results: RunResult):
@@ -116,8 +118,8 @@ def gantt_panels(run_dir: str, policy: str):
     if not os.path.exists(path):
         return []
     t = trace.load(path)
-    info = t.get("otherData") or {}
-    if not info.get("iterations"):
+    info = t["otherData"]
+    if not info["iterations"]:
         return []
     first, slowest = info["first_iteration"], info["slowest_iteration"]
     panels = [(f"first iteration ({first})", trace.iteration_bars(t, first))]
@@ -149,8 +151,7 @@ def timeline(run_dir: str, policy: str) -> Timeline:
     out = Timeline()
     if not os.path.exists(path):
         return out
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(path, ("time_ns", "paused"))
     if not rows:
         return out
     ports = [k for k in rows[0] if k not in ("time_ns", "paused")]
@@ -160,7 +161,7 @@ def timeline(run_dir: str, policy: str) -> Timeline:
     ends = out.t_s[1:] + [out.t_s[-1] + (out.t_s[-1] - out.t_s[-2] if len(rows) > 1 else 0.005)]
     open_since: Dict[str, float] = {}
     for r, start, end in zip(rows, out.t_s, ends):
-        now = set((r.get("paused") or "").split())
+        now = set(r["paused"].split())
         for q in now - set(open_since):
             open_since[q] = start
         for q in set(open_since) - now:

@@ -19,7 +19,7 @@ Pure: ``build`` takes the records' rows; ``write`` is the file edge.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..base.atomic import write_atomic
@@ -62,7 +62,7 @@ def build(hosts: Dict[int, str], spans: Sequence[dict], iterations: Sequence[dic
                               "iterations": 0}}
     clock = Clock(min(int(r["compute_start_ns"]) for r in iterations), time_scale)
     durations = _iteration_durations(iterations)
-    per_it = defaultdict(int)
+    per_it: Counter = Counter()  # iteration -> its span and wait events
     for s in spans:
         per_it[int(s["iteration"])] += 1
     for key, ws in waits.items():
@@ -81,8 +81,8 @@ def build(hosts: Dict[int, str], spans: Sequence[dict], iterations: Sequence[dic
         if it in kept:
             out.append(_complete(clock, f"iteration {it}", "iteration", int(r["rank"]) + 1,
                                  ITERATIONS_TID, int(r["compute_start_ns"]), int(r["end_ns"]),
-                                 {"iteration": it, "collective": r.get("collective", ""),
-                                  "size_bytes": int(r.get("size") or 0)}))
+                                 {"iteration": it, "collective": r["collective"],
+                                  "size_bytes": int(r["size"])}))
     out += _span_events(clock, [s for s in spans if int(s["iteration"]) in kept])
     for (rank, it), ws in sorted(waits.items()):
         if it in kept:
@@ -116,25 +116,24 @@ def build(hosts: Dict[int, str], spans: Sequence[dict], iterations: Sequence[dic
 
 def _iteration_durations(iterations: Sequence[dict]) -> Dict[int, int]:
     """Iteration -> first rank's start to last rank's end (ns)."""
-    starts: Dict[int, int] = {}
-    ends: Dict[int, int] = {}
+    starts: Dict[int, List[int]] = defaultdict(list)
+    ends: Dict[int, List[int]] = defaultdict(list)
     for r in iterations:
-        it = int(r["iteration"])
-        starts[it] = min(starts.get(it, int(r["compute_start_ns"])), int(r["compute_start_ns"]))
-        ends[it] = max(ends.get(it, 0), int(r["end_ns"]))
-    return {it: ends[it] - starts[it] for it in starts}
+        starts[int(r["iteration"])].append(int(r["compute_start_ns"]))
+        ends[int(r["iteration"])].append(int(r["end_ns"]))
+    return {it: max(ends[it]) - min(starts[it]) for it in starts}
 
 
-def _kept_iterations(durations: Dict[int, int], events: Dict[int, int], budget: int) -> set:
+def _kept_iterations(durations: Dict[int, int], events: Counter, budget: int) -> set:
     """The iterations whose events fit the budget: the first and the slowest always, then the
     rest in order."""
     first, slowest = min(durations), max(durations, key=lambda i: durations[i])
     kept = {first, slowest}
-    used = sum(events.get(i, 0) for i in kept)
+    used = sum(events[i] for i in kept)
     for it in sorted(durations):
-        if it not in kept and used + events.get(it, 0) <= budget:
+        if it not in kept and used + events[it] <= budget:
             kept.add(it)
-            used += events.get(it, 0)
+            used += events[it]
     return kept
 
 
@@ -184,7 +183,7 @@ def _merged(rows: Sequence[dict], budget: int) -> List[Tuple[int, Dict[str, floa
         chunk = rows[i:i + group]
         out.append((int(chunk[0]["time_ns"]),
                     {p: max(float(r[p] or 0) for r in chunk) for p in ports},
-                    set().union(*((r.get("paused") or "").split() for r in chunk))))
+                    set().union(*(r["paused"].split() for r in chunk))))
     return out
 
 
@@ -274,8 +273,8 @@ def iteration_bars(trace: dict, iteration: int) -> Dict[int, List[Tuple[str, flo
     bars: Dict[int, list] = defaultdict(list)
     for e in trace["traceEvents"]:
         if e["ph"] == "X" and e["pid"] < SWITCH_PID and e["tid"] != ITERATIONS_TID \
-                and e["args"].get("iteration") == iteration:
-            bars[e["pid"] - 1].append((names.get((e["pid"], e["tid"]), "?"), e["ts"], e["dur"],
+                and e["args"]["iteration"] == iteration:
+            bars[e["pid"] - 1].append((names[(e["pid"], e["tid"])], e["ts"], e["dur"],
                                        e["cat"]))
     if not bars:
         return {}

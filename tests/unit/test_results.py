@@ -6,11 +6,12 @@ import os
 import pytest
 
 from testbed.base.atomic import write_json_atomic
+from testbed.base.errors import ResultsError
 from testbed.results.report import summary_table, sweep_table
 from testbed.results.verdicts import fidelity_warnings, job_failures
 from testbed.results.collect import Mechanisms, RunContext, collect
 from testbed.results.model import BytesPerRank, CollectiveResult, PolicyResult, RunResult
-from traffic.records import ITERATION_FIELDS, PACKET_FIELDS
+from traffic.records import ITERATION_FIELDS, PACKET_FIELDS, TX_FIELDS
 from traffic.contract import WorkloadSpec
 
 RING = WorkloadSpec("ring", size=300, iterations=1, chunks=1, group=1)
@@ -113,12 +114,20 @@ def test_latency_joins_the_senders_kernel_transmit_times(tmp_path):
     _agent(d, "gpu1", 0, [(1, 0, 0, 100, 1000, 11000, 0), (1, 0, 1, 100, 2000, 32000, 0)],
            [(0, 0, 300, 1000, 40000)], tx_packets=0)
     _agent(d, "gpu2", 1, [], [(0, 0, 300, 3000, 50000)], tx_packets=2)
-    with open(os.path.join(d, "gpu2.tx.csv"), "w") as f:
-        f.write("sent_ns,tx_ns,bytes,kind\n1000,1500,4172,d\n2000,2600,4172,d\n1000,1700,60,c\n")
+    _csv(os.path.join(d, "gpu2.tx.csv"), TX_FIELDS,
+         [(1000, 1500, 4172, "d", 900), (2000, 2600, 4172, "d", 1900), (1000, 1700, 60, "c", 900)])
     r, packets = collect(d, RunContext(2, [RING]))
     assert r["latency_app_clock"] == 0
     assert r["latency_us"]["max"] == 29.4 and r["latency_us"]["count"] == 2  # 32000 - 2600
     assert packets.path_minima_us() == {(1, 0): 9.5}
+
+
+def test_a_record_file_without_a_column_its_readers_index_is_refused_by_name(tmp_path):
+    d = str(tmp_path)
+    _two_gpus(d)
+    _csv(os.path.join(d, "gpu2.iterations.csv"), ITERATION_FIELDS[:-1], [])
+    with pytest.raises(ResultsError, match=r"gpu2\.iterations\.csv: no column bytes_received"):
+        collect(d, RunContext(2, [RING]))
 
 
 def test_summary_table_lists_policies_every_gpu_and_absent_counters_as_dashes():
@@ -152,6 +161,34 @@ def test_summary_table_lists_policies_every_gpu_and_absent_counters_as_dashes():
     text = summary_table(typed(results))
     peak = next(line for line in text.splitlines() if line.startswith("largest switch queue"))
     assert peak.split()[-1] == "120.4"  # KB, any class of any port
+
+
+def test_rxe_s_report_is_typed_where_the_runner_takes_it_and_read_in_the_table():
+    """What testbed.fabric.rxe writes: a test that measured, one that failed."""
+    rxe = {"mode": "root-namespace", "kernel": "6.1.0", "endpoints": ["gpu1", "gpu3"],
+           "path": "cross-leaf", "devices": ["rxe-gpu1", "rxe-gpu3"],
+           "gid_index": {"gpu1": 1, "gpu3": 1}, "traffic_class": 106, "size_bytes": 4096,
+           "tests": {"ib_write_lat": {"command": "ib_write_lat -d rxe-gpu1", "exit_code": 0,
+                                      "results": {"t_typical_usec": 41.2, "t_stdev_usec": None},
+                                      "log": "rxe/lossless/ib_write_lat-client.txt",
+                                      "clock": {"cycles_per_usec": 2000.0, "source": "cpu"},
+                                      "nic_packets": {"a_tx": 2000, "b_rx": 2000}},
+                     "ib_write_bw": {"command": "ib_write_bw -d rxe-gpu1", "exit_code": 1,
+                                     "results": None, "log": "x", "error": "failed (exit 1)",
+                                     "uncalibrated": False, "nic_packets": {"a_tx": 3}}}}
+    p = PolicyResult.from_json({"gpus": 4, "rxe": rxe}, strict=True)
+    assert p.rxe.tests["ib_write_lat"].results["t_typical_usec"] == 41.2
+    assert p.rxe.figure("ib_write_lat", "t_typical_usec") == 41.2
+    assert p.rxe.figure("ib_write_bw", "bw_average_mb_per_sec") == "failed"
+    assert p.to_json()["rxe"] == rxe  # written back as it came
+    with pytest.raises(ResultsError, match=r"rxe\.tests\.ib_write_lat: cycles: not declared"):
+        bad = dict(rxe, tests={"ib_write_lat": dict(rxe["tests"]["ib_write_lat"], cycles=1)})
+        PolicyResult.from_json({"rxe": bad}, strict=True)
+    text = summary_table(typed({"time_scale": 1.0, "scenario": {}, "policies": {
+        "lossless": dict(p.to_json(), fidelity={"verdict": "ok"})}}))
+    lat = next(line for line in text.splitlines() if line.startswith("rxe ib_write_lat"))
+    bw = next(line for line in text.splitlines() if line.startswith("rxe ib_write_bw"))
+    assert lat.split()[-1] == "41.2" and bw.split()[-1] == "failed"
 
 
 def test_a_job_s_table_shows_full_size_figures_and_its_operations():
@@ -326,7 +363,6 @@ def test_an_agent_summary_is_a_contract_and_a_key_it_does_not_declare_names_its_
     """What an agent writes of each GPU (traffic.contract.AgentSummary) is read back as the
     contract: declared fields, counters never incremented read as 0; an undeclared key (a
     writer's bug, or a file of another version) is refused, naming the file."""
-    from testbed.base.errors import ResultsError
     from testbed.results.packets import read_summaries
     from traffic.contract import AgentSummary, LagSummary
 
