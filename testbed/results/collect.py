@@ -39,7 +39,7 @@ from . import breakdown, trace
 from .fanin import fan_in
 from .jobfigures import (compute_waits, fabric_bytes_sent, job_figures, ops_by_rank_iteration,
                          waited_for)
-from .model import AgentLoopLag, BytesPerRank, JobResult, TimerLag
+from .model import AgentLoopLag, BytesPerRank, FanIn, JobResult, TimerLag
 from .packets import Packets, packets_and_gpus, read_csv, read_summaries, record_rows
 
 # results/3: a collective's and a job's figures only in collectives[] and jobs[]
@@ -242,7 +242,7 @@ def _job_bytes(ctx: RunContext, packets: Packets, iterations: List[dict],
                   for r in sorted(ranks)})
 
 
-def _fan_in(ctx: RunContext, spans: List[dict], packets: Packets) -> dict:
+def _fan_in(ctx: RunContext, spans: List[dict], packets: Packets) -> Dict[str, FanIn]:
     """The job's fan-ins (``testbed.results.fanin``) from its spans and delivered packets
     (empty: none)."""
     d = packets.select(packets.delivered == 1)

@@ -11,12 +11,15 @@ control does at its own pace, so the whole fan-in's time is given beside it.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from traffic.jobgraph import COMPUTE, JobGraph, comm_transfers
+
+from .model import FanIn, FanInRound
 
 
 def jain_index(values: Sequence[float]) -> float:
@@ -42,12 +45,12 @@ def sends(graph: JobGraph, spans: Sequence[dict]) -> Dict[tuple, List[Tuple[int,
 
 
 def fan_in(graph: JobGraph, spans: Sequence[dict], src: np.ndarray, dst: np.ndarray,
-           rx_ns: np.ndarray, payload: np.ndarray, time_scale: float) -> Dict[str, dict]:
+           rx_ns: np.ndarray, payload: np.ndarray, time_scale: float) -> Dict[str, FanIn]:
     """Per kind with a fan-in: receivers, senders (the most into one receiver) and per
     iteration (the mean over its fan-ins: receivers, rounds) ``jain``, ``gbps_modelled``
     (while all send), ``all_send_us`` and ``whole_us`` (first start to last end), in modelled
     time. ``src``, ``dst``, ``rx_ns`` and ``payload``: the delivered packets."""
-    rows: Dict[str, Dict[int, List[dict]]] = defaultdict(lambda: defaultdict(list))
+    rows: Dict[str, Dict[int, List[FanInRound]]] = defaultdict(lambda: defaultdict(list))
     receivers: Dict[str, set] = defaultdict(set)
     most: Dict[str, int] = defaultdict(int)
     for (kind, it, to), ops in sorted(sends(graph, spans).items()):
@@ -58,13 +61,15 @@ def fan_in(graph: JobGraph, spans: Sequence[dict], src: np.ndarray, dst: np.ndar
             rows[kind][it].append(row)
             receivers[kind].add(to)
             most[kind] = max(most[kind], len(group))
-    out = {}
-    for kind, by_it in sorted(rows.items()):
-        per_it = [{k: round(float(np.mean([r[k] for r in by_it[it]])), 4) for k in by_it[it][0]}
-                  for it in sorted(by_it)]
-        out[kind] = {"receivers": len(receivers[kind]), "senders": most[kind],
-                     "iterations": sorted(by_it), "per_iteration": per_it}
-    return out
+    return {kind: FanIn(len(receivers[kind]), most[kind], tuple(sorted(by_it)),
+                        tuple(_mean(by_it[it]) for it in sorted(by_it)))
+            for kind, by_it in sorted(rows.items())}
+
+
+def _mean(rounds_: Sequence[FanInRound]) -> FanInRound:
+    """An iteration's fan-ins, each figure averaged (4 digits)."""
+    columns = zip(*(dataclasses.astuple(r) for r in rounds_))
+    return FanInRound(*(round(float(np.mean(column)), 4) for column in columns))
 
 
 def rounds(ops: Sequence[Tuple[int, int, int]]) -> List[List[Tuple[int, int, int]]]:
@@ -84,7 +89,8 @@ def rounds(ops: Sequence[Tuple[int, int, int]]) -> List[List[Tuple[int, int, int
     return [r for r in out if len(r) > 1]
 
 
-def _round(ops, to: int, src, dst, rx_ns, payload, time_scale: float) -> Optional[dict]:
+def _round(ops, to: int, src, dst, rx_ns, payload, time_scale: float
+           ) -> Optional[FanInRound]:
     """One fan-in's figures (``fan_in``); None when a sender delivered nothing while all
     of them were sending (one-packet ops that overlap only by their acknowledgements)."""
     senders = [a for a, _s, _e in ops]
@@ -98,8 +104,7 @@ def _round(ops, to: int, src, dst, rx_ns, payload, time_scale: float) -> Optiona
     if set(src[together].tolist()) != set(senders):
         return None
     bits = 8 * int(payload[together].sum())
-    return {"jain": jain_index(rates),
-            "gbps_modelled": bits / (first_end - last_start) * time_scale,
-            "all_send_us": (first_end - last_start) / 1000 / time_scale,
-            "whole_us": (max(e for _a, _s, e in ops) - min(s for _a, s, _e in ops))
-            / 1000 / time_scale}
+    return FanInRound(jain_index(rates), bits / (first_end - last_start) * time_scale,
+                      (first_end - last_start) / 1000 / time_scale,
+                      (max(e for _a, _s, e in ops) - min(s for _a, s, _e in ops))
+                      / 1000 / time_scale)

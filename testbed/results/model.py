@@ -413,6 +413,27 @@ class SwitchQueues(EmulatorReport, Record):
 
 
 @dataclass(frozen=True)
+class FanInRound(Record):
+    """A fan-in's figures (modelled; ``testbed.results.fanin``), or their mean over an
+    iteration's fan-ins: Jain's index of the senders' throughputs, the receiver's throughput
+    while all of them send (Gbit/s), that window's length and the whole fan-in's (us)."""
+    jain: float = 1.0
+    gbps_modelled: float = 0.0
+    all_send_us: float = 0.0
+    whole_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class FanIn(Record):
+    """A job's fan-ins of one communication kind (``fan_in.<kind>``): receivers, the most
+    senders into one, the iterations with fan-ins and per such iteration its mean round."""
+    receivers: int = 0
+    senders: int = 0
+    iterations: Tuple[int, ...] = ()
+    per_iteration: Tuple[FanInRound, ...] = ()
+
+
+@dataclass(frozen=True)
 class RxeTest(Record):
     """One perftest run between the rxe endpoints (``rxe.tests.<test>``;
     ``testbed.fabric.rxe``): its client command, exit code, figures (perftest's columns;
@@ -629,7 +650,7 @@ class JobResult(View):
         "full_size (times the byte scale)} per iteration, and operations: per "
         "communication kind, collective, group and size its count, time p50 (modelled) and "
         "algbw/busbw (Gbit/s)")
-    fan_in: Optional[Dict[str, Any]] = figure(
+    fan_in: Optional[Dict[str, FanIn]] = figure(
         "its fan-ins (several GPUs writing to one at once; empty: none), per "
         "communication kind: receivers, senders (most into one), iterations and "
         "per_iteration (mean over its "

@@ -140,8 +140,8 @@ def _fan_in(fan_in):
     over the iterations)."""
     if not fan_in:
         return None
-    return "; ".join(f"{kind} {fmean(r['jain'] for r in f['per_iteration']):.2f} / "
-                     f"{fmean(r['gbps_modelled'] for r in f['per_iteration']):.1f}"
+    return "; ".join(f"{kind} {fmean(r.jain for r in f.per_iteration):.2f} / "
+                     f"{fmean(r.gbps_modelled for r in f.per_iteration):.1f}"
                      for kind, f in fan_in.items())
 
 

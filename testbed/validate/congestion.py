@@ -124,8 +124,8 @@ def _dcqcn_runs(quick: bool) -> List[Run]:
 
 def steady(p: PolicyResult, key: str) -> float:
     """The incast's ``key`` over the iterations after the first (mean over them)."""
-    rows = p.fan_in["incast"]["per_iteration"][1:]
-    return float(np.mean([r[key] for r in rows]))
+    rows = p.fan_in["incast"].per_iteration[1:]
+    return float(np.mean([getattr(r, key) for r in rows]))
 
 
 def _dcqcn_judge(results: Dict[str, RunResult]) -> Verdict:
@@ -142,7 +142,7 @@ def _dcqcn_judge(results: Dict[str, RunResult]) -> Verdict:
         queue = dc.latency_queueing_us.p50 / pfc.latency_queueing_us.p50
         kept = steady(dc, "gbps_modelled") / steady(pfc, "gbps_modelled")
         fair, unfair = steady(dc, "jain"), steady(pfc, "jain")
-        first = dc.fan_in["incast"]["per_iteration"][0]["gbps_modelled"] / steady(
+        first = dc.fan_in["incast"].per_iteration[0].gbps_modelled / steady(
             pfc, "gbps_modelled")
         whole = steady(dc, "whole_us") / steady(pfc, "whole_us")
         name = _fabric(spines, over)

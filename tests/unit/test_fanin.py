@@ -41,14 +41,16 @@ def test_a_fan_in_measures_the_window_all_send_in_and_each_senders_share():
     out = fan_in(_graph(), spans, src, dst, rx, payload, time_scale=10.0)
     assert set(out) == {"incast"}  # "go" has one sender
     f = out["incast"]
-    assert (f["receivers"], f["senders"], f["iterations"]) == (1, 2, [0])
-    row = f["per_iteration"][0]
+    assert (f.receivers, f.senders, f.iterations) == (1, 2, (0,))
+    row = f.per_iteration[0]
     # in [200, 1000]: 500, 900 from rank 0 and 300, 700 from rank 1: 400 B in 800 ns
-    assert row["gbps_modelled"] == pytest.approx(8 * 400 / 800 * 10.0, rel=1e-3)
-    assert row["all_send_us"] == pytest.approx(800 / 1000 / 10.0)
-    assert row["whole_us"] == pytest.approx(2200 / 1000 / 10.0)
+    assert row.gbps_modelled == pytest.approx(8 * 400 / 800 * 10.0, rel=1e-3)
+    assert row.all_send_us == pytest.approx(800 / 1000 / 10.0)
+    assert row.whole_us == pytest.approx(2200 / 1000 / 10.0)
     # rank 0: 300 B in 1000 ns; rank 1: 400 B in 2000 ns
-    assert row["jain"] == pytest.approx(jain_index([0.3, 0.2]), abs=1e-4)
+    assert row.jain == pytest.approx(jain_index([0.3, 0.2]), abs=1e-4)
+    # as results.json holds it
+    assert f.to_json()["per_iteration"][0]["whole_us"] == row.whole_us
 
 
 def test_senders_one_after_the_other_are_no_fan_in():
@@ -65,9 +67,10 @@ def test_repeated_bursts_are_rounds_of_their_own():
 
 
 def test_the_comparison_shows_each_fan_in_as_jain_and_throughput_over_the_iterations():
+    from testbed.results.model import FanIn, FanInRound
     from testbed.results.report import _fan_in
-    rows = [{"jain": 0.9, "gbps_modelled": 80.0}, {"jain": 1.0, "gbps_modelled": 100.0}]
-    assert _fan_in({"incast": {"per_iteration": rows}}) == "incast 0.95 / 90.0"
+    rows = (FanInRound(0.9, 80.0), FanInRound(1.0, 100.0))
+    assert _fan_in({"incast": FanIn(per_iteration=rows)}) == "incast 0.95 / 90.0"
     assert _fan_in(None) is None
 
 
