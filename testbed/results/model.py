@@ -435,10 +435,10 @@ class FanIn(Record):
 
 @dataclass(frozen=True)
 class RxeTest(Record):
-    """One perftest run between the rxe endpoints (``rxe.tests.<test>``;
+    """One perftest test between the rxe endpoints (``rxe.tests.<test>``;
     ``testbed.fabric.rxe``): its client command, exit code, figures (perftest's columns;
-    null: no result line), log, the clock that turned cycles into us, the endpoint NICs'
-    packet counters, and why it failed."""
+    null: no result line), log, the clock that turned cycles into us, the runs it took, the
+    endpoint NICs' packet counters, and why it failed."""
     command: str = ""
     exit_code: Optional[int] = None
     results: Optional[Dict[str, Optional[float]]] = None
@@ -446,9 +446,10 @@ class RxeTest(Record):
     clock: Optional[Dict[str, Any]] = None
     error: Optional[str] = None
     uncalibrated: Optional[bool] = None  # failed for perftest's clock calibration
+    attempts: Optional[int] = None  # runs it took (again when the clock was uncalibrated)
     nic_packets: Dict[str, int] = field(default_factory=dict)
 
-    OMITTED_WHEN_EMPTY = frozenset({"clock", "error", "uncalibrated"})
+    OMITTED_WHEN_EMPTY = frozenset({"clock", "error", "uncalibrated", "attempts"})
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,7 @@ def test_rxe_s_report_is_typed_where_the_runner_takes_it_and_read_in_the_table()
                                       "results": {"t_typical_usec": 41.2, "t_stdev_usec": None},
                                       "log": "rxe/lossless/ib_write_lat-client.txt",
                                       "clock": {"cycles_per_usec": 2000.0, "source": "cpu"},
-                                      "nic_packets": {"a_tx": 2000, "b_rx": 2000}},
+                                      "attempts": 1, "nic_packets": {"a_tx": 2000, "b_rx": 2000}},
                      "ib_write_bw": {"command": "ib_write_bw -d rxe-gpu1", "exit_code": 1,
                                      "results": None, "log": "x", "error": "failed (exit 1)",
                                      "uncalibrated": False, "nic_packets": {"a_tx": 3}}}}

@@ -153,3 +153,32 @@ def test_a_real_cycles_report_parses_and_converts():
     assert cycles["t_typical_usec"] == 62038366.0 and cycles["t_stdev_usec"] is None
     usec = rxe.cycles_to_usec(cycles, 2496.0)
     assert round(usec["t_typical_usec"]) == 24855 and usec["t_stdev_usec"] is None
+
+
+def test_what_a_run_reports_is_the_typed_record_results_json_declares(tmp_path):
+    """RxeTraffic.run's report, perftest's runs stubbed (one uncalibrated then measured, one
+    failed), loads strictly as the policy's ``rxe``: every key the run adds is declared."""
+    from types import SimpleNamespace
+    from testbed.results.model import PolicyResult
+
+    t = object.__new__(rxe.RxeTraffic)
+    t.a, t.b = SimpleNamespace(name="gpu1", intf="a"), SimpleNamespace(name="gpu3", intf="b")
+    t.cfg = SimpleNamespace(size_bytes=1024, lat_iterations=5, bw_iterations=5)
+    t.out_dir, t.tclass, t.mhz = str(tmp_path / "rxe"), 106, 2000.0
+    t._gid = lambda host: 1
+    t._counters = lambda: {"a_tx": 0, "b_rx": 0, "b_tx": 0, "a_rx": 0}
+    runs = iter([
+        {"command": "ib_write_lat", "exit_code": 0, "results": {"t_typical_usec": float("inf")},
+         "log": "x", "error": "ib_write_lat failed", "uncalibrated": True},
+        {"command": "ib_write_lat", "exit_code": 0, "results": {"t_typical_usec": 41.2},
+         "log": "x", "clock": {"cycles_per_usec": 2000.0, "source": "cpuinfo"}},
+        {"command": "ib_write_bw", "exit_code": 1, "results": None, "log": "y",
+         "error": "ib_write_bw failed (exit 1)", "uncalibrated": False}])
+    t._attempt = lambda test, n, gids: next(runs)
+    report = t.run()
+    p = PolicyResult.from_json({"rxe": report}, strict=True)
+    assert p.rxe.tests["ib_write_lat"].attempts == 2
+    assert p.rxe.figure("ib_write_lat", "t_typical_usec") == 41.2
+    assert p.rxe.figure("ib_write_bw", "bw_average_mb_per_sec") == "failed"
+    assert p.rxe.endpoints == ("gpu1", "gpu3") and p.to_json()["rxe"]["tests"] == \
+        report["tests"]
