@@ -10,6 +10,10 @@ from __future__ import annotations
 
 ROCE_UDP_PORT = 4791  # IANA, RoCEv2 (IBTA annex A17)
 ETH_LEN, IP_LEN, UDP_LEN, BTH_LEN, RETH_LEN, AETH_LEN, ICRC_LEN = 14, 20, 8, 12, 16, 4, 4
+# Ultra Ethernet (UE Spec 1.0): a request's PDS header, the SES standard request header, an
+# ACK_CC and a NACK (PDS prologue included); no ICRC
+UET_UDP_PORT = 4793
+PDS_REQUEST_LEN, SES_REQUEST_LEN, PDS_ACK_CC_LEN, PDS_NACK_LEN = 12, 44, 32, 16
 LINK_MTU_ROOM = 100  # a link's MTU over the RoCE path MTU: its 60 B of IP-level headers, and more
 
 
@@ -29,6 +33,12 @@ def full_frame_bytes(roce_mtu: int) -> int:
 def ack_frame_bytes() -> int:
     """An ACK or NAK frame: BTH, AETH and ICRC behind the UDP header."""
     return ETH_LEN + IP_LEN + UDP_LEN + BTH_LEN + AETH_LEN + ICRC_LEN
+
+
+def uet_frame_bytes(payload):
+    """The frame of a UET data packet (an RMA write over RUD or ROD) carrying ``payload`` bytes:
+    its PDS and SES headers; 0 is a trimmed packet's."""
+    return payload + ETH_LEN + IP_LEN + UDP_LEN + PDS_REQUEST_LEN + SES_REQUEST_LEN
 
 
 def udp_frame_bytes(datagram_bytes):
