@@ -1,8 +1,9 @@
 """Ultra Ethernet Transport (UE Spec 1.0) packets: Scapy layers of the packet delivery
 sublayer (PDS) and the semantic sublayer's standard request header (SES), and builders.
 
-Wire format (docs/uet.md): Ethernet / IPv4 / UDP (dst 4793; the entropy value in the source
-port) / PDS header / [SES header] / payload. No ICRC: UET relies on the Ethernet FCS.
+Wire format (docs/REFERENCE.md, "Ultra Ethernet Transport on the wire"): Ethernet / IPv4 /
+UDP (dst 4793; the entropy value in the source port) / PDS header / [SES header] / payload.
+No ICRC: UET relies on the Ethernet FCS.
 
 - PDS prologue, 2 B: type (5 bits), next header or control type (4), flags (7).
 - RUD or ROD request, 12 B with the prologue: clear-PSN offset (signed 16, from the PSN),
