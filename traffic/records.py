@@ -40,6 +40,11 @@ RECORDS = {"packets": PACKET_FIELDS, "tx": TX_FIELDS, "ops": OP_FIELDS,
            "spans": SPAN_FIELDS}
 
 
+def record_path(records_dir: str, host: str, kind: str) -> str:
+    """A GPU's record file of one kind (``RECORDS``)."""
+    return os.path.join(records_dir, f"{host}.{kind}.csv")
+
+
 def counters(gpu: Gpu) -> dict:
     """The GPU's counters and its RNIC's, its QPs' summed up."""
     nic = gpu.nic
@@ -97,15 +102,17 @@ def write(gpu: Gpu, out_dir: str) -> None:
     nic.collect_stamps()
     if nic.limiters is not None:
         nic.limiters.check()
-    base = os.path.join(out_dir, gpu.host)
-    write_csv(base + ".packets.csv", PACKET_FIELDS, nic.packets)
-    write_csv(base + ".ops.csv", OP_FIELDS, gpu.progress.op_rows(gpu.iteration_rows))
-    write_csv(base + ".iterations.csv", ITERATION_FIELDS, gpu.iteration_rows)
-    write_csv(base + ".spans.csv", SPAN_FIELDS, gpu.progress.span_rows(gpu.iteration_rows))
-    write_csv(base + ".events.csv", EVENT_FIELDS, nic.events)
+
+    def record(kind, rows):
+        write_csv(record_path(out_dir, gpu.host, kind), RECORDS[kind], rows)
+
+    record("packets", nic.packets)
+    record("ops", gpu.progress.op_rows(gpu.iteration_rows))
+    record("iterations", gpu.iteration_rows)
+    record("spans", gpu.progress.span_rows(gpu.iteration_rows))
+    record("events", nic.events)
     ready = limiter_ready_times(nic)
-    write_csv(base + ".tx.csv", TX_FIELDS,
-              (row + (ready.get(row[0], ""),) for row in nic.tx_log))
+    record("tx", (row + (ready.get(row[0], ""),) for row in nic.tx_log))
     rows = []
     for qp in nic.qps.values():
         if qp.rp is None:
@@ -115,7 +122,7 @@ def write(gpu: Gpu, out_dir: str) -> None:
         for t, rate, sent in qp.samples:
             rows.append((qp.qpn, qp.peer, t, round(rate), sent))
     rows.sort(key=lambda r: (r[0], r[2]))
-    write_csv(base + ".qps.csv", QP_FIELDS, rows)
+    record("qps", rows)
     summary = AgentSummary(
         rank=gpu.rank, host=gpu.host, counters=counters(gpu), rx_packets=len(nic.packets),
         loop_lag=gpu.lag.summary(),
@@ -123,7 +130,7 @@ def write(gpu: Gpu, out_dir: str) -> None:
         first_start_lag_us=round(gpu.first_start_lag_ns / 1000.0, 3),
         scheduling=gpu.loop.scheduling,
         frames_to={k: tuple(v) for k, v in frames_to(nic).items()})
-    with atomic_file(base + ".summary.json", sync=False) as f:
+    with atomic_file(os.path.join(out_dir, f"{gpu.host}.summary.json"), sync=False) as f:
         json.dump(summary.to_dict(), f)
 
 

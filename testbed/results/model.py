@@ -855,27 +855,6 @@ class PolicyResult(View):
         return super().from_json(data if strict or data is None else upgraded(data), where,
                                  strict, **extra)
 
-    # the figures of the one collective run (None in a sweep or a job) and of the first job
-    cct_us = property(lambda self: figure_at(self.only_collective, "cct_us"))
-    algbw_gbps_emulated = property(lambda self: figure_at(self.only_collective,
-                                                          "algbw_gbps_emulated"))
-    busbw_gbps_emulated = property(lambda self: figure_at(self.only_collective,
-                                                          "busbw_gbps_emulated"))
-    busbw_gbps_modelled = property(lambda self: figure_at(self.only_collective,
-                                                          "busbw_gbps_modelled"))
-    straggler_idle_us = property(lambda self: figure_at(self.only_collective,
-                                                        "straggler_idle_us"))
-    extrapolation = property(lambda self: figure_at(self.only_collective, "extrapolation"))
-    iteration_us = property(lambda self: figure_at(self.first_job, "iteration_us"))
-    job_compute_us = property(lambda self: figure_at(self.first_job, "job_compute_us"))
-    exposed_comm_us = property(lambda self: figure_at(self.first_job, "exposed_comm_us"))
-    ideal_iteration_us = property(lambda self: figure_at(self.first_job, "ideal_iteration_us"))
-    pipeline_bubble_us = property(lambda self: figure_at(self.first_job, "pipeline_bubble_us"))
-    network_cost_us = property(lambda self: figure_at(self.first_job, "network_cost_us"))
-    idle_gpu_us = property(lambda self: figure_at(self.first_job, "idle_gpu_us"))
-    job = property(lambda self: figure_at(self.first_job, "job"))
-    fan_in = property(lambda self: figure_at(self.first_job, "fan_in"))
-
     @property
     def only_collective(self) -> Optional[CollectiveResult]:
         """The collective of a run of one collective at one size (None otherwise)."""
@@ -893,6 +872,15 @@ class PolicyResult(View):
                 return c
         sizes = ", ".join(str(c.size_bytes) for c in self.collectives)
         raise KeyError(f"{self.name}: no collective of {size_bytes} B (sizes: {sizes})")
+
+
+# the figures of the one collective run (None in a sweep or a job) and of the first job, read
+# at the policy under their names
+for _name in COLLECTIVE_FIGURES:
+    setattr(PolicyResult, _name,
+            property(lambda self, n=_name: figure_at(self.only_collective, n)))
+for _name in JOB_FIGURES:
+    setattr(PolicyResult, _name, property(lambda self, n=_name: figure_at(self.first_job, n)))
 
 
 def upgraded(policy: Mapping[str, Any]) -> Dict[str, Any]:

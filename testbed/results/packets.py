@@ -13,7 +13,7 @@ import numpy as np
 
 from traffic import metrics
 from traffic.contract import AgentSummary
-from traffic.records import RECORDS
+from traffic.records import RECORDS, record_path
 
 from ..base.contract import ContractError, load
 from ..base.errors import ResultsError
@@ -33,7 +33,7 @@ def read_csv(path: str, columns: Sequence[str] = ()) -> List[dict]:
 def record_rows(records_dir: str, host: str, kind: str) -> List[dict]:
     """A GPU's rows of one record file (``<host>.<kind>.csv``, ``traffic.records``; none:
     [])."""
-    path = os.path.join(records_dir, f"{host}.{kind}.csv")
+    path = record_path(records_dir, host, kind)
     return read_csv(path, RECORDS[kind]) if os.path.exists(path) else []
 
 
@@ -108,7 +108,7 @@ def packets_and_gpus(records_dir: str, summaries: List[AgentSummary]):
     app_clock = 0
     for summary in summaries:
         host = summary.host
-        rows = read_csv(os.path.join(records_dir, f"{host}.packets.csv"), RECORDS["packets"])
+        rows = read_csv(record_path(records_dir, host, "packets"), RECORDS["packets"])
         sent_at, rx = [], []
         for r in rows:
             sent = int(r["sent_ns"])

@@ -83,9 +83,8 @@ def iteration_parts(results: RunResult) -> Dict[str, Dict[str, float]]:
         exposed = {k: v / 1000 for k, v in (p.exposed_comm_us or {}).items() if k != "total"}
         out[name] = {"compute": (p.job_compute_us or 0.0) / 1000, **exposed,
                      "ideal": (p.ideal_iteration_us or 0.0) / 1000}
-    kinds = {k for parts in out.values() for k in parts}
-    return {name: {k: parts[k] if k in parts else 0.0 for k in sorted(kinds)}
-            for name, parts in out.items()}
+    kinds = sorted({k for parts in out.values() for k in parts})
+    return {name: dict.fromkeys(kinds, 0.0) | parts for name, parts in out.items()}
 
 
 def headline_runs(results: RunResult):

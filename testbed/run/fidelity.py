@@ -43,6 +43,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from traffic.records import record_path
+
 from ..base.frames import full_frame_bytes
 from ..fabric.shaping import burst_bytes
 from ..results.model import (AgentLoopLag, Check, CpuCheck, DropsCheck, Fidelity,
@@ -249,7 +251,7 @@ def evaluate(records_dir: str, plan, figures: dict, path_minima_us: Dict[tuple, 
     rate = t.host_rate_mbit * 1e6
     frame = full_frame_bytes(scenario.workload.mtu)
     unit = float(serialization_us(frame, rate))
-    measured = [busy_gap_deviation(*read_tx_log(os.path.join(records_dir, f"{h.name}.tx.csv")),
+    measured = [busy_gap_deviation(*read_tx_log(record_path(records_dir, h.name, "tx")),
                                    rate_bps=rate, unit_us=unit,
                                    paused_ns=gpu_pauses_ns.get(h.name, ())) for h in plan.gpus]
     d = np.concatenate([m[0] for m in measured]) if measured else np.zeros(0)
