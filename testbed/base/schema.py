@@ -67,7 +67,7 @@ def _value(f, value, where):
     if meta.get("auto"):
         if isinstance(value, str) and value != "auto":
             raise ConfigError(f"{where}: must be a number or auto, got {shown(value)}")
-        return value if value == "auto" else scalar(float, value, where, meta)
+        return value if value == "auto" else scalar(meta.get("kind", float), value, where, meta)
     return scalar(type(default), value, where, meta)
 
 

@@ -165,11 +165,13 @@ def wait_quiet(progress: Callable[[str], None]) -> float:
 
 def scenario_key(scenario, policy: str) -> str:
     """What a policy's run of ``scenario`` costs this machine depends on: everything but the
-    scenario's name, its rates (``auto`` here), its other policies and how many iterations."""
+    scenario's name, its rates (``auto`` here), its other policies, how many iterations and
+    how many attempts it may make."""
     d = scenario.to_dict()
     for key in ("name", "policies", "policy_params"):
         d.pop(key, None)
     d["workload"] = {k: v for k, v in d["workload"].items() if k != "iterations"}
+    d["emulation"] = {k: v for k, v in d["emulation"].items() if k != "attempts"}
     d["policy"] = [policy, scenario.policy_params.get(policy, {})]
     text = json.dumps(d, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

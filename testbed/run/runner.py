@@ -75,10 +75,15 @@ def choose_time_scale(scenario: Scenario, progress: Say,
                       calibration=None) -> Tuple[Scenario, Optional[timescale.Choice]]:
     """``scenario`` at the GPU NIC rate it runs at, and how that rate was chosen: ``auto``
     from this machine's calibration (measured first if there is none), an explicit rate
-    checked against it where one exists (a warning if it exceeds the budget)."""
+    checked against it where one exists (a warning if it exceeds the budget; measured first
+    if the run may go again slower, ``emulation.attempts``)."""
     t = scenario.topology
     auto = t.host_rate_mbit == timescale.AUTO
-    cal = calibration or (calibrate.calibration(progress) if auto else calibrate.load())
+    # a run that may go again slower records its choices against this machine's calibration
+    retries = timescale.attempts_allowed(scenario.emulation.attempts,
+                                         "auto" if auto else "scenario") > 1
+    cal = calibration or (calibrate.calibration(progress) if auto or retries
+                          else calibrate.load())
     if cal is None:
         return scenario, None
     cap = (timescale.learned_cap(calibrate.learned(scenario, cal), scenario.policies)
@@ -274,21 +279,24 @@ def _policies(scenario: Scenario, plan: FabricPlan, caps: Capabilities, run_dir:
 def run_again(asked_scenario: Scenario, scenario: Scenario,
               choice: Optional[timescale.Choice], results: dict, kept: Kept, run_dir: str,
               progress: Say) -> Optional[Tuple[Scenario, timescale.Choice]]:
-    """After all policies ran at a rate chosen by ``auto``: keep what the attempt taught on
-    this machine (``calibrate.remember``) and, if the fidelity monitor rejected some policies
-    and attempts and slower rates are left, move this attempt's files into ``rejected/`` and
-    return the scenario and choice to run every policy again with (None: done)."""
-    if choice is None or choice.chosen_by != "auto":
+    """After all policies ran: at a rate chosen by ``auto`` keep what the attempt taught on
+    this machine (``calibrate.remember``); if the fidelity monitor rejected some policies
+    and attempts (``timescale.attempts_allowed``) and slower rates are left, move this
+    attempt's files into ``rejected/`` and return the scenario and choice to run every policy
+    again with (None: done)."""
+    if choice is None:
         return None
     rate = scenario.topology.host_rate_mbit
     fidelity = {name: rejected_first(kept.runs(name)) for name in kept.policies}
     wants = {name: timescale.retry_rate(
         rate, {name: section.checks.to_json() if section.checks else {}})
              for name, section in fidelity.items()}
-    calibrate.remember(asked_scenario, choice.calibration, wants, first=not choice.attempts,
-                       capped=rate == choice.learned_cap_mbit)
+    if choice.chosen_by == "auto":
+        calibrate.remember(asked_scenario, choice.calibration, wants, first=not choice.attempts,
+                           capped=rate == choice.learned_cap_mbit)
     asks = {name: r for name, r in wants.items() if r is not None}
-    if not asks or len(choice.attempts) + 1 >= timescale.MAX_ATTEMPTS:
+    allowed = timescale.attempts_allowed(scenario.emulation.attempts, choice.chosen_by)
+    if not asks or len(choice.attempts) + 1 >= allowed:
         return None
     slower = min(asks.values())
     attempt = timescale.Attempt(
@@ -301,7 +309,7 @@ def run_again(asked_scenario: Scenario, scenario: Scenario,
     progress(timescale.retry_text(attempt, slower))
     choice = timescale.retried(choice, slower, attempt, scenario.base_policies,
                                scenario.topology.gpus)
-    return asked_scenario.with_host_rate(slower), choice
+    return scenario.slowed_to(slower), choice
 
 
 def rejected_first(runs: List[PolicyResult]) -> Fidelity:

@@ -31,7 +31,7 @@ from ..base.hops import MECHANISMS as PATH_DELAY_MECHANISMS
 from ..base.topology import LAYOUTS, FabricPlan
 from ..job.plan import check_fits
 from ..base.schema import build, plain
-from .timescale import AUTO, REFERENCE_RATE_MBIT, require_rate
+from .timescale import AUTO, MAX_ATTEMPTS, REFERENCE_RATE_MBIT, require_rate
 
 MODEL_PRESETS = tuple(_MODEL_PRESETS)
 
@@ -414,6 +414,12 @@ class EmulationConfig:
         "doc": "while the run lasts, hold a PM QoS request of 0 us (/dev/cpu_dma_latency) so "
                "idle CPUs wake for timers and packets at once instead of from deep idle "
                "(testbed.run.wakeup); costs power, not CPU time; recorded in results"})
+    attempts: Union[int, str] = field(default=AUTO, metadata={
+        "auto": True, "kind": int, "min": 1, "max": 5,
+        "doc": "runs of every policy at most: while the fidelity monitor rejects some, the "
+               "run goes again at the slower rate the rejections ask for (fabric links "
+               "slowed alike), the rejected attempt kept in rejected/; auto: "
+               f"{MAX_ATTEMPTS} when host_rate_mbit is auto, 1 (the rate as given) otherwise"})
     ecn_marking: str = field(default="auto", metadata={
         "choices": ("auto", "red", "sampled"),
         "doc": "how switches set CE: red = the kernel's RED qdisc marks per packet; sampled = "
@@ -572,6 +578,15 @@ class Scenario:
         """A copy whose GPU NICs run at ``host_rate_mbit`` (the fabric rate derived again)."""
         t = dataclasses.replace(self.topology, host_rate_mbit=float(host_rate_mbit))
         return _derive(dataclasses.replace(self, topology=t), {})
+
+    def slowed_to(self, host_rate_mbit: float) -> "Scenario":
+        """A copy whose GPU NICs run at ``host_rate_mbit`` and whose fabric links slow alike:
+        the same modelled fabric at a larger time scale (a rejected run goes again so)."""
+        t = self.topology
+        factor = host_rate_mbit / require_rate(t.host_rate_mbit)
+        t = dataclasses.replace(t, host_rate_mbit=float(host_rate_mbit),
+                                fabric_rate_mbit=require_rate(t.fabric_rate_mbit) * factor)
+        return dataclasses.replace(self, topology=t)
 
     @property
     def base_policies(self) -> Tuple[str, ...]:

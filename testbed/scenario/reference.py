@@ -157,20 +157,6 @@ def yaml_template() -> str:
     return "\n".join(out) + "\n"
 
 
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] != ["results"]:
-        sys.exit("usage: python -m testbed.scenario.reference results  "
-                 "(rewrites docs/results.md's end)")
-    path = os.path.join(PROJECT_ROOT, "docs", "results.md")
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    text = text.split(f"<!-- {RESULTS_GENERATED} -->")[0] + results_markdown()
-    with open(path, "w", encoding="utf-8") as f:  # opened once the text is whole
-        f.write(text)
-
-
 def policies_text() -> str:
     """Each policy, its traffic classes and its parameters with their defaults (``python -m
     testbed policies``)."""
@@ -209,5 +195,15 @@ def policies_text() -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":  # python -m testbed.scenario.reference results
-    print(results_markdown())
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["results"]:
+        sys.exit("usage: python -m testbed.scenario.reference results  "
+                 "(rewrites docs/results.md's end)")
+    path = os.path.join(PROJECT_ROOT, "docs", "results.md")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    text = text.split(f"<!-- {RESULTS_GENERATED} -->")[0] + results_markdown()
+    with open(path, "w", encoding="utf-8") as f:  # opened once the text is whole
+        f.write(text)

@@ -43,7 +43,8 @@ RATE_STEPS = (0.5, 1.0, 2.0, 2.5, 4.0, 5.0, 8.0, 10.0, 16.0, 20.0, 25.0, 32.0, 4
               800.0, 1000.0)
 NOISE_MARGIN = 1.5  # measured delay x this must stay within the tolerance
 CALIBRATION_VERSION = 5  # a new one when the reference run changes (5: Open vSwitch's share)
-# A run at auto: the rate chosen first, then at most this many slower ones after rejections.
+# A run at auto: the rate chosen first, then slower ones after rejections, this many in all
+# (emulation.attempts says otherwise).
 MAX_ATTEMPTS = 3
 # Runs a scenario's policy must have been rejected in before its next runs start slower: one
 # rejection may be a passing load (the default scenario, once, at 40 Mbit/s, CPUs p90 100%).
@@ -196,6 +197,15 @@ def choose(host_rate_mbit, policies: Tuple[str, ...], gpus: int, cal: Calibratio
         rate, by = float(host_rate_mbit), "scenario"
     return Choice(rate, by, predicted_busy(cal, policies, rate * gpus, hops), fits, cal,
                   cap_mbit, hops=hops)
+
+
+def attempts_allowed(setting, chosen_by: str) -> int:
+    """The runs of every policy a run may make while the monitor rejects some: the scenario's
+    ``emulation.attempts``, at ``AUTO`` ``MAX_ATTEMPTS`` for a rate auto chose and one for
+    a rate the scenario gave."""
+    if setting != AUTO:
+        return int(setting)
+    return MAX_ATTEMPTS if chosen_by == "auto" else 1
 
 
 def step_below(rate_mbit: float) -> Optional[float]:

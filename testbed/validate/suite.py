@@ -1,8 +1,9 @@
 """``python -m testbed validate``: run the validation cases on fresh fabrics and judge them.
 
 Each case's runs go through the runner like any run (their directories under the suite's);
-a run the fidelity monitor rejects runs once more at half the GPU NIC rate, and a case whose
-runs stay rejected is "not measured faithfully", never a pass. The suite writes
+a run the fidelity monitor rejects goes again slower, at an explicit rate too, as a run at
+``auto`` does (the runner's ``emulation.attempts``), and a case whose runs stay rejected is "not measured
+faithfully", never a pass. The suite writes
 ``validation.json`` (every case's verdict and run directories), ``validation.md`` (the table)
 and ``report.html`` (the table and a plot per case) into its directory.
 """
@@ -19,6 +20,7 @@ from typing import Callable, Dict, List, Optional
 from ..base.atomic import write_atomic
 from ..results.model import RunResult
 from ..run import runner
+from ..scenario.timescale import AUTO, MAX_ATTEMPTS
 from .case import Case, Run, Verdict
 
 PASS, FAIL, UNFAITHFUL = "pass", "FAIL", "not measured faithfully"
@@ -47,29 +49,27 @@ def run_case(case: Case, quick: bool, out_dir: str, say: Callable[[str], None]) 
         dirs[run.label] = where
         if result is None:
             return Outcome(case, None, UNFAITHFUL, dirs,
-                           f"run {run.label!r} rejected by the fidelity monitor twice (the "
-                           "second time at half the GPU NIC rate)")
+                           f"run {run.label!r} rejected by the fidelity monitor at every rate "
+                           "it went (its run directory's rejected/ keeps the attempts)")
         results[run.label] = result
     verdict = case.judge(results)
     return Outcome(case, verdict, PASS if verdict.ok else FAIL, dirs, verdict.why)
 
 
 def _faithful_run(run: Run, out_dir: str, prefix: str, say):
-    """(result, run directory) of ``run``, once more at half the rate if the monitor rejected
-    it; (None, directory) when it rejected both."""
+    """(result, run directory) of ``run``, going again slower while the monitor rejects it
+    (``timescale.MAX_ATTEMPTS`` unless the case says); (None, directory) when it rejected
+    the last attempt."""
     scenario = run.scenario
-    for attempt in (1, 2):
-        say(f"{prefix} {run.label}: {', '.join(scenario.policies)}"
-            + (" (again at half the rate)" if attempt == 2 else ""))
-        result = runner.run(scenario, out_root=out_dir,
-                            progress=lambda line: say(f"{prefix} {line}"))
-        where = result.run_dir
-        rejected = faithful(result)
-        if not rejected:
-            return result, where
+    if scenario.emulation.attempts == AUTO:
+        scenario = scenario.override({"emulation": {"attempts": MAX_ATTEMPTS}})
+    say(f"{prefix} {run.label}: {', '.join(scenario.policies)}")
+    result = runner.run(scenario, out_root=out_dir, progress=lambda line: say(f"{prefix} {line}"))
+    rejected = faithful(result)
+    if rejected:
         say(f"{prefix} fidelity outside tolerance under {', '.join(rejected)}")
-        scenario = scenario.with_host_rate(result.scenario.topology.host_rate_mbit / 2)
-    return None, where
+        return None, result.run_dir
+    return result, result.run_dir
 
 
 def run_suite(cases: List[Case], quick: bool, out_root: str,

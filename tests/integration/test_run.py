@@ -95,7 +95,7 @@ def test_ring_all_reduce_on_a_real_fabric(small_run):
     lat = hs["latency_us"]
     assert 0 < lat["p50"] <= lat["p99"] <= lat["max"] < 1e6
     frame_bits = full_frame_bytes(w.mtu) * 8
-    ideal_us = 2 * (n - 1) * chunk_packets * frame_bits / SMALL.topology.host_rate_mbit
+    ideal_us = 2 * (n - 1) * chunk_packets * frame_bits / run.scenario.topology.host_rate_mbit
     cct = hs["collectives"][0]["cct_us"]
     assert "cct_us" not in hs and len(cct["per_iteration"]) == w.iterations
     assert 0.9 * ideal_us <= cct["p50"] <= 3 * ideal_us

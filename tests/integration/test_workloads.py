@@ -63,22 +63,21 @@ def test_an_injected_straggler_shows_up_in_straggler_idle(tmp_path):
     delay_us, iterations = 40.0, 8
     workload = {"size_bytes": 16384, "chunks": 1, "iterations": iterations, "compute_us": 4}
 
-    def later_idle(result):  # emulated, as run
-        idle = result.policy("hyperscale").emulated.collectives[0].straggler_idle_us \
-            .per_iteration
+    def later_idle(result):  # modelled: either run may have gone again slower
+        idle = result.policy("hyperscale").collectives[0].straggler_idle_us.per_iteration
         assert len(idle) == iterations
         later = idle[1:]  # iteration 0 also holds the ranks' first-start skew
         return sum(later) / len(later)
 
     # Without a straggler the ranks already wait a little: they finish a ring at different
-    # times (3.7 ms per iteration here, against the 300 ms the straggler adds).
+    # times (about 1.5 us per iteration here, against the 120 us the straggler adds).
     _s, plain = run(tmp_path / "plain", ["hyperscale"], workload=workload, **FOUR_GPUS)
-    scenario, result = run(tmp_path / "late", ["hyperscale"], workload=dict(
+    _s, result = run(tmp_path / "late", ["hyperscale"], workload=dict(
         workload, stragglers={"ranks": [1], "delay_us": delay_us}), **FOUR_GPUS)
     c = result.policy("hyperscale").emulated.collectives[0]
     n = 4
-    # Each of the other n - 1 ranks waits for the late one: (n - 1) x 100 ms more per iteration.
-    expected_us = (n - 1) * delay_us * scenario.time_scale
+    # Each of the other n - 1 ranks waits for the late one: (n - 1) x 40 us more per iteration.
+    expected_us = (n - 1) * delay_us
     assert later_idle(result) - later_idle(plain) == pytest.approx(expected_us, rel=0.10)
     idle = c.straggler_idle_us.per_iteration
     assert c.straggler_idle_us.total == pytest.approx(sum(idle), abs=1)

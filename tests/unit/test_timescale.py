@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -387,7 +388,8 @@ def test_a_run_at_auto_that_the_monitor_rejected_goes_again_slower(tmp_path, mon
     assert calibrate.learned(asked, choice.calibration)["lossless"]["cap_mbit"] == 4.0
 
 
-def test_an_explicit_rate_is_never_run_again(tmp_path, monkeypatch):
+def test_an_explicit_rate_runs_again_only_when_the_scenario_allows_attempts(tmp_path,
+                                                                          monkeypatch):
     monkeypatch.setenv("TESTBED_CACHE_DIR", str(tmp_path))
     fast = Scenario.from_dict({"topology": {"host_rate_mbit": 200}})
     _, choice = runner.choose_time_scale(fast, lambda s: None, calibration=cal())
@@ -395,3 +397,30 @@ def test_an_explicit_rate_is_never_run_again(tmp_path, monkeypatch):
     assert runner.run_again(fast, fast, choice, *_rejected_results(200.0, {"lossless": cpu}),
                             str(tmp_path), lambda s: None) is None
     assert not (tmp_path / "rejected").exists()
+    # attempts allowed: slower, the fabric links (oversubscribed 2:1 here) slowed alike, and
+    # nothing learned for the machine (only auto learns)
+    given = Scenario.from_dict({"topology": {"host_rate_mbit": 40, "fabric_rate_mbit": 20},
+                                "emulation": {"attempts": 2}})
+    _, choice = runner.choose_time_scale(given, lambda s: None, calibration=cal())
+    again = runner.run_again(given, given, choice, *_rejected_results(40.0, {"lossless": cpu}),
+                             str(tmp_path / "run"), lambda s: None)
+    assert again is not None
+    slower, choice2 = again
+    assert (slower.topology.host_rate_mbit, slower.topology.fabric_rate_mbit) == (20.0, 10.0)
+    assert slower.time_scale == pytest.approx(2 * given.time_scale)
+    assert choice2.chosen_by == "scenario" and choice2.attempts[0].host_rate_mbit == 40.0
+    assert (tmp_path / "run" / "rejected" / "1-at-40-mbit" / "results.json").exists()
+    assert not os.path.exists(calibrate.learned_path())
+    # the second of two attempts is final
+    assert runner.run_again(given, slower, choice2, *_rejected_results(
+        20.0, {"lossless": cpu}), str(tmp_path / "run"), lambda s: None) is None
+
+
+def test_attempts_default_to_three_at_auto_and_one_at_a_given_rate():
+    assert timescale.attempts_allowed("auto", "auto") == timescale.MAX_ATTEMPTS == 3
+    assert timescale.attempts_allowed("auto", "scenario") == 1
+    assert timescale.attempts_allowed(2, "scenario") == 2
+    assert Scenario.from_dict({"emulation": {"attempts": 4}}).emulation.attempts == 4
+    for bad in (0, 1.5, "twice"):
+        with pytest.raises(ConfigError, match="emulation.attempts"):
+            Scenario.from_dict({"emulation": {"attempts": bad}})
