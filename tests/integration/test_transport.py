@@ -209,7 +209,8 @@ def test_a_qp_out_of_its_retry_budget_fails_the_job_as_a_result_and_the_run_goes
     _s, results, run_dir = run(
         tmp_path, ["enterprise", "hyperscale"], topology={"lossy_links": lossy},
         transport={"ib_timeout": 3, "retry_limit": 1, "qps_per_peer": 4},
-        workload={"iterations": 3})
+        workload={"iterations": 3},
+        emulation={"attempts": 1})  # the failed job is the outcome here, not its fidelity
     ok, failed = results.policy("enterprise"), results.policy("hyperscale")
     assert ok.job_failed is None and ok.cct_us.p50 > 0
     f = failed.job_failed
