@@ -77,6 +77,16 @@ class CreditRule:
 
 
 @dataclass(frozen=True)
+class TrimRule:
+    """Packet trimming (NDP; UE Spec 1.0): a UET packet of this class that would take its
+    queue's backlog beyond ``limit`` bytes is cut to its headers and leaves in the class of
+    DSCP ``dscp`` (strict priority) instead of being dropped (``testbed.fabric.bpftrim``)."""
+
+    limit: int
+    dscp: int
+
+
+@dataclass(frozen=True)
 class TrafficClass:
     name: str
     index: int  # position: HTB class 1:(0x10 + index)
@@ -87,6 +97,7 @@ class TrafficClass:
     ecn: Optional[EcnRule] = None
     pfc: Optional[PfcRule] = None
     credit: Optional[CreditRule] = None  # in place of PFC (policy_params.lossless.flow_control)
+    trim: Optional[TrimRule] = None  # lossy classes of UET traffic: trim, not drop
 
     @property
     def minor(self) -> int:

@@ -14,7 +14,7 @@ from typing import List, Tuple
 
 from . import l3
 from .classes import EcnRule, TrafficClass
-from .messages import PRIO_MISS, ClearFlows, Message, flow
+from .messages import Message
 from .params import HyperscaleParams
 from .policy import Policy, register
 
@@ -37,15 +37,7 @@ class HyperscalePolicy(Policy):
         return (TrafficClass("all", 0, 0, (), p.buffer_bytes, ecn=ecn),)
 
     def switch_connected(self, dpid: int) -> List[Message]:
-        plan, cookie = self.plan, self.cookie
-        sw = plan.switch_by_dpid(dpid)
-        msgs: List[Message] = [ClearFlows(), flow(PRIO_MISS, {}, cookie=cookie)]
-        if sw.role == "leaf":
-            msgs += l3.local_hosts(plan, sw.index, cookie) + l3.ecmp(plan, sw.index, cookie)
-        else:
-            msgs += l3.spine_routes(plan, cookie)
-        return msgs + l3.egress(l3.switch_ports(plan, dpid), cookie,
-                                self.context.openflow_marking)
+        return l3.program(self.plan, dpid, self.cookie, self.context.openflow_marking)
 
     def ecn_changed(self, dpid: int, port: int, marking: bool) -> List[Message]:
         return [l3.mark_group(port, marking)]

@@ -24,7 +24,8 @@ from typing import Dict, List
 from testbed.base.topology import FabricPlan, leaf_subnet
 
 from .messages import (ECN_CE, ETH_TYPE_IPV4, PRIO_ECT, PRIO_HOST, PRIO_MISS, PRIO_ROUTE, Bucket,
-                    Group, GroupMod, Message, Multipath, Output, SetField, flow, prefix)
+                       ClearFlows, Group, GroupMod, Message, Multipath, Output, SetField, flow,
+                       prefix)
 
 ROUTE, FLOWLET, AR, ECMP, EGRESS = 0, 1, 2, 3, 4
 MARK_BASE = 0x100  # marking group of port p: MARK_BASE + p
@@ -79,6 +80,19 @@ def spine_routes(plan: FabricPlan, cookie: int) -> List[Message]:
                               "ipv4_dst": prefix(leaf_subnet(leaf.index))},
                  SetField("reg0", plan.spine_port(leaf.index)), goto=EGRESS, cookie=cookie)
             for leaf in plan.leaves]
+
+
+def program(plan: FabricPlan, dpid: int, cookie: int, marking_groups: bool) -> List[Message]:
+    """Everything a routed switch needs when it connects: its flows cleared, the table-miss
+    drop, at a leaf its GPUs and ECMP over the uplinks, at a spine the routes down, and the
+    EGRESS table (``egress``)."""
+    sw = plan.switch_by_dpid(dpid)
+    msgs: List[Message] = [ClearFlows(), flow(PRIO_MISS, {}, cookie=cookie)]
+    if sw.role == "leaf":
+        msgs += local_hosts(plan, sw.index, cookie) + ecmp(plan, sw.index, cookie)
+    else:
+        msgs += spine_routes(plan, cookie)
+    return msgs + egress(switch_ports(plan, dpid), cookie, marking_groups)
 
 
 def switch_ports(plan: FabricPlan, dpid: int) -> List[int]:

@@ -133,6 +133,31 @@ class LosslessParams:
     switch_latency_ns: float = _pipeline_ns(130.0, "InfiniBand NDR: under 150 ns")
 
 
+@dataclass(frozen=True)
+class UltraEthernetParams:
+    """UEC 1.0-class: ECMP on the entropy value, shallow lossy buffers that trim instead of
+    dropping, ECN between 0.2 and 0.8 BDP for NSCC, a strict-priority class for trimmed
+    headers, ACKs and NACKs."""
+
+    buffer_bytes: int = _bytes(128_000, "UET data buffer per port: one bandwidth-delay "
+                                        "product (100 Gbit/s x a 10 us base round trip; "
+                                        "uet-htsim's queue with trimming)")
+    trimming: bool = field(default=True, metadata={
+        "doc": "a UET data packet that would overflow its queue is cut to its headers and "
+               "forwarded in the header class (NDP, UE Spec 1.0); off: it is dropped"})
+    ecn_kmin_bytes: int = _bytes(25_600, "marking starts (0.2 BDP)")
+    ecn_kmax_bytes: int = _bytes(102_400, "every ECT packet is marked above (0.8 BDP)")
+    data_dscp: int = field(default=26, metadata={"min": 0, "max": 63,
+                                                 "doc": "DSCP of UET data (trimmable)"})
+    header_dscp: int = field(default=46, metadata={
+        "min": 0, "max": 63,
+        "doc": "DSCP of trimmed packets, ACKs and NACKs (strict priority)"})
+    header_buffer_bytes: int = _bytes(64_000, "buffer of the header class per port")
+    other_buffer_bytes: int = _bytes(96_000, "buffer of everything else per port")
+    forwarding: str = _forwarding("store_and_forward")
+    switch_latency_ns: float = _pipeline_ns(250.0, "Ethernet: about 200-250 ns")
+
+
 def params_class(policy: str):
     """The parameter class the policy ``policy`` declares (``Policy.parameters``)."""
     from .policy import policy_class, policy_names  # the registry imports this module

@@ -24,7 +24,7 @@ BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_LRU_HASH = 1, 2, 9
 BPF_F_MMAPABLE = 1 << 10
 BPF_PROG_TYPE_SCHED_CLS = 3
 HELPER_MAP_LOOKUP, HELPER_SKB_STORE_BYTES, HELPER_L3_CSUM_REPLACE = 1, 9, 10
-HELPER_SKB_LOAD_BYTES = 26
+HELPER_SKB_LOAD_BYTES, HELPER_SKB_CHANGE_TAIL = 26, 38
 HELPER_MAP_UPDATE, HELPER_MAP_DELETE, HELPER_KTIME_GET_NS = 2, 3, 5
 SYS_BPF = {"x86_64": 321, "aarch64": 280}
 # struct __sk_buff offsets
@@ -32,6 +32,9 @@ SKB_LEN, SKB_PROTOCOL, SKB_IFINDEX = 0, 16, 40
 ETH_P_IP_BE = 0x0008  # htons(0x0800) as a program reads it (little-endian load)
 IP_OFFSET, IP_CSUM_OFFSET = 14, 24  # IPv4 header and its checksum in the frame
 TC_ACT_UNSPEC, TC_ACT_OK = -1, 0  # next filter / let the packet go
+# The order of the programs on a switch port's clsact egress (lowest first): the link's losses,
+# trimming, the queue counters, ECN marking, the forwarding clock. Each passes every packet on.
+PRIO_LOSS, PRIO_TRIM, PRIO_COUNT, PRIO_MARK, PRIO_FORWARD = 1, 2, 3, 4, 5
 
 # tc: clsact's hooks, the bpf classifier's attributes
 RTM_NEWTFILTER = 44
@@ -61,6 +64,7 @@ def or_k(dst, imm): return _i(0x47, dst, imm=imm)  # noqa: E704
 def rsh_k(dst, imm): return _i(0x77, dst, imm=imm)  # noqa: E704
 def rsh_x(dst, src): return _i(0x7F, dst, src)  # noqa: E704
 def sub_x(dst, src): return _i(0x1F, dst, src)  # noqa: E704  dst -= src
+def add_x(dst, src): return _i(0x0F, dst, src)  # noqa: E704  dst += src
 def div_k(dst, imm): return _i(0x37, dst, imm=imm)  # noqa: E704  dst /= imm (unsigned)
 def ldx_w(dst, src, off): return _i(0x61, dst, src, off)  # noqa: E704  dst = *(u32 *)(src + off)
 def ldx_h(dst, src, off): return _i(0x69, dst, src, off)  # noqa: E704
@@ -77,6 +81,8 @@ def jeq(dst, imm, label=OUT): return ("jump", 0x15, dst, imm, label)  # noqa: E7
 def jne(dst, imm, label=OUT): return ("jump", 0x55, dst, imm, label)  # noqa: E704
 def jge(dst, imm, label=OUT): return ("jump", 0x35, dst, imm, label)  # noqa: E704  unsigned
 def ja(label): return ("jump", 0x05, 0, 0, label)  # noqa: E704  always
+def jge_x(dst, src, label=OUT): return ("jump", 0x3D, dst | src << 4, 0, label)  # noqa: E704
+def jle_x(dst, src, label=OUT): return ("jump", 0xBD, dst | src << 4, 0, label)  # noqa: E704
 def label(name): return ("label", name)  # noqa: E704
 
 
@@ -104,8 +110,8 @@ def link(body: List) -> bytes:
     out = bytearray()
     for p, item in at:
         if isinstance(item, tuple):
-            _kind, code, dst, imm, name = item
-            item = _i(code, dst, off=labels[name] - p - 1, imm=imm)
+            _kind, code, regs, imm, name = item  # regs: dst | src << 4
+            item = _i(code, regs & 0xF, regs >> 4, off=labels[name] - p - 1, imm=imm)
         out += item
     return bytes(out)
 

@@ -35,7 +35,6 @@ from .bpf import (BPF_MAP_TYPE_LRU_HASH, ETH_P_IP_BE, HELPER_KTIME_GET_NS, HELPE
                   stx_dw, stx_w, sub_x, xadd_dw)
 
 STAMP_NAME, MEASURE_NAME = "testbed_fwd_in", "testbed_fwd_out"
-FORWARD_PRIO = 4  # after the loss, queue-counting and marking programs, which all pass
 IN_FLIGHT = 8192  # packets between a switch's ingress and egress at once, at most
 BUCKET_NS = 2_000  # the histogram's resolution (emulated)
 BUCKETS = 4096  # up to 8 ms; the last bucket holds anything longer
@@ -146,8 +145,8 @@ class ForwardingClock:
         measure = self._fd(bpf.load_program(measure_program(arrivals, histogram),
                                             MEASURE_NAME))
         for port in self.ports:
-            self.clsact.attach(index[port], stamp, STAMP_NAME, FORWARD_PRIO, ingress=True)
-            self.clsact.attach(index[port], measure, MEASURE_NAME, FORWARD_PRIO)
+            self.clsact.attach(index[port], stamp, STAMP_NAME, bpf.PRIO_FORWARD, ingress=True)
+            self.clsact.attach(index[port], measure, MEASURE_NAME, bpf.PRIO_FORWARD)
 
     def _fd(self, fd: int) -> int:
         self.fds.append(fd)

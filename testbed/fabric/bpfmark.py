@@ -39,8 +39,6 @@ from .bpf import ETH_P_IP_BE
 
 MAX_PORTS = 4096
 PROG_NAME = "testbed_ecn"
-FILTER_PRIO = 3  # after the loss (testbed.fabric.linkloss) and the queue counters, which pass
-# every packet they keep on
 
 
 def program(map_fd: int) -> bytes:
@@ -100,7 +98,7 @@ def set_marking(map_fd: int, ifindex: int, dscps: int) -> None:
 
 def filter_message(ifindex: int, prog_fd: int) -> bytes:
     """``RTM_NEWTFILTER``: the program as a direct-action bpf filter on clsact's egress hook."""
-    return bpf.filter_message(ifindex, prog_fd, PROG_NAME, FILTER_PRIO)
+    return bpf.filter_message(ifindex, prog_fd, PROG_NAME, bpf.PRIO_MARK)
 
 
 class Marker:
@@ -133,7 +131,7 @@ class Marker:
             self.sock.bind((0, 0))
             self.clsact = Clsact(self.sock)
         for intf in self.interfaces:
-            self.clsact.attach(self.index[intf], self.prog_fd, PROG_NAME, FILTER_PRIO)
+            self.clsact.attach(self.index[intf], self.prog_fd, PROG_NAME, bpf.PRIO_MARK)
 
     def set(self, intf: str, marking: bool) -> None:
         set_marking(self.map_fd, self.index[intf], self.dscps if marking else 0)

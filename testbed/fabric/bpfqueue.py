@@ -32,7 +32,6 @@ from .bpf import (OUT, R0, R1, R2, R6, R7, R10, SKB_IFINDEX, SKB_LEN, TC_ACT_UNS
                   mov_k, mov_x, add_k, rsh_x, st_w, stx_w, xadd_dw)
 
 IN_NAME, OUT_NAME = "testbed_q_in", "testbed_q_out"
-COUNT_PRIO = 2  # after the loss program (testbed.fabric.linkloss), before the marking one
 MAX_SLOTS = 4096
 
 
@@ -103,7 +102,7 @@ class QueueCounters:
         by_ns: Dict[int, Tuple[Clsact, Dict[str, int]]] = {}
         for slot, port in enumerate(self.ports):
             bpf.update(slots, struct.pack("=I", index[port]), struct.pack("=I", slot))
-            self.clsact.attach(index[port], into, IN_NAME, COUNT_PRIO)
+            self.clsact.attach(index[port], into, IN_NAME, bpf.PRIO_COUNT)
             pid, peer = self.peers[port]
             if pid is None:
                 clsact, names = self.clsact, index
@@ -116,7 +115,7 @@ class QueueCounters:
                 clsact, names = by_ns[pid]
             out = self._fd(bpf.load_program(dequeue_program(counters, n + slot, self.tracked),
                                             OUT_NAME))
-            clsact.attach(names[peer], out, OUT_NAME, COUNT_PRIO, ingress=True)
+            clsact.attach(names[peer], out, OUT_NAME, bpf.PRIO_COUNT, ingress=True)
 
     def _fd(self, fd: int) -> int:
         self.fds.append(fd)

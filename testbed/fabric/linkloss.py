@@ -27,7 +27,6 @@ from .bpf import (ETH_P_IP_BE, HELPER_MAP_LOOKUP, HELPER_SKB_LOAD_BYTES, OUT, R0
                   jge, jne, ld_map_fd, ldx_b, ldx_h, ldx_w, mov_k, mov_x, stx_w, xadd_dw)
 
 PROG_NAME = "testbed_loss"
-LOSS_PRIO = 1  # before the queue counters (2) and the marking program (3)
 HELPER_GET_PRANDOM_U32 = 7
 TC_ACT_STOLEN = 4
 LOST, COUNT = "lost", "count"  # labels of the program
@@ -112,7 +111,7 @@ class LinkLoss:
                 raise OSError(0, f"no interface {intf} to make lossy")
             fd = bpf.load_program(program(rate, self.counters_fd, slot), PROG_NAME)
             try:  # the filter holds the program: its descriptor is not needed after
-                clsact.attach(names[intf], fd, PROG_NAME, LOSS_PRIO)
+                clsact.attach(names[intf], fd, PROG_NAME, bpf.PRIO_LOSS)
             finally:
                 os.close(fd)
 
