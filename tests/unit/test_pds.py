@@ -237,3 +237,12 @@ def test_spraying_explores_reuses_good_paths_and_skips_penalised_ones():
     one = Spray(1, base=7)
     one.feedback(7, good=False)
     assert {one.peek() for _ in range(3)} == {7}
+
+
+def test_a_message_is_whole_when_its_last_packet_lands_in_any_order():
+    from traffic.ses import Assembly
+    a = Assembly(MTU)
+    length = 3 * MTU + 1  # four packets, the last a padded tail
+    assert [a.on_packet(7, length) for _ in range(3)] == [False, False, False]
+    assert a.on_packet(8, MTU)  # another message, one packet, whole at once
+    assert a.on_packet(7, length) and not a.missing
