@@ -10,10 +10,11 @@ the interfaces, the maps with the programs' file descriptors. Layouts follow <li
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import socket
 import struct
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Optional
 
 from ..base.netlink import (NLA_F_NESTED, NLM_F_ACK, NLM_F_REQUEST, NLMSGHDR, RTM_NEWQDISC,
                             TCA_KIND, TCA_OPTIONS, TCMSG, _attr, send_and_check)
@@ -246,6 +247,32 @@ class Clsact:
             except OSError:
                 pass  # the interface is gone already: so is its clsact
         self.added, self.present = [], set()
+
+
+class Held:
+    """What a program's owner holds: the file descriptors of its maps and programs, and one
+    map mapped into this process's memory (``BPF_F_MMAPABLE``); ``release`` lets go of all."""
+
+    def __init__(self):
+        self.fds: List[int] = []
+        self.map: Optional[mmap.mmap] = None
+
+    def fd(self, fd: int) -> int:
+        self.fds.append(fd)
+        return fd
+
+    def mapped(self, fd: int, size: int) -> None:
+        """Map the first ``size`` bytes of map ``fd``, read-only."""
+        pages = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.map = mmap.mmap(fd, pages, mmap.MAP_SHARED, mmap.PROT_READ)
+
+    def release(self) -> None:
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
 
 
 def interface_index() -> Dict[str, int]:

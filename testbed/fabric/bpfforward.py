@@ -19,8 +19,6 @@ unchanged (TC_ACT_UNSPEC).
 """
 from __future__ import annotations
 
-import mmap
-import os
 import socket
 import struct
 from typing import Dict, Iterable, List, Optional
@@ -130,35 +128,25 @@ class ForwardingClock:
     def __init__(self, ports: Iterable[str], clsact: Clsact):
         self.ports = list(ports)
         self.clsact = clsact
-        self.fds: List[int] = []
-        self.map = None
+        self.held = bpf.Held()
         self.values = struct.Struct(f"={BUCKETS}Q")
 
     def open(self) -> None:
         index = bpf.interface_index()
-        arrivals = self._fd(bpf.create_map(BPF_MAP_TYPE_LRU_HASH, 12, 8, IN_FLIGHT))
-        histogram = self._fd(bpf.create_map(bpf.BPF_MAP_TYPE_ARRAY, 4, 8, BUCKETS,
-                                            bpf.BPF_F_MMAPABLE))
-        size = -(-BUCKETS * 8 // mmap.PAGESIZE) * mmap.PAGESIZE
-        self.map = mmap.mmap(histogram, size, mmap.MAP_SHARED, mmap.PROT_READ)
-        stamp = self._fd(bpf.load_program(stamp_program(arrivals), STAMP_NAME))
-        measure = self._fd(bpf.load_program(measure_program(arrivals, histogram),
-                                            MEASURE_NAME))
+        held = self.held
+        arrivals = held.fd(bpf.create_map(BPF_MAP_TYPE_LRU_HASH, 12, 8, IN_FLIGHT))
+        histogram = held.fd(bpf.create_map(bpf.BPF_MAP_TYPE_ARRAY, 4, 8, BUCKETS,
+                                           bpf.BPF_F_MMAPABLE))
+        held.mapped(histogram, BUCKETS * 8)
+        stamp = held.fd(bpf.load_program(stamp_program(arrivals), STAMP_NAME))
+        measure = held.fd(bpf.load_program(measure_program(arrivals, histogram),
+                                           MEASURE_NAME))
         for port in self.ports:
             self.clsact.attach(index[port], stamp, STAMP_NAME, bpf.PRIO_FORWARD, ingress=True)
             self.clsact.attach(index[port], measure, MEASURE_NAME, bpf.PRIO_FORWARD)
 
-    def _fd(self, fd: int) -> int:
-        self.fds.append(fd)
-        return fd
-
     def histogram(self) -> List[int]:
-        return list(self.values.unpack_from(self.map))
+        return list(self.values.unpack_from(self.held.map))
 
     def close(self) -> None:
-        if self.map is not None:
-            self.map.close()
-            self.map = None
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
+        self.held.release()

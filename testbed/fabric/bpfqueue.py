@@ -19,8 +19,6 @@ drop (``testbed.switchq.emulator``). Both programs pass every packet on unchange
 """
 from __future__ import annotations
 
-import mmap
-import os
 import socket
 import struct
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -81,10 +79,10 @@ class QueueCounters:
             raise OSError(0, f"more than {MAX_SLOTS} switch ports")
         self.tracked = dscp_set(dscps)
         self.peers, self.clsact = peers, clsact
-        self.fds: List[int] = []
+        self.held = bpf.Held()
+        self.counters_fd = -1  # the counters map, for programs that read it (bpftrim)
         self.socks: List[socket.socket] = []
         self.remote: List[Clsact] = []  # the clsacts of peers in other namespaces
-        self.map = None
         n = len(self.ports)
         self.values = struct.Struct(f"={2 * n}Q")
         self.n = n
@@ -92,13 +90,13 @@ class QueueCounters:
     def open(self) -> None:
         index = bpf.interface_index()
         n = self.n
-        slots = self._fd(bpf.create_map(bpf.BPF_MAP_TYPE_HASH, 4, 4, MAX_SLOTS))
-        counters = self._fd(bpf.create_map(bpf.BPF_MAP_TYPE_ARRAY, 4, 8, 2 * n,
-                                           bpf.BPF_F_MMAPABLE))
-        size = -(-2 * n * 8 // mmap.PAGESIZE) * mmap.PAGESIZE
-        self.map = mmap.mmap(counters, size, mmap.MAP_SHARED, mmap.PROT_READ)
-        into = self._fd(bpf.load_program(enqueue_program(slots, counters, self.tracked),
-                                         IN_NAME))
+        held = self.held
+        slots = held.fd(bpf.create_map(bpf.BPF_MAP_TYPE_HASH, 4, 4, MAX_SLOTS))
+        counters = self.counters_fd = held.fd(bpf.create_map(bpf.BPF_MAP_TYPE_ARRAY, 4, 8,
+                                                             2 * n, bpf.BPF_F_MMAPABLE))
+        held.mapped(counters, 2 * n * 8)
+        into = held.fd(bpf.load_program(enqueue_program(slots, counters, self.tracked),
+                                        IN_NAME))
         by_ns: Dict[int, Tuple[Clsact, Dict[str, int]]] = {}
         for slot, port in enumerate(self.ports):
             bpf.update(slots, struct.pack("=I", index[port]), struct.pack("=I", slot))
@@ -113,17 +111,17 @@ class QueueCounters:
                     by_ns[pid] = (Clsact(sock), names)
                     self.remote.append(by_ns[pid][0])
                 clsact, names = by_ns[pid]
-            out = self._fd(bpf.load_program(dequeue_program(counters, n + slot, self.tracked),
-                                            OUT_NAME))
+            out = held.fd(bpf.load_program(dequeue_program(counters, n + slot, self.tracked),
+                                           OUT_NAME))
             clsact.attach(names[peer], out, OUT_NAME, bpf.PRIO_COUNT, ingress=True)
 
-    def _fd(self, fd: int) -> int:
-        self.fds.append(fd)
-        return fd
+    def keys(self) -> Dict[str, Tuple[int, int]]:
+        """Each port's keys in the counters map: its bytes in, its bytes out."""
+        return {port: (slot, self.n + slot) for slot, port in enumerate(self.ports)}
 
     def backlogs(self) -> List[int]:
         """Bytes of the class queued at each port now (in ``ports`` order)."""
-        v = self.values.unpack_from(self.map)
+        v = self.values.unpack_from(self.held.map)
         n = self.n
         return [v[i] - v[n + i] for i in range(n)]
 
@@ -132,9 +130,6 @@ class QueueCounters:
             clsact.close()
         for sock in self.socks:
             sock.close()
-        if self.map is not None:
-            self.map.close()
-            self.map = None
-        for fd in self.fds:
-            os.close(fd)
-        self.fds, self.socks, self.remote = [], [], []
+        self.held.release()
+        self.counters_fd = -1
+        self.socks, self.remote = [], []

@@ -21,11 +21,10 @@ counters (an array the owner maps into its memory) belong to the ``Trimmer``.
 """
 from __future__ import annotations
 
-import mmap
 import os
 import socket
 import struct
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 from ..base.frames import (ETH_LEN, IP_LEN, PDS_REQUEST_LEN, SES_REQUEST_LEN, UDP_LEN,
                            UET_UDP_PORT)
@@ -131,8 +130,7 @@ class Trimmer:
         self.ports = list(ports)
         self.limits, self.keys, self.counters_fd = limits, keys, counters_fd
         self.trimmable, self.header_dscp, self.clsact = dscp_set(trimmable), header_dscp, clsact
-        self.fds: List[int] = []
-        self.map: Optional[mmap.mmap] = None
+        self.held = bpf.Held()
         self.values = struct.Struct(f"={max(len(self.ports), 1)}Q")
 
     def open(self) -> None:
@@ -140,13 +138,13 @@ class Trimmer:
         missing = [p for p in self.ports if p not in index]
         if missing:
             raise LookupError(f"no interface {missing[0]} in this network namespace")
-        ports = self._fd(bpf.create_map(bpf.BPF_MAP_TYPE_HASH, 4, PORT_ENTRY.size, MAX_PORTS))
-        trims = self._fd(bpf.create_map(bpf.BPF_MAP_TYPE_ARRAY, 4, 8, self.slots(),
-                                        bpf.BPF_F_MMAPABLE))
-        size = -(-self.slots() * 8 // mmap.PAGESIZE) * mmap.PAGESIZE
-        self.map = mmap.mmap(trims, size, mmap.MAP_SHARED, mmap.PROT_READ)
-        prog = self._fd(bpf.load_program(program(ports, self.counters_fd, trims,
-                                                 self.trimmable, self.header_dscp), PROG_NAME))
+        held = self.held
+        ports = held.fd(bpf.create_map(bpf.BPF_MAP_TYPE_HASH, 4, PORT_ENTRY.size, MAX_PORTS))
+        trims = held.fd(bpf.create_map(bpf.BPF_MAP_TYPE_ARRAY, 4, 8, self.slots(),
+                                       bpf.BPF_F_MMAPABLE))
+        held.mapped(trims, self.slots() * 8)
+        prog = held.fd(bpf.load_program(program(ports, self.counters_fd, trims,
+                                                self.trimmable, self.header_dscp), PROG_NAME))
         for port in self.ports:
             key_in, key_out = self.keys[port]
             bpf.update(ports, struct.pack("=I", index[port]),
@@ -157,22 +155,13 @@ class Trimmer:
         """The trim counters' size: one per key of bytes in."""
         return max([k for k, _ in self.keys.values()] + [0]) + 1
 
-    def _fd(self, fd: int) -> int:
-        self.fds.append(fd)
-        return fd
-
     def trims(self) -> Dict[str, int]:
         """Packets trimmed at each port so far."""
-        v = struct.unpack_from(f"={self.slots()}Q", self.map)
+        v = struct.unpack_from(f"={self.slots()}Q", self.held.map)
         return {port: v[self.keys[port][0]] for port in self.ports}
 
     def close(self) -> None:
-        if self.map is not None:
-            self.map.close()
-            self.map = None
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
+        self.held.release()
 
 
 # --- the run-time probe -----------------------------------------------------------------------
