@@ -46,7 +46,7 @@ from ..plan.policyrun import PolicyRun, cluster_servers, decide
 from ..results import breakdown, htmlreport, trace
 from ..results.collect import RESULTS_SCHEMA, Mechanisms, RunContext, collect, timeline
 from ..results.latency import expected_latency_us, latency_parts
-from ..results.model import (CpuWakeup, Fidelity, JobFailed, PolicyResult, RunResult,
+from ..results.model import (CpuWakeup, Fidelity, JobFailed, PolicyResult, RunResult, Rxe,
                              SwitchQueues, with_modelled)
 from ..results.spread import spread
 from ..scenario import capacity, timescale
@@ -438,10 +438,11 @@ def rxe_attached(run: PolicyRun, session: Session, caps: Capabilities, run_dir: 
                 session.warnings.append("rxe: could not undo: " + "; ".join(failed))
 
 
-def rxe_warnings(report: Optional[dict]) -> List[str]:
-    if not report:
+def rxe_warnings(report: Optional[Rxe]) -> List[str]:
+    """A line for each perftest test that failed."""
+    if report is None:
         return []
-    return [f"rxe: {t['error']}" for t in report["tests"].values() if t.get("error")]
+    return [f"rxe: {t.error}" for t in report.tests.values() if t.error]
 
 
 @dataclass
@@ -477,7 +478,7 @@ class Replay:
     in_flight: int = 0  # frames still queued in the fabric when the agents stopped
     background: dict = field(default_factory=dict)
     pcaps: Optional[dict] = None
-    rxe: Optional[dict] = None
+    rxe: Optional[Rxe] = None  # what perftest measured (``--traffic rxe``)
     job_failed: Optional[JobFailed] = None  # a GPU's job failed (``job_failure``)
 
 
@@ -634,7 +635,7 @@ def _replay(run: PolicyRun, session: "Session", emu, rxe, records: str, run_dir:
         replay.in_flight = queued_frames(drain(session.fabric, DRAIN_LIMIT_S, say))
         agents.collect(abort=failure is not None)
         if rxe and failure is None:
-            replay.rxe = rxe.run(say)
+            replay.rxe = Rxe.from_json(rxe.run(say), "rxe", strict=True)
         replay.pcaps = stop_capture()
     return replay
 

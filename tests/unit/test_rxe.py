@@ -159,7 +159,7 @@ def test_what_a_run_reports_is_the_typed_record_results_json_declares(tmp_path):
     """RxeTraffic.run's report, perftest's runs stubbed (one uncalibrated then measured, one
     failed), loads strictly as the policy's ``rxe``: every key the run adds is declared."""
     from types import SimpleNamespace
-    from testbed.results.model import PolicyResult
+    from testbed.results.model import PolicyResult, Rxe
 
     t = object.__new__(rxe.RxeTraffic)
     t.a, t.b = SimpleNamespace(name="gpu1", intf="a"), SimpleNamespace(name="gpu3", intf="b")
@@ -182,3 +182,11 @@ def test_what_a_run_reports_is_the_typed_record_results_json_declares(tmp_path):
     assert p.rxe.figure("ib_write_bw", "bw_average_mb_per_sec") == "failed"
     assert p.rxe.endpoints == ("gpu1", "gpu3") and p.to_json()["rxe"]["tests"] == \
         report["tests"]
+    # the runner's warnings read the same record: one line per failed test
+    from testbed.run.runner import rxe_warnings
+    assert rxe_warnings(Rxe.from_json(report, "rxe", strict=True)) == [
+        "rxe: ib_write_bw failed (exit 1)"]
+    assert rxe_warnings(None) == []
+    # the record the runner hands over stands in the figures as the report would
+    assert PolicyResult.from_json({"rxe": p.rxe}, strict=True).to_json()["rxe"] == \
+        p.to_json()["rxe"]
