@@ -2,10 +2,10 @@
 
 Each case's runs go through the runner like any run (their directories under the suite's);
 a run the fidelity monitor rejects goes again slower, at an explicit rate too, as a run at
-``auto`` does (the runner's ``emulation.attempts``), and a case whose runs stay rejected is "not measured
-faithfully", never a pass. The suite writes
-``validation.json`` (every case's verdict and run directories), ``validation.md`` (the table)
-and ``report.html`` (the table and a plot per case) into its directory.
+``auto`` does (the runner's ``emulation.attempts``), and a case whose runs stay rejected is
+"not measured faithfully", never a pass. The suite writes ``validation.json`` (every case's
+verdict and run directories), ``validation.md`` (the table) and ``report.html`` (the table and
+a plot per case) into its directory.
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ def test_data_trims_into_the_strict_priority_header_class():
     assert header.priority < data.priority < other.priority
     assert class_of(p.data_dscp, (header, data, other)) is data and not data.lossless
     assert data.trim.limit == data.buffer_bytes == p.buffer_bytes
-    assert data.trim.dscp == p.header_dscp and class_of(p.header_dscp, (header, data, other)) is header
+    assert data.trim.dscp == p.header_dscp
+    assert class_of(p.header_dscp, (header, data, other)) is header
     # ECN between 0.2 and 0.8 of the buffer (about one BDP)
     assert (data.ecn.kmin, data.ecn.kmax) == (0.2 * p.buffer_bytes, 0.8 * p.buffer_bytes)
     bare = UltraEthernetPolicy(FabricPlan(2, 2, 2), UltraEthernetParams(trimming=False))
