@@ -119,24 +119,32 @@ class Spray:
         self.counters = {"penalties": 0, "recycled": 0, "explored": 0}
 
     def peek(self) -> int:
-        """The entropy value of the next packet."""
+        """The entropy value of the next packet (nothing changes until ``used``)."""
         if self.recycled:
             return self.recycled[0]
-        for _ in range(self.evs):
-            ev = self.base + self.turn
+        for k in range(self.evs):
+            ev = self.base + (self.turn + k) % self.evs
             if not self.penalty.get(ev):
                 return ev
-            self.penalty[ev] -= 1  # skipped once: a round of the set served
-            self.turn = (self.turn + 1) % self.evs
         return self.base + self.turn  # every value penalised: take the next anyway
 
     def used(self, ev: int) -> None:
+        """A packet went with ``ev``: a recycled value is spent, or the exploration moves past
+        it, each penalised value it skipped having served one round."""
         if self.recycled and self.recycled[0] == ev:
             self.recycled.popleft()
             self.counters["recycled"] += 1
-        else:
+            return
+        if not 0 <= ev - self.base < self.evs:
+            raise ValueError(f"entropy value {ev} is not one of this sprayer's")
+        while True:  # up to and with ev (taken although penalised when all of them were)
+            passed = self.base + self.turn
+            if self.penalty.get(passed):
+                self.penalty[passed] -= 1
             self.turn = (self.turn + 1) % self.evs
-            self.counters["explored"] += 1
+            if passed == ev:
+                break
+        self.counters["explored"] += 1
 
     def feedback(self, ev: int, good: bool) -> None:
         """An ACK for a packet sent with ``ev``: unmarked, the value is used again first."""

@@ -28,11 +28,11 @@ from typing import Deque, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 from . import roce
 from .nscc import Nscc, Spray
 from .rc import RetryExceeded, Stalled
+from .uet import NACK_TRIMMED
 
 PSN_MOD = 1 << 32
 SACK_BITS = 64
 WINDOW = 1 << 14  # packets a receiver tracks beyond its cumulative PSN (and a sender sends)
-NACK_TRIMMED = 0x01  # traffic.uet.NACK_TRIMMED (kept apart: this module needs no Scapy)
 
 
 def psn_diff(a: int, b: int) -> int:

@@ -234,6 +234,8 @@ def test_spraying_explores_reuses_good_paths_and_skips_penalised_ones():
         sp.used(ev)
         picks.append(ev)
     assert 101 not in picks[:3] and picks.count(101) <= 1
+    sp.penalise(100)
+    assert {sp.peek() for _ in range(5)} == {sp.peek()}  # peeking changes nothing
     one = Spray(1, base=7)
     one.feedback(7, good=False)
     assert {one.peek() for _ in range(3)} == {7}
